@@ -1,0 +1,53 @@
+//! # spot-core
+//!
+//! The vocabulary of lossless speculative decoding for block-diffusion language models:
+//!
+//! - [`BlockState`] and [`Commit`]: the tokens of the block being decoded;
+//! - [`BlockDiffusionModel`]: a batched forward over block states that share one cached
+//!   prefix, returning compact per-position [`BlockStats`] instead of logits;
+//! - [`GumbelNoise`]: the coupled noise table `G[a, v]`, a pure function of
+//!   `(seed, absolute position, token)`;
+//! - [`Transition`]: the exact commit rule `Φ` and the threshold rule `Φ^τ`;
+//! - [`DraftFreeDecoder`]: the ground truth, and [`run_decode`], the block loop every decoder
+//!   shares (prefill, prompt tail in the first block, stop ids, fixed length, counters);
+//! - [`toy`]: deterministic toy models for tests.
+//!
+//! This crate does not depend on any tensor library.
+//!
+//! ```
+//! use spot_core::{DecodeConfig, DraftFreeDecoder, toy::{ToyConfig, ToyModel}};
+//!
+//! let mut model = ToyModel::new(ToyConfig::default());
+//! let cfg = DecodeConfig {
+//!     block_size: 8,
+//!     max_new_tokens: 24,
+//!     temperature: 1.0,
+//!     seed: 7,
+//!     ..DecodeConfig::default()
+//! };
+//! let out = DraftFreeDecoder::new().decode(&mut model, &[3, 1, 4, 1, 5], &cfg)?;
+//! assert!(out.tokens.len() <= 24);
+//! // Draft-free decoding commits exactly one position per block forward.
+//! assert!(out.stats.commits_per_forward.iter().all(|&c| c == 1));
+//! # Ok::<(), spot_core::Error>(())
+//! ```
+
+pub mod decode;
+pub mod error;
+pub mod model;
+pub mod noise;
+pub mod state;
+pub mod stats;
+pub mod toy;
+pub mod transition;
+
+pub use decode::{
+    run_decode, BlockDecoder, BlockRun, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats,
+    DecodeTrace, DraftFreeDecoder,
+};
+pub use error::{Error, Result};
+pub use model::{BlockDiffusionModel, Meter, MeteredModel, ModelInfo, PrefixUpdate};
+pub use noise::GumbelNoise;
+pub use state::{BlockState, Commit, TokenId};
+pub use stats::{BlockStats, ConfidenceRule, StatsQuery};
+pub use transition::{exact_commit, Transition};

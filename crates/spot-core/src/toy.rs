@@ -1,0 +1,208 @@
+//! Deterministic toy block-diffusion models: the whole decoding stack, testable in
+//! milliseconds without a neural network.
+//!
+//! [`ToyModel`] computes each logit from a hash of the committed prefix, the visible block
+//! state, the position and the token. Knobs control how peaked the distributions are, how much
+//! they depend on the block state (so that stale statistics are informative but not exact),
+//! and how often confidences tie, so that the tie-breaking rules are exercised.
+
+use crate::error::{Error, Result};
+use crate::model::{BlockDiffusionModel, ModelInfo, PrefixUpdate};
+use crate::state::{BlockState, TokenId};
+use crate::stats::{reduce_logits, BlockStats, ReduceScratch, StatsQuery};
+
+/// Parameters of a [`ToyModel`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToyConfig {
+    /// Vocabulary size (the mask id must be inside it).
+    pub vocab_size: usize,
+    /// The mask token id.
+    pub mask_id: TokenId,
+    /// Context limit in positions.
+    pub max_positions: usize,
+    /// Stop ids reported by [`ModelInfo`].
+    pub stop_ids: Vec<TokenId>,
+    /// Seed of the model's "weights".
+    pub seed: u64,
+    /// Logit scale: larger = more peaked distributions.
+    pub peak: f32,
+    /// In `[0, 1]`: the share of each logit that depends only on the prefix and the position
+    /// (not on the block state). 1 = stale statistics are exact; 0 = every commit reshuffles.
+    pub stability: f32,
+    /// In `[0, 1]`: the share of positions whose logits are quantised and shared within the
+    /// block, which produces exact ties in confidence across positions and between tokens.
+    pub tie_rate: f32,
+    /// Whether prefill and block appends run a forward (true for cached models like SDAR).
+    pub prefix_forwards: bool,
+}
+
+impl Default for ToyConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: 48,
+            mask_id: 47,
+            max_positions: 4096,
+            stop_ids: vec![0],
+            seed: 1,
+            peak: 3.0,
+            stability: 0.7,
+            tie_rate: 0.1,
+            prefix_forwards: true,
+        }
+    }
+}
+
+/// A deterministic, batch-invariant toy model implementing [`BlockDiffusionModel`].
+///
+/// ```
+/// use spot_core::{BlockDiffusionModel, BlockState, StatsQuery};
+/// use spot_core::toy::{ToyConfig, ToyModel};
+/// let mut m = ToyModel::new(ToyConfig::default());
+/// m.reset_prefix(&[1, 2, 3, 4]).unwrap();
+/// let s = BlockState::masked(8, m.info().mask_id);
+/// let out = m.forward(&[s.clone(), s], &StatsQuery::new(0.0, 0)).unwrap();
+/// assert_eq!(out[0], out[1]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ToyModel {
+    cfg: ToyConfig,
+    info: ModelInfo,
+    prefix: Vec<TokenId>,
+    prefix_hash: u64,
+    forwards: u64,
+    logits: Vec<f32>,
+    scratch: ReduceScratch,
+}
+
+/// SplitMix64 finaliser: a fast, well-mixed 64-bit hash step.
+pub fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+fn unit(h: u64) -> f32 {
+    // Uniform in (-1, 1).
+    ((h >> 40) as f32 + 0.5) / (1u64 << 23) as f32 - 1.0
+}
+
+impl ToyModel {
+    /// A toy model; panics never, but [`BlockDiffusionModel::forward`] reports an invalid
+    /// configuration (mask outside the vocabulary) as an error.
+    pub fn new(cfg: ToyConfig) -> Self {
+        let info = ModelInfo {
+            vocab_size: cfg.vocab_size,
+            mask_id: cfg.mask_id,
+            max_positions: cfg.max_positions,
+            stop_ids: cfg.stop_ids.clone(),
+        };
+        Self {
+            cfg,
+            info,
+            prefix: Vec::new(),
+            prefix_hash: 0,
+            forwards: 0,
+            logits: Vec::new(),
+            scratch: ReduceScratch::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ToyConfig {
+        &self.cfg
+    }
+
+    /// Forward calls made so far (block forwards only).
+    pub fn forwards(&self) -> u64 {
+        self.forwards
+    }
+
+    fn hash_tokens(seed: u64, tokens: &[TokenId]) -> u64 {
+        tokens
+            .iter()
+            .fold(mix64(seed), |h, &t| mix64(h ^ u64::from(t)))
+    }
+
+    /// The logits of position `s` of `state`, written into `out` (one per vocabulary id).
+    pub fn logits_into(&self, state: &BlockState, s: usize, out: &mut Vec<f32>) {
+        let c = &self.cfg;
+        let abs = (self.prefix.len() + s) as u64;
+        let state_hash = Self::hash_tokens(c.seed ^ 0x5eed, state.tokens());
+        let tie = unit(mix64(self.prefix_hash ^ mix64(abs ^ c.seed))) * 0.5 + 0.5 < c.tie_rate;
+        // Tied positions share one row per block, keyed by the block start instead of `s`.
+        let key = if tie {
+            u64::MAX - self.prefix.len() as u64
+        } else {
+            abs
+        };
+        let stable = mix64(self.prefix_hash ^ mix64(key));
+        let moving = mix64(state_hash ^ mix64(key.wrapping_add(0xabc)));
+        out.clear();
+        out.extend((0..c.vocab_size as u64).map(|v| {
+            let a = unit(mix64(stable ^ v)).powi(3);
+            let b = unit(mix64(moving ^ v)).powi(3);
+            let l = c.peak * 4.0 * (c.stability * a + (1.0 - c.stability) * b);
+            if tie { (l * 2.0).round() / 2.0 } else { l }
+        }));
+    }
+}
+
+impl BlockDiffusionModel for ToyModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn reset_prefix(&mut self, prefix: &[TokenId]) -> Result<PrefixUpdate> {
+        self.prefix.clear();
+        self.prefix_hash = mix64(self.cfg.seed);
+        self.append_block(prefix)
+    }
+
+    fn append_block(&mut self, block: &[TokenId]) -> Result<PrefixUpdate> {
+        self.prefix.extend_from_slice(block);
+        self.prefix_hash = Self::hash_tokens(self.prefix_hash, block);
+        Ok(PrefixUpdate {
+            ran_forward: self.cfg.prefix_forwards && !block.is_empty(),
+            positions: if self.cfg.prefix_forwards { block.len() } else { 0 },
+        })
+    }
+
+    fn prefix_len(&self) -> usize {
+        self.prefix.len()
+    }
+
+    fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>> {
+        if self.cfg.mask_id as usize >= self.cfg.vocab_size {
+            return Err(Error::model(format!(
+                "toy model: mask id {} outside vocabulary of {}",
+                self.cfg.mask_id, self.cfg.vocab_size
+            )));
+        }
+        query.validate()?;
+        let k = query.effective_top_k(self.cfg.vocab_size);
+        let mut out = Vec::with_capacity(states.len());
+        let mut logits = std::mem::take(&mut self.logits);
+        for state in states {
+            if self.prefix.len() + state.len() > self.cfg.max_positions {
+                return Err(Error::model("toy model: block extends past max_positions"));
+            }
+            let mut stats = BlockStats::new(k);
+            for s in 0..state.len() {
+                self.logits_into(state, s, &mut logits);
+                reduce_logits(
+                    &logits,
+                    self.prefix.len() + s,
+                    query,
+                    self.cfg.mask_id,
+                    &mut self.scratch,
+                    &mut stats,
+                )?;
+            }
+            out.push(stats);
+        }
+        self.logits = logits;
+        self.forwards += 1;
+        Ok(out)
+    }
+}

@@ -1,0 +1,1 @@
+//! Workspace-level examples and tests live in examples/ and tests/.
