@@ -121,7 +121,10 @@ impl BlockState {
 }
 
 /// Checks that `c` may be applied to `tokens` (masked position in range, non-mask token).
-pub(crate) fn check_commit(tokens: &[TokenId], mask_id: TokenId, c: Commit) -> Result<()> {
+///
+/// # Errors
+/// [`Error::InvalidCommit`] naming the reason.
+pub fn check_commit(tokens: &[TokenId], mask_id: TokenId, c: Commit) -> Result<()> {
     let reason = match tokens.get(c.position) {
         None => "position is outside the block",
         Some(&t) if t != mask_id => "position is already committed",

@@ -1,0 +1,432 @@
+//! Tree builders: layer-batched best-first search (SPOT, BlockSpec) and the chain (SSD).
+
+use std::cmp::Ordering;
+
+use spot_core::{Commit, TokenId};
+
+use crate::error::TreeError;
+use crate::scorer::{NodeBatch, OrderScorer, ScoreContext};
+use crate::tree::{zobrist, DraftTree};
+
+/// Shape limits of a draft tree.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TreeConfig {
+    /// Budget `D`: the most draft nodes (root excluded) a tree may hold; at least 1.
+    pub budget: usize,
+    /// The deepest a node may sit below the root; at least 1.
+    pub max_depth: usize,
+    /// Mass floor `γ` in `[0, 1)`: candidates with a smaller mass are dropped (SPOT-γ). 0 keeps
+    /// every candidate the budget allows.
+    pub gamma: f32,
+    /// Hedge threshold: when the stale top-1 probability at a position is below it, the
+    /// runner-up token is proposed as well. `None` proposes only the stale choice.
+    pub hedge: Option<f32>,
+}
+
+impl Default for TreeConfig {
+    fn default() -> Self {
+        Self {
+            budget: 8,
+            max_depth: 16,
+            gamma: 0.0,
+            hedge: Some(0.6),
+        }
+    }
+}
+
+impl TreeConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), TreeError> {
+        if self.budget == 0 {
+            return Err(TreeError::config("budget", "must be at least 1, got 0"));
+        }
+        if self.budget >= u32::MAX as usize / 2 {
+            return Err(TreeError::config("budget", format!("{} is too large", self.budget)));
+        }
+        if self.max_depth == 0 {
+            return Err(TreeError::config("max_depth", "must be at least 1, got 0"));
+        }
+        if !(self.gamma.is_finite() && (0.0..1.0).contains(&self.gamma)) {
+            return Err(TreeError::config(
+                "gamma",
+                format!("must be in [0, 1), got {}", self.gamma),
+            ));
+        }
+        if let Some(h) = self.hedge {
+            if !(h.is_finite() && (0.0..=1.0).contains(&h)) {
+                return Err(TreeError::config(
+                    "hedge",
+                    format!("must be in [0, 1], got {h}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Cand {
+    parent: u32,
+    commit: Commit,
+    mass: f32,
+    hash: u64,
+    alive: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    Node(u32),
+    Cand(u32),
+}
+
+/// Selection key: higher mass first, then shallower, then earlier. A child always ranks
+/// below its parent (mass never grows along a path, depth does), so any top-`D` set of keys is
+/// closed under parents and forms a tree.
+#[derive(Clone, Copy, Debug)]
+struct Key {
+    mass: f32,
+    depth: u16,
+    order: u32,
+    src: Src,
+}
+
+fn better(a: &Key, b: &Key) -> Ordering {
+    b.mass
+        .total_cmp(&a.mass)
+        .then(a.depth.cmp(&b.depth))
+        .then(a.order.cmp(&b.order))
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Hyp {
+    n: u8,
+    items: [(TokenId, f32); 2],
+}
+
+/// Builds draft trees; keeps its buffers between rounds so a round allocates nothing.
+///
+/// [`build`](Self::build) is the layer-batched best-first search: the scorer is called once
+/// per depth with every node expanded at that depth, children get mass
+/// `m(parent) · q(s | parent) · p~_s(v)`, and the tree keeps the `D` nodes of highest mass
+/// among everything generated (exactly the best `D` of the whole candidate tree under the
+/// depth limit, because only nodes currently in the best `D` are expanded and a child never
+/// outranks its parent). Identical states reached by different paths are merged, keeping the
+/// heavier path. [`build_chain`](Self::build_chain) is the SSD-style single path.
+///
+/// ```
+/// use spot_core::{BlockState, BlockStats, stats::PositionStats};
+/// use spot_tree::{ScoreContext, StaleConfidenceScorer, TreeBuilder, TreeConfig};
+/// let mut stale = BlockStats::new(2);
+/// for (s, p) in [0.9f32, 0.5, 0.7, 0.2].into_iter().enumerate() {
+///     let t = s as u32 + 1;
+///     stale.push(PositionStats { token: t, confidence: p, token_prob: p, entropy: 1.0,
+///         tail_mass: 0.0, top_ids: &[t, 10 + t], top_probs: &[p, 1.0 - p] }).unwrap();
+/// }
+/// let root = BlockState::masked(4, 0);
+/// let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0 };
+/// let mut b = TreeBuilder::new(TreeConfig { budget: 5, ..TreeConfig::default() }).unwrap();
+/// let tree = b.build(&ctx, &mut StaleConfidenceScorer).unwrap();
+/// assert_eq!(tree.draft_count(), 5);
+/// // The heaviest child commits the most confident position with its stale token.
+/// assert_eq!(tree.edge(1).map(|c| (c.position, c.token)), Some((0, 1)));
+/// ```
+#[derive(Clone, Debug)]
+pub struct TreeBuilder {
+    cfg: TreeConfig,
+    arena: DraftTree,
+    out: DraftTree,
+    frontier: Vec<u32>,
+    next_frontier: Vec<u32>,
+    scores: Vec<f32>,
+    cands: Vec<Cand>,
+    order: Vec<u32>,
+    pool: Vec<Key>,
+    selected: Vec<Key>,
+    hyps: Vec<Hyp>,
+    hyp_buf: Vec<(TokenId, f32)>,
+    remap: Vec<u32>,
+}
+
+impl TreeBuilder {
+    /// A builder with limits `cfg`.
+    pub fn new(cfg: TreeConfig) -> Result<Self, TreeError> {
+        cfg.validate()?;
+        Ok(Self {
+            cfg,
+            arena: DraftTree::default(),
+            out: DraftTree::default(),
+            frontier: Vec::new(),
+            next_frontier: Vec::new(),
+            scores: Vec::new(),
+            cands: Vec::new(),
+            order: Vec::new(),
+            pool: Vec::new(),
+            selected: Vec::new(),
+            hyps: Vec::new(),
+            hyp_buf: Vec::new(),
+            remap: Vec::new(),
+        })
+    }
+
+    /// The limits.
+    pub fn config(&self) -> &TreeConfig {
+        &self.cfg
+    }
+
+    /// The most recently built tree.
+    pub fn tree(&self) -> &DraftTree {
+        &self.out
+    }
+
+    fn prepare(&mut self, ctx: &ScoreContext<'_>) -> Result<(), TreeError> {
+        let l = ctx.root.len();
+        if ctx.stale.len() != l {
+            return Err(TreeError::StaleShape {
+                expected: l,
+                actual: ctx.stale.len(),
+            });
+        }
+        let mask = ctx.root.mask_id();
+        self.hyps.clear();
+        self.hyps.resize(l, Hyp::default());
+        for s in ctx.root.masked_positions() {
+            let (tok, p) = (ctx.stale.token(s), ctx.stale.token_prob(s));
+            let h = &mut self.hyps[s];
+            h.items[0] = (tok, p);
+            h.n = 1;
+            if self.cfg.hedge.is_some_and(|th| p < th) {
+                let (ids, probs) = ctx.stale.top(s);
+                if let Some((&id, &pr)) = ids
+                    .iter()
+                    .zip(probs)
+                    .find(|(id, pr)| **id != tok && **id != mask && **pr > 0.0)
+                {
+                    h.items[1] = (id, pr);
+                    h.n = 2;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the best-first tree for one round.
+    pub fn build(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        scorer: &mut dyn OrderScorer,
+    ) -> Result<&DraftTree, TreeError> {
+        self.prepare(ctx)?;
+        let l = ctx.root.len();
+        let mask = ctx.root.mask_id();
+        let budget = self.cfg.budget;
+        let gamma = self.cfg.gamma;
+        self.arena.reset(ctx.root);
+        self.selected.clear();
+        self.frontier.clear();
+        if !ctx.root.is_complete() {
+            self.frontier.push(0);
+        }
+        for depth in 0..self.cfg.max_depth {
+            if self.frontier.is_empty() {
+                break;
+            }
+            // 1. One scorer call for the whole frontier.
+            self.scores.clear();
+            self.scores.resize(self.frontier.len() * l, 0.0);
+            let batch = NodeBatch::new(&self.arena, &self.frontier);
+            scorer.score(ctx, &batch, &mut self.scores)?;
+            // 2. Children of every frontier node that could still enter the best `D`.
+            let floor = if self.selected.len() >= budget {
+                self.selected
+                    .iter()
+                    .map(|k| k.mass)
+                    .fold(f32::INFINITY, f32::min)
+            } else {
+                f32::NEG_INFINITY
+            };
+            self.cands.clear();
+            for fi in 0..self.frontier.len() {
+                let node = self.frontier[fi] as usize;
+                let m = self.arena.mass(node);
+                for s in 0..l {
+                    if batch.tokens(fi)[s] != mask {
+                        continue;
+                    }
+                    let q = self.scores[fi * l + s];
+                    if !(q.is_finite() && q >= 0.0) {
+                        return Err(TreeError::InvalidScore {
+                            scorer: scorer.name().to_string(),
+                            node: fi,
+                            position: s,
+                            value: q,
+                        });
+                    }
+                    let mq = m * q;
+                    if mq <= 0.0 || mq <= floor || mq < gamma {
+                        continue;
+                    }
+                    self.hyp_buf.clear();
+                    if !scorer.token_hypotheses(ctx, &batch, fi, s, &mut self.hyp_buf) {
+                        let h = self.hyps[s];
+                        self.hyp_buf.extend_from_slice(&h.items[..usize::from(h.n)]);
+                    }
+                    for &(v, p) in &self.hyp_buf {
+                        let mass = mq * p;
+                        if v == mask || !(mass > 0.0) || mass <= floor || mass < gamma {
+                            continue;
+                        }
+                        self.cands.push(Cand {
+                            parent: node as u32,
+                            commit: Commit::new(s, v),
+                            mass: mass.min(m),
+                            hash: self.arena.hash(node) ^ zobrist(s, mask) ^ zobrist(s, v),
+                            alive: true,
+                        });
+                    }
+                }
+            }
+            self.dedupe(l);
+            // 3. Keep the best `D` of everything generated so far.
+            let base = self.arena.len() as u32;
+            self.pool.clear();
+            self.pool.extend_from_slice(&self.selected);
+            self.pool.extend(self.cands.iter().enumerate().filter(|(_, c)| c.alive).map(|(i, c)| Key {
+                mass: c.mass,
+                depth: depth as u16 + 1,
+                order: base + i as u32,
+                src: Src::Cand(i as u32),
+            }));
+            if self.pool.len() > budget {
+                self.pool.select_nth_unstable_by(budget - 1, better);
+                self.pool.truncate(budget);
+            }
+            // 4. Materialise the new members in creation order; they form the next frontier.
+            self.selected.clear();
+            self.order.clear();
+            for k in &self.pool {
+                match k.src {
+                    Src::Node(_) => self.selected.push(*k),
+                    Src::Cand(i) => self.order.push(i),
+                }
+            }
+            self.order.sort_unstable();
+            self.next_frontier.clear();
+            for &i in &self.order {
+                let c = self.cands[i as usize];
+                let id = self.arena.push(c.parent as usize, c.commit, c.mass)?;
+                self.selected.push(Key {
+                    mass: c.mass,
+                    depth: depth as u16 + 1,
+                    order: id as u32,
+                    src: Src::Node(id as u32),
+                });
+                if depth + 1 < self.cfg.max_depth && !self.arena.is_complete(id) {
+                    self.next_frontier.push(id as u32);
+                }
+            }
+            std::mem::swap(&mut self.frontier, &mut self.next_frontier);
+        }
+        self.assemble(ctx)
+    }
+
+    /// Marks duplicate states among the candidates dead, keeping the heaviest of each.
+    fn dedupe(&mut self, l: usize) {
+        if self.cands.len() < 2 {
+            return;
+        }
+        let mut cands = std::mem::take(&mut self.cands);
+        self.order.clear();
+        self.order.extend(0..cands.len() as u32);
+        self.order.sort_unstable_by(|&a, &b| {
+            let (x, y) = (&cands[a as usize], &cands[b as usize]);
+            x.hash
+                .cmp(&y.hash)
+                .then(y.mass.total_cmp(&x.mass))
+                .then(a.cmp(&b))
+        });
+        let arena = &self.arena;
+        let value = |c: &Cand, s: usize| {
+            if s == c.commit.position {
+                c.commit.token
+            } else {
+                arena.state(c.parent as usize)[s]
+            }
+        };
+        let mut run_start = 0;
+        for j in 1..=self.order.len() {
+            let same = j < self.order.len()
+                && cands[self.order[j] as usize].hash == cands[self.order[run_start] as usize].hash;
+            if same {
+                continue;
+            }
+            for a in run_start..j {
+                for b in a + 1..j {
+                    let (ia, ib) = (self.order[a] as usize, self.order[b] as usize);
+                    let (ca, cb) = (&cands[ia], &cands[ib]);
+                    if ca.alive && cb.alive && (0..l).all(|s| value(ca, s) == value(cb, s)) {
+                        cands[ib].alive = false;
+                    }
+                }
+            }
+            run_start = j;
+        }
+        self.cands = cands;
+    }
+
+    fn assemble(&mut self, ctx: &ScoreContext<'_>) -> Result<&DraftTree, TreeError> {
+        self.out.reset(ctx.root);
+        self.remap.clear();
+        self.remap.resize(self.arena.len(), u32::MAX);
+        self.remap[0] = 0;
+        self.order.clear();
+        self.order.extend(self.selected.iter().filter_map(|k| match k.src {
+            Src::Node(id) => Some(id),
+            Src::Cand(_) => None,
+        }));
+        self.order.sort_unstable();
+        for &id in &self.order {
+            let id = id as usize;
+            let (Some(parent), Some(edge)) = (self.arena.parent(id), self.arena.edge(id)) else {
+                continue;
+            };
+            let p = self.remap[parent];
+            if p == u32::MAX {
+                return Err(TreeError::config(
+                    "budget",
+                    "internal: a selected node lost its parent (please report)",
+                ));
+            }
+            self.remap[id] = self.out.push(p as usize, edge, self.arena.mass(id))? as u32;
+        }
+        Ok(&self.out)
+    }
+
+    /// Builds the SSD-style chain: masked positions in order of stale confidence (ties to the
+    /// lower index), stale tokens, one path of `min(D, max_depth)` nodes (shorter if the mass
+    /// falls below `γ`). The mass of a node is the product of its path's stale probabilities.
+    pub fn build_chain(&mut self, ctx: &ScoreContext<'_>) -> Result<&DraftTree, TreeError> {
+        self.prepare(ctx)?;
+        self.order.clear();
+        self.order.extend(ctx.root.masked_positions().map(|s| s as u32));
+        let stale = ctx.stale;
+        self.order.sort_by(|&a, &b| {
+            stale
+                .token_prob(b as usize)
+                .total_cmp(&stale.token_prob(a as usize))
+                .then(a.cmp(&b))
+        });
+        self.out.reset(ctx.root);
+        let mut node = 0;
+        let mut mass = 1.0f32;
+        let n = self.cfg.budget.min(self.cfg.max_depth);
+        for &s in self.order.iter().take(n) {
+            let s = s as usize;
+            mass *= stale.token_prob(s);
+            if mass < self.cfg.gamma || stale.token(s) == ctx.root.mask_id() {
+                break;
+            }
+            node = self.out.push(node, Commit::new(s, stale.token(s)), mass)?;
+        }
+        Ok(&self.out)
+    }
+}

@@ -1,0 +1,57 @@
+//! The error type of `spot-tree`.
+
+/// Errors raised while building a draft tree.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TreeError {
+    /// A tree configuration value is out of range.
+    #[error("invalid `{field}`: {reason}")]
+    InvalidConfig {
+        /// Field name.
+        field: &'static str,
+        /// Why, with the value.
+        reason: String,
+    },
+    /// An order scorer returned a negative or non-finite score.
+    #[error("order scorer `{scorer}` returned {value} for node {node}, position {position}")]
+    InvalidScore {
+        /// The scorer's name.
+        scorer: String,
+        /// Index of the node in the scored batch.
+        node: usize,
+        /// Block position.
+        position: usize,
+        /// The offending value.
+        value: f32,
+    },
+    /// An order scorer wrote the wrong number of scores.
+    #[error("order scorer `{scorer}` wrote {actual} scores, expected {expected}")]
+    ScoreShape {
+        /// The scorer's name.
+        scorer: String,
+        /// Expected length (nodes x block size).
+        expected: usize,
+        /// Actual length.
+        actual: usize,
+    },
+    /// The stale statistics do not match the root state.
+    #[error("stale statistics cover {actual} positions, the block has {expected}")]
+    StaleShape {
+        /// Block size.
+        expected: usize,
+        /// Positions in the statistics.
+        actual: usize,
+    },
+    /// A failure in the core crate (invalid commit, model error inside a scorer, ...).
+    #[error(transparent)]
+    Core(#[from] spot_core::Error),
+}
+
+impl TreeError {
+    pub(crate) fn config(field: &'static str, reason: impl Into<String>) -> Self {
+        TreeError::InvalidConfig {
+            field,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Order scorers: who ranks the masked positions of a hypothesised state.
+//!
+//! An [`OrderScorer`] returns `q(s | y)`, a distribution over the positions still masked in
+//! each node `y` of a batch, from the round's stale statistics. The tree builder calls it once
+//! per depth with every node it expands at that depth. The learned SPOT drafter implements this
+//! trait; the baselines here need no training.
+
+use std::collections::HashMap;
+
+use spot_core::{BlockState, BlockStats, Commit, DecodeTrace, TokenId};
+
+use crate::error::TreeError;
+use crate::tree::DraftTree;
+
+/// What every node of a round shares.
+#[derive(Clone, Copy, Debug)]
+pub struct ScoreContext<'a> {
+    /// The verified state the tree grows from.
+    pub root: &'a BlockState,
+    /// The target's statistics at the root's parent (the stale distribution `p~`).
+    pub stale: &'a BlockStats,
+    /// Absolute position of the block's first slot.
+    pub block_start: usize,
+}
+
+/// A batch of tree nodes to score, in the order scores must be written.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeBatch<'a> {
+    tree: &'a DraftTree,
+    ids: &'a [u32],
+}
+
+impl<'a> NodeBatch<'a> {
+    /// A batch of the nodes `ids` of `tree`.
+    pub fn new(tree: &'a DraftTree, ids: &'a [u32]) -> Self {
+        Self { tree, ids }
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    /// Tokens of the `i`-th node.
+    pub fn tokens(&self, i: usize) -> &'a [TokenId] {
+        self.tree.state(self.ids[i] as usize)
+    }
+
+    /// Depth of the `i`-th node below the root.
+    pub fn depth(&self, i: usize) -> usize {
+        self.tree.depth(self.ids[i] as usize)
+    }
+
+    /// State hash of the `i`-th node.
+    pub fn hash(&self, i: usize) -> u64 {
+        self.tree.hash(self.ids[i] as usize)
+    }
+
+    /// The mask id.
+    pub fn mask_id(&self) -> TokenId {
+        self.tree.mask_id()
+    }
+}
+
+/// Scores the masked positions of a batch of hypothesised states.
+pub trait OrderScorer {
+    /// A short name for errors and reports.
+    fn name(&self) -> &str;
+
+    /// Writes `q(s | y_i)` into `out[i * L + s]` for every node `i` of `nodes` and every
+    /// position `s` masked in it. Values must be finite and non-negative; values at committed
+    /// positions are ignored; they need not sum to one (the builder uses them as given, so a
+    /// scorer that under-normalises only lowers masses).
+    fn score(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), TreeError>;
+
+    /// Optionally replaces the token hypotheses `H(s)` for `position` of the `i`-th node.
+    /// Return `true` after writing `(token, probability)` pairs into `out`; the default returns
+    /// `false` and the builder uses the stale choice (and the hedge).
+    fn token_hypotheses(
+        &mut self,
+        _ctx: &ScoreContext<'_>,
+        _nodes: &NodeBatch<'_>,
+        _i: usize,
+        _position: usize,
+        _out: &mut Vec<(TokenId, f32)>,
+    ) -> bool {
+        false
+    }
+}
+
+fn normalise_masked(tokens: &[TokenId], mask: TokenId, out: &mut [f32], weight: impl Fn(usize) -> f32) {
+    let mut z = 0.0f32;
+    for (s, o) in out.iter_mut().enumerate() {
+        *o = if tokens[s] == mask { weight(s).max(0.0) } else { 0.0 };
+        z += *o;
+    }
+    let n = tokens.iter().filter(|&&t| t == mask).count();
+    for (s, o) in out.iter_mut().enumerate() {
+        if z > 0.0 {
+            *o /= z;
+        } else if tokens[s] == mask {
+            *o = 1.0 / n as f32;
+        }
+    }
+}
+
+/// BlockSpec-style scorer: `q(s | y)` is the stale confidence (probability of the stale
+/// choice) normalised over the positions masked in `y`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StaleConfidenceScorer;
+
+impl OrderScorer for StaleConfidenceScorer {
+    fn name(&self) -> &str {
+        "stale-confidence"
+    }
+
+    fn score(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), TreeError> {
+        let l = ctx.root.len();
+        for (i, chunk) in out.chunks_mut(l).enumerate().take(nodes.len()) {
+            normalise_masked(nodes.tokens(i), nodes.mask_id(), chunk, |s| ctx.stale.token_prob(s));
+        }
+        Ok(())
+    }
+}
+
+/// Scores positions with seeded pseudo-random weights (a control for tests and ablations).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RandomScorer {
+    /// Seed of the weights.
+    pub seed: u64,
+}
+
+impl OrderScorer for RandomScorer {
+    fn name(&self) -> &str {
+        "random"
+    }
+
+    fn score(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), TreeError> {
+        let l = ctx.root.len();
+        for (i, chunk) in out.chunks_mut(l).enumerate().take(nodes.len()) {
+            let h = nodes.hash(i) ^ self.seed;
+            normalise_masked(nodes.tokens(i), nodes.mask_id(), chunk, |s| {
+                (spot_core::toy::mix64(h ^ s as u64) >> 40) as f32 / (1u64 << 24) as f32
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The upper bound: a scorer told the true future commits (from a draft-free trace).
+///
+/// On a state the draft-free decoder actually visits, it puts all mass on the position the
+/// target commits next; elsewhere it scores nothing. With `with_tokens` it also proposes the
+/// true token (probability 1); without, tokens come from the stale statistics as for any other
+/// scorer (the paper's *position oracle*).
+#[derive(Clone, Debug, Default)]
+pub struct OracleScorer {
+    next: HashMap<(usize, Vec<TokenId>), Commit>,
+    with_tokens: bool,
+}
+
+impl OracleScorer {
+    /// Builds the oracle from the trace of a draft-free decode with the same inputs.
+    pub fn from_trace(trace: &DecodeTrace, with_tokens: bool) -> Result<Self, TreeError> {
+        let mut next = HashMap::new();
+        for block in &trace.blocks {
+            let mut state = block.initial.clone();
+            for step in &block.steps {
+                if let Some(&c) = step.first() {
+                    next.insert((block.start, state.tokens().to_vec()), c);
+                }
+                for &c in step {
+                    state.commit(c)?;
+                }
+            }
+        }
+        Ok(Self { next, with_tokens })
+    }
+
+    fn lookup(&self, start: usize, tokens: &[TokenId]) -> Option<Commit> {
+        self.next.get(&(start, tokens.to_vec())).copied()
+    }
+}
+
+impl OrderScorer for OracleScorer {
+    fn name(&self) -> &str {
+        if self.with_tokens {
+            "oracle"
+        } else {
+            "position-oracle"
+        }
+    }
+
+    fn score(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), TreeError> {
+        let l = ctx.root.len();
+        for (i, chunk) in out.chunks_mut(l).enumerate().take(nodes.len()) {
+            chunk.fill(0.0);
+            if let Some(c) = self.lookup(ctx.block_start, nodes.tokens(i)) {
+                chunk[c.position] = 1.0;
+            }
+        }
+        Ok(())
+    }
+
+    fn token_hypotheses(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        i: usize,
+        position: usize,
+        out: &mut Vec<(TokenId, f32)>,
+    ) -> bool {
+        if !self.with_tokens {
+            return false;
+        }
+        match self.lookup(ctx.block_start, nodes.tokens(i)) {
+            Some(c) if c.position == position => {
+                out.push((c.token, 1.0));
+                true
+            }
+            _ => false,
+        }
+    }
+}

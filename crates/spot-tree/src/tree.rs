@@ -1,0 +1,199 @@
+//! The draft tree: an arena of hypothesised block states with parent links.
+
+use spot_core::{BlockState, Commit, TokenId};
+
+const NO_PARENT: u32 = u32::MAX;
+
+/// Zobrist key of token `t` at block position `s`. A state's hash is the XOR of the keys of
+/// all its positions, so a commit updates it in O(1).
+pub fn zobrist(s: usize, t: TokenId) -> u64 {
+    spot_core::toy::mix64(((s as u64) << 32) ^ u64::from(t) ^ 0x5107_7ee5_0000_0000)
+}
+
+/// The hash of a full state (see [`zobrist`]).
+pub fn state_hash(tokens: &[TokenId]) -> u64 {
+    tokens
+        .iter()
+        .enumerate()
+        .fold(0, |h, (s, &t)| h ^ zobrist(s, t))
+}
+
+/// A tree of hypothesised block states rooted at the current (verified) state.
+///
+/// Node 0 is the root. Every other node was made from its parent by one commit (its *edge*) and
+/// carries a *mass*: the drafter's probability of reaching it,
+/// `m(child) = m(parent) · q(s | parent) · p~_s(v)`. Nodes are stored in order of depth, so a
+/// parent always precedes its children. States are unique: builders merge states reached by
+/// different paths, and [`DraftTree::find_successor`] looks states up by value, so a state is
+/// accepted whichever path reached it.
+///
+/// ```
+/// use spot_core::{BlockState, Commit};
+/// use spot_tree::DraftTree;
+/// let root = BlockState::masked(4, 9);
+/// let mut tree = DraftTree::new(&root);
+/// let a = tree.push(0, Commit::new(1, 5), 0.5).unwrap();
+/// let b = tree.push(a, Commit::new(0, 6), 0.25).unwrap();
+/// assert_eq!(tree.state(b), &[6, 5, 9, 9]);
+/// assert_eq!(tree.find_successor(0, &[Commit::new(1, 5)]), Some(a));
+/// assert_eq!(tree.find_successor(0, &[Commit::new(2, 5)]), None);
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct DraftTree {
+    len: usize,
+    mask_id: TokenId,
+    tokens: Vec<TokenId>,
+    parent: Vec<u32>,
+    edge: Vec<Commit>,
+    mass: Vec<f32>,
+    depth: Vec<u16>,
+    hash: Vec<u64>,
+    masked: Vec<u16>,
+}
+
+impl DraftTree {
+    /// A tree holding only `root`.
+    pub fn new(root: &BlockState) -> Self {
+        let mut t = Self::default();
+        t.reset(root);
+        t
+    }
+
+    /// Clears the tree and makes `root` its only node (keeps the allocations).
+    pub fn reset(&mut self, root: &BlockState) {
+        self.len = root.len();
+        self.mask_id = root.mask_id();
+        self.tokens.clear();
+        self.tokens.extend_from_slice(root.tokens());
+        self.parent.clear();
+        self.parent.push(NO_PARENT);
+        self.edge.clear();
+        self.edge.push(Commit::new(0, self.mask_id));
+        self.mass.clear();
+        self.mass.push(1.0);
+        self.depth.clear();
+        self.depth.push(0);
+        self.hash.clear();
+        self.hash.push(state_hash(root.tokens()));
+        self.masked.clear();
+        self.masked.push(root.masked_count() as u16);
+    }
+
+    /// Adds a child of `parent` made by `commit`, with mass `mass`; returns its index.
+    /// Fails when the commit is not valid on the parent's state.
+    pub fn push(&mut self, parent: usize, commit: Commit, mass: f32) -> spot_core::Result<usize> {
+        if parent >= self.len() {
+            return Err(spot_core::Error::InvalidCommit {
+                position: commit.position,
+                token: commit.token,
+                reason: "parent node does not exist",
+            });
+        }
+        let base = parent * self.len;
+        spot_core::state::check_commit(&self.tokens[base..base + self.len], self.mask_id, commit)?;
+        self.tokens.extend_from_within(base..base + self.len);
+        let at = self.tokens.len() - self.len + commit.position;
+        self.tokens[at] = commit.token;
+        self.parent.push(parent as u32);
+        self.edge.push(commit);
+        self.mass.push(mass);
+        self.depth.push(self.depth[parent] + 1);
+        self.hash.push(
+            self.hash[parent] ^ zobrist(commit.position, self.mask_id) ^ zobrist(commit.position, commit.token),
+        );
+        self.masked.push(self.masked[parent] - 1);
+        Ok(self.parent.len() - 1)
+    }
+
+    /// Block size.
+    pub fn block_len(&self) -> usize {
+        self.len
+    }
+
+    /// The mask id.
+    pub fn mask_id(&self) -> TokenId {
+        self.mask_id
+    }
+
+    /// Number of nodes, root included.
+    pub fn len(&self) -> usize {
+        self.parent.len()
+    }
+
+    /// Whether the tree has no node (only before the first [`reset`](Self::reset)).
+    pub fn is_empty(&self) -> bool {
+        self.parent.is_empty()
+    }
+
+    /// Number of draft nodes (root excluded).
+    pub fn draft_count(&self) -> usize {
+        self.len().saturating_sub(1)
+    }
+
+    /// The tokens of node `i`.
+    pub fn state(&self, i: usize) -> &[TokenId] {
+        &self.tokens[i * self.len..(i + 1) * self.len]
+    }
+
+    /// Node `i` as an owned [`BlockState`].
+    pub fn block_state(&self, i: usize) -> BlockState {
+        BlockState::from_tokens(self.state(i).to_vec(), self.mask_id)
+    }
+
+    /// Parent of node `i` (`None` for the root).
+    pub fn parent(&self, i: usize) -> Option<usize> {
+        let p = self.parent[i];
+        (p != NO_PARENT).then_some(p as usize)
+    }
+
+    /// The commit that made node `i` from its parent (`None` for the root).
+    pub fn edge(&self, i: usize) -> Option<Commit> {
+        (i != 0).then(|| self.edge[i])
+    }
+
+    /// Mass of node `i` (1 for the root).
+    pub fn mass(&self, i: usize) -> f32 {
+        self.mass[i]
+    }
+
+    /// Depth of node `i` (commits since the root).
+    pub fn depth(&self, i: usize) -> usize {
+        usize::from(self.depth[i])
+    }
+
+    /// Zobrist hash of node `i`'s state.
+    pub fn hash(&self, i: usize) -> u64 {
+        self.hash[i]
+    }
+
+    /// Masked positions left in node `i`.
+    pub fn masked_count(&self, i: usize) -> usize {
+        usize::from(self.masked[i])
+    }
+
+    /// Whether node `i` has no masked position (it needs no forward).
+    pub fn is_complete(&self, i: usize) -> bool {
+        self.masked[i] == 0
+    }
+
+    /// The node whose state equals node `from`'s state with `commits` applied, if the tree has
+    /// one. Lookup is by state, not by edge, so merged paths are found too.
+    pub fn find_successor(&self, from: usize, commits: &[Commit]) -> Option<usize> {
+        let mut h = self.hash[from];
+        for c in commits {
+            h ^= zobrist(c.position, self.mask_id) ^ zobrist(c.position, c.token);
+        }
+        let depth = usize::from(self.depth[from]) + commits.len();
+        let base = self.state(from);
+        (0..self.len()).find(|&i| {
+            self.hash[i] == h
+                && usize::from(self.depth[i]) == depth
+                && self.state(i).iter().enumerate().all(|(s, &t)| {
+                    t == commits
+                        .iter()
+                        .find(|c| c.position == s)
+                        .map_or(base[s], |c| c.token)
+                })
+        })
+    }
+}
