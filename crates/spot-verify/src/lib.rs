@@ -1,1 +1,274 @@
-//! placeholder
+//! # spot-verify
+//!
+//! The one-forward verifier of SPOT. A round's root state and every node of its draft tree go
+//! to the target as **one** batched forward; the target's own transition (`Φ`, or `Φ^τ`) is
+//! computed at every node; the walk starts at the root and moves to the node equal to
+//! `current + Φ(current)` for as long as the tree has it; then it commits `Φ(current)`, the
+//! target's own choice. The output therefore never depends on the tree, only the number of
+//! forwards does, and every forward commits at least one position.
+//!
+//! The statistics of the last accepted node become the next round's stale distribution.
+//!
+//! ```
+//! use spot_core::{BlockDiffusionModel, BlockState, MeteredModel, StatsQuery, Transition};
+//! use spot_core::toy::{ToyConfig, ToyModel};
+//! use spot_tree::{ScoreContext, TreeBuilder, TreeConfig};
+//! use spot_verify::{MatchRule, Verifier};
+//!
+//! let mut toy = ToyModel::new(ToyConfig { stability: 1.0, ..ToyConfig::default() });
+//! toy.reset_prefix(&[5; 8]).unwrap();
+//! let mut model = MeteredModel::new(&mut toy);
+//! let q = StatsQuery::new(0.0, 0);
+//! let x0 = BlockState::masked(8, model.info().mask_id);
+//! let stale = model.forward(&[x0.clone()], &q).unwrap().remove(0);
+//! let c = spot_core::exact_commit(&x0, &stale).unwrap().unwrap();
+//! let root = x0.with_commit(c).unwrap();
+//! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 8 };
+//! let mut builder = TreeBuilder::new(TreeConfig { budget: 6, ..TreeConfig::default() }).unwrap();
+//! // The SSD-style chain: positions in order of stale confidence.
+//! let tree = builder.build_chain(&ctx).unwrap();
+//! let mut verifier = Verifier::new(MatchRule::Coupled);
+//! let round = verifier.verify(&mut model, tree, &q, Transition::Exact, 0).unwrap();
+//! // Stable toy logits: stale statistics are exact, so the whole chain of 6 is accepted
+//! // and the target's own commit at its end makes 7 commits for one forward.
+//! assert_eq!(round.walk.accepted_nodes, 6);
+//! assert_eq!(round.walk.commit_count(), 7);
+//! assert_eq!(model.meter().nfe, 2);
+//! ```
+
+use spot_core::{BlockState, BlockStats, Commit, Error, MeteredModel, Result, StatsQuery, Transition};
+use spot_tree::DraftTree;
+
+/// How a node's target decision is compared with the tree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MatchRule {
+    /// Coupled noise (the default and the only exact rule at `T > 0`): every node's decision is
+    /// `Φ_G`, computed with the same noise table as the draft-free decoder, so a node is
+    /// accepted exactly when the draft-free decoder would visit it.
+    #[default]
+    Coupled,
+    /// Ablation. The walk compares the tree with the target's *greedy* decision (most confident
+    /// top-1 token, no noise); the final commit is still the coupled `Φ_G`. Identical to
+    /// `Coupled` at `T = 0` with the default confidence rule; at `T > 0` the output **differs**
+    /// from draft-free decoding and is not a sample of the target's sampler.
+    Greedy,
+    /// Ablation. Each round draws fresh noise (seeded by the round number) instead of the
+    /// coupled table. Every step is still a sample of the target's transition, but the output
+    /// **differs** from the draft-free decoder with the same seed at `T > 0`, and acceptance
+    /// falls because the tree's stale choices were drawn with other noise.
+    IndependentSampling,
+}
+
+/// The accepted path of one round.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Walk {
+    /// Tree nodes visited, starting with the root (0).
+    pub path: Vec<usize>,
+    /// Commits of every step, flattened; `step_ends[i]` is the end of step `i`.
+    pub commits: Vec<Commit>,
+    /// End offsets of the steps in `commits`.
+    pub step_ends: Vec<usize>,
+    /// Draft nodes accepted (the depth of the last accepted node).
+    pub accepted_nodes: usize,
+    /// Whether the round ended with the block complete.
+    pub complete: bool,
+}
+
+impl Walk {
+    /// Clears for reuse.
+    pub fn clear(&mut self) {
+        self.path.clear();
+        self.commits.clear();
+        self.step_ends.clear();
+        self.accepted_nodes = 0;
+        self.complete = false;
+    }
+
+    /// The steps, each a slice of commits.
+    pub fn steps(&self) -> impl Iterator<Item = &[Commit]> + '_ {
+        let mut start = 0;
+        self.step_ends.iter().map(move |&end| {
+            let s = &self.commits[start..end];
+            start = end;
+            s
+        })
+    }
+
+    /// Positions committed this round.
+    pub fn commit_count(&self) -> usize {
+        self.commits.len()
+    }
+
+    /// The last accepted node.
+    pub fn last(&self) -> usize {
+        self.path.last().copied().unwrap_or(0)
+    }
+
+    fn push_step(&mut self, step: &[Commit]) {
+        self.commits.extend_from_slice(step);
+        self.step_ends.push(self.commits.len());
+    }
+}
+
+/// Marker in a batch index for nodes that were not forwarded (complete states).
+pub const NOT_IN_BATCH: u32 = u32::MAX;
+
+fn greedy_commits(
+    transition: Transition,
+    state: &[spot_core::TokenId],
+    mask: spot_core::TokenId,
+    stats: &BlockStats,
+    out: &mut Vec<Commit>,
+) {
+    let top1 = |s: usize| {
+        let (ids, probs) = stats.top(s);
+        (ids[0], probs[0])
+    };
+    let masked = || (0..state.len()).filter(|&s| state[s] == mask);
+    if let Transition::Threshold { tau } = transition {
+        out.extend(masked().filter(|&s| top1(s).1 > tau).map(|s| Commit::new(s, top1(s).0)));
+    }
+    if out.is_empty() {
+        let best = masked().fold(None, |b: Option<(usize, f32)>, s| match b {
+            Some((_, c)) if c >= top1(s).1 => b,
+            _ => Some((s, top1(s).1)),
+        });
+        out.extend(best.map(|(s, _)| Commit::new(s, top1(s).0)));
+    }
+}
+
+/// Walks the accepted path of `tree`, given the statistics of every forwarded node:
+/// `stats[batch_index[node]]` (or [`NOT_IN_BATCH`] for complete nodes, which need none).
+///
+/// This is the model-free half of verification; [`Verifier::verify`] runs the forward and
+/// then calls it.
+pub fn walk(
+    tree: &DraftTree,
+    batch_index: &[u32],
+    stats: &[BlockStats],
+    transition: Transition,
+    rule: MatchRule,
+    out: &mut Walk,
+    scratch: &mut Vec<Commit>,
+) -> Result<()> {
+    out.clear();
+    let mut cur = 0usize;
+    out.path.push(0);
+    loop {
+        if tree.is_complete(cur) {
+            out.complete = true;
+            break;
+        }
+        let st = batch_index
+            .get(cur)
+            .and_then(|&b| stats.get(b as usize))
+            .ok_or(Error::ShapeMismatch {
+                what: "statistics for a tree node in the verification batch",
+                expected: cur + 1,
+                actual: stats.len(),
+            })?;
+        let state = BlockState::from_tokens(tree.state(cur).to_vec(), tree.mask_id());
+        scratch.clear();
+        match rule {
+            MatchRule::Greedy => greedy_commits(transition, tree.state(cur), tree.mask_id(), st, scratch),
+            _ => transition.commits(&state, st, scratch)?,
+        }
+        if let Some(next) = tree.find_successor(cur, scratch) {
+            out.push_step(scratch);
+            out.path.push(next);
+            cur = next;
+            continue;
+        }
+        if rule == MatchRule::Greedy {
+            scratch.clear();
+            transition.commits(&state, st, scratch)?;
+        }
+        out.push_step(scratch);
+        out.complete = scratch.len() == state.masked_count();
+        break;
+    }
+    out.accepted_nodes = tree.depth(cur);
+    Ok(())
+}
+
+/// The result of one verified round.
+#[derive(Clone, Debug, Default)]
+pub struct RoundOutcome {
+    /// The accepted path and the commits it makes.
+    pub walk: Walk,
+    /// The last accepted node's statistics: the next round's stale distribution (`None` when
+    /// the block is complete).
+    pub stale: Option<BlockStats>,
+    /// Block states in the forward (root + incomplete draft nodes).
+    pub batch_size: usize,
+}
+
+/// Runs verification rounds; keeps buffers between rounds.
+#[derive(Clone, Debug, Default)]
+pub struct Verifier {
+    rule: MatchRule,
+    batch_index: Vec<u32>,
+    scratch: Vec<Commit>,
+}
+
+impl Verifier {
+    /// A verifier with the given match rule.
+    pub fn new(rule: MatchRule) -> Self {
+        Self {
+            rule,
+            ..Self::default()
+        }
+    }
+
+    /// The match rule.
+    pub fn rule(&self) -> MatchRule {
+        self.rule
+    }
+
+    /// One round: a single batched forward over the root and every incomplete node of `tree`,
+    /// then the walk. `round` numbers the rounds of a decode (it seeds the
+    /// [`MatchRule::IndependentSampling`] ablation and is otherwise unused).
+    pub fn verify(
+        &mut self,
+        model: &mut MeteredModel<'_>,
+        tree: &DraftTree,
+        query: &StatsQuery,
+        transition: Transition,
+        round: u64,
+    ) -> Result<RoundOutcome> {
+        let mut states = Vec::with_capacity(tree.len());
+        self.batch_index.clear();
+        for i in 0..tree.len() {
+            if tree.is_complete(i) {
+                self.batch_index.push(NOT_IN_BATCH);
+            } else {
+                self.batch_index.push(states.len() as u32);
+                states.push(tree.block_state(i));
+            }
+        }
+        let mut q = *query;
+        if self.rule == MatchRule::IndependentSampling {
+            let seed = spot_core::toy::mix64(query.noise.seed() ^ spot_core::toy::mix64(round));
+            q.noise = spot_core::GumbelNoise::new(seed);
+        }
+        let mut stats = model.forward(&states, &q)?;
+        let mut out = RoundOutcome {
+            batch_size: states.len(),
+            ..RoundOutcome::default()
+        };
+        walk(
+            tree,
+            &self.batch_index,
+            &stats,
+            transition,
+            self.rule,
+            &mut out.walk,
+            &mut self.scratch,
+        )?;
+        if !out.walk.complete {
+            let b = self.batch_index[out.walk.last()] as usize;
+            out.stale = Some(stats.swap_remove(b));
+        }
+        Ok(out)
+    }
+}
