@@ -1,0 +1,141 @@
+//! Property tests: every speculative decoder returns exactly the draft-free tokens.
+
+mod common;
+
+use common::{case, cases, model};
+use proptest::prelude::*;
+use spot::{
+    DecodeOutput, DraftFreeDecoder, MatchRule, OracleScorer, RandomScorer, SpotDecoder,
+    StaleConfidenceScorer, Transition, TreeConfig,
+};
+
+#[derive(Clone, Debug)]
+enum Scorer {
+    Stale,
+    Chain,
+    Random(u64),
+    Oracle { with_tokens: bool },
+}
+
+fn scorer() -> impl Strategy<Value = Scorer> {
+    prop_oneof![
+        Just(Scorer::Stale),
+        Just(Scorer::Chain),
+        any::<u64>().prop_map(Scorer::Random),
+        any::<bool>().prop_map(|with_tokens| Scorer::Oracle { with_tokens }),
+    ]
+}
+
+fn tree_config() -> impl Strategy<Value = TreeConfig> {
+    (
+        1usize..=32,
+        1usize..=16,
+        prop_oneof![Just(0.0f32), Just(0.001), Just(0.02), Just(0.1)],
+        prop_oneof![Just(None), Just(Some(0.6f32)), Just(Some(1.0f32))],
+    )
+        .prop_map(|(budget, max_depth, gamma, hedge)| TreeConfig {
+            budget,
+            max_depth,
+            gamma,
+            hedge,
+        })
+}
+
+fn spot_decoder(scorer: &Scorer, tree: TreeConfig, reference: &DecodeOutput) -> SpotDecoder {
+    let b = SpotDecoder::builder().tree_config(tree).record_trace(true);
+    let b = match scorer {
+        Scorer::Stale => b.scorer(StaleConfidenceScorer),
+        Scorer::Chain => b.chain(),
+        Scorer::Random(seed) => b.scorer(RandomScorer { seed: *seed }),
+        Scorer::Oracle { with_tokens } => {
+            let trace = reference.trace.as_ref().expect("reference trace recorded");
+            b.scorer(OracleScorer::from_trace(trace, *with_tokens).expect("valid trace"))
+        }
+    };
+    b.build().expect("valid tree config")
+}
+
+fn check_invariants(reference: &DecodeOutput, fast: &DecodeOutput) -> Result<(), TestCaseError> {
+    prop_assert_eq!(&fast.tokens, &reference.tokens);
+    prop_assert_eq!(&fast.generated, &reference.generated);
+    prop_assert_eq!(fast.stopped, reference.stopped);
+    // The same transition steps, in the same order.
+    prop_assert_eq!(&fast.trace, &reference.trace);
+    prop_assert!(fast.stats.nfe <= reference.stats.nfe);
+    prop_assert_eq!(fast.stats.prefix_forwards, reference.stats.prefix_forwards);
+    prop_assert_eq!(fast.stats.blocks, reference.stats.blocks);
+    prop_assert_eq!(fast.stats.committed, reference.stats.committed);
+    prop_assert!(fast.stats.commits_per_forward.iter().all(|&c| c >= 1));
+    prop_assert_eq!(
+        fast.stats.commits_per_forward.len() as u64,
+        fast.stats.block_forwards
+    );
+    prop_assert_eq!(
+        fast.stats.commits_per_forward.iter().map(|&c| u64::from(c)).sum::<u64>(),
+        fast.stats.committed
+    );
+    prop_assert!(fast.stats.accepted_nodes <= fast.stats.draft_nodes);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    /// Exact decoding (Φ): speculative == draft-free for every scorer, budget, γ, hedge and T.
+    #[test]
+    fn speculative_equals_draft_free((toy, prompt, cfg) in case(Just(Transition::Exact)),
+                                     scorer in scorer(), tree in tree_config()) {
+        let mut m = model(&toy);
+        let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
+        prop_assert!(reference.stats.commits_per_forward.iter().all(|&c| c == 1));
+        let fast = spot_decoder(&scorer, tree, &reference).decode(&mut m, &prompt, &cfg).unwrap();
+        check_invariants(&reference, &fast)?;
+    }
+
+    /// Threshold decoding (Φ^τ) and every confidence rule: the verifier is exact for any
+    /// deterministic transition.
+    #[test]
+    fn speculative_equals_draft_free_any_transition((toy, prompt, cfg) in case(common::transition()),
+                                                    scorer in scorer(), tree in tree_config()) {
+        let mut m = model(&toy);
+        let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
+        let fast = spot_decoder(&scorer, tree, &reference).decode(&mut m, &prompt, &cfg).unwrap();
+        check_invariants(&reference, &fast)?;
+    }
+
+    /// With the full oracle (true positions and tokens) a block with `M` masked positions takes
+    /// exactly `1 + ceil((M - 1) / (k + 1))` forwards, `k = min(D, max_depth)`: the first plain
+    /// forward commits one position, every round accepts `k` true nodes and commits the
+    /// target's next choice, and a round whose path reaches the complete state ends the block.
+    #[test]
+    fn oracle_meets_the_exact_bound((toy, prompt, cfg) in case(Just(Transition::Exact)),
+                                   tree in tree_config()) {
+        let mut m = model(&toy);
+        let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
+        let fast = spot_decoder(&Scorer::Oracle { with_tokens: true }, tree, &reference)
+            .decode(&mut m, &prompt, &cfg).unwrap();
+        check_invariants(&reference, &fast)?;
+        let k = tree.budget.min(tree.max_depth);
+        let expected: u64 = reference.trace.as_ref().unwrap().blocks.iter().map(|b| {
+            let masked = b.initial.masked_count();
+            if masked == 0 { 0 } else { 1 + (masked - 1).div_ceil(k + 1) as u64 }
+        }).sum();
+        prop_assert_eq!(fast.stats.block_forwards, expected);
+    }
+
+    /// Matching ablations are exact at T = 0 with the default rule, where they coincide with
+    /// coupled matching.
+    #[test]
+    fn ablations_are_exact_at_zero_temperature((toy, prompt, mut cfg) in case(Just(Transition::Exact)),
+                                              tree in tree_config(),
+                                              greedy in any::<bool>()) {
+        cfg.temperature = 0.0;
+        cfg.confidence = spot::ConfidenceRule::Probability;
+        let mut m = model(&toy);
+        let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
+        let rule = if greedy { MatchRule::Greedy } else { MatchRule::IndependentSampling };
+        let fast = SpotDecoder::builder().tree_config(tree).match_rule(rule).record_trace(true)
+            .build().unwrap().decode(&mut m, &prompt, &cfg).unwrap();
+        check_invariants(&reference, &fast)?;
+    }
+}
