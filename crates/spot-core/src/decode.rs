@@ -264,6 +264,15 @@ pub fn plan_blocks(prompt: &[TokenId], cfg: &DecodeConfig, info: &crate::ModelIn
             reason,
         });
     }
+    if info.mask_id as usize >= info.vocab_size {
+        return Err(Error::config(
+            "mask_id",
+            format!(
+                "the model's mask id {} is outside its vocabulary of {}",
+                info.mask_id, info.vocab_size
+            ),
+        ));
+    }
     let l = cfg.block_size;
     if l > info.max_positions {
         return Err(Error::config(
