@@ -1,11 +1,13 @@
 //! Bad input gets a typed error naming what is wrong, never a panic.
 
-use spot::core::stats::{reduce_logits, PositionStats, ReduceScratch};
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use spot::core::stats::{PositionStats, ReduceScratch, reduce_logits};
 use spot::core::{Error as CoreError, PrefixUpdate};
 use spot::toy::{ToyConfig, ToyModel};
 use spot::{
-    BlockDiffusionModel, BlockState, BlockStats, DecodeConfig, DraftFreeDecoder, Error,
-    ModelInfo, SpotDecoder, StatsQuery, TokenId, Transition, TreeError,
+    BlockDiffusionModel, BlockState, BlockStats, DecodeConfig, DraftFreeDecoder, Error, ModelInfo,
+    SpotDecoder, StatsQuery, TokenId, Transition, TreeError,
 };
 
 fn toy() -> ToyModel {
@@ -24,9 +26,19 @@ fn cfg() -> DecodeConfig {
 }
 
 /// Runs both decoders and returns both errors (they must agree on input validation).
-fn both(model: &mut dyn BlockDiffusionModel, prompt: &[TokenId], cfg: &DecodeConfig) -> (CoreError, Error) {
-    let a = DraftFreeDecoder::new().decode(model, prompt, cfg).expect_err("draft-free must fail");
-    let b = SpotDecoder::builder().build().unwrap().decode(model, prompt, cfg).expect_err("spot must fail");
+fn both(
+    model: &mut dyn BlockDiffusionModel,
+    prompt: &[TokenId],
+    cfg: &DecodeConfig,
+) -> (CoreError, Error) {
+    let a = DraftFreeDecoder::new()
+        .decode(model, prompt, cfg)
+        .expect_err("draft-free must fail");
+    let b = SpotDecoder::builder()
+        .build()
+        .unwrap()
+        .decode(model, prompt, cfg)
+        .expect_err("spot must fail");
     (a, b)
 }
 
@@ -40,30 +52,66 @@ fn config_field(e: &CoreError) -> &'static str {
 #[test]
 fn invalid_temperatures() {
     for t in [-0.5f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-        let c = DecodeConfig { temperature: t, ..cfg() };
+        let c = DecodeConfig {
+            temperature: t,
+            ..cfg()
+        };
         let (a, b) = both(&mut toy(), &[1, 2], &c);
         assert_eq!(config_field(&a), "temperature");
-        assert!(matches!(b, Error::Core(CoreError::InvalidConfig { field: "temperature", .. })), "{b}");
+        assert!(
+            matches!(
+                b,
+                Error::Core(CoreError::InvalidConfig {
+                    field: "temperature",
+                    ..
+                })
+            ),
+            "{b}"
+        );
         assert!(a.to_string().contains("temperature"));
     }
 }
 
 #[test]
 fn invalid_block_sizes() {
-    let (a, _) = both(&mut toy(), &[1], &DecodeConfig { block_size: 0, ..cfg() });
+    let (a, _) = both(
+        &mut toy(),
+        &[1],
+        &DecodeConfig {
+            block_size: 0,
+            ..cfg()
+        },
+    );
     assert_eq!(config_field(&a), "block_size");
-    let (a, _) = both(&mut toy(), &[1], &DecodeConfig { block_size: 256, ..cfg() });
+    let (a, _) = both(
+        &mut toy(),
+        &[1],
+        &DecodeConfig {
+            block_size: 256,
+            ..cfg()
+        },
+    );
     assert_eq!(config_field(&a), "block_size");
     assert!(a.to_string().contains("128 positions"), "{a}");
 }
 
 #[test]
 fn invalid_lengths_and_thresholds() {
-    let (a, _) = both(&mut toy(), &[1], &DecodeConfig { max_new_tokens: 0, ..cfg() });
+    let (a, _) = both(
+        &mut toy(),
+        &[1],
+        &DecodeConfig {
+            max_new_tokens: 0,
+            ..cfg()
+        },
+    );
     assert_eq!(config_field(&a), "max_new_tokens");
     let (a, _) = both(&mut toy(), &[1], &DecodeConfig { top_k: 0, ..cfg() });
     assert_eq!(config_field(&a), "top_k");
-    let c = DecodeConfig { transition: Transition::Threshold { tau: f32::NAN }, ..cfg() };
+    let c = DecodeConfig {
+        transition: Transition::Threshold { tau: f32::NAN },
+        ..cfg()
+    };
     let (a, _) = both(&mut toy(), &[1], &c);
     assert_eq!(config_field(&a), "threshold");
 }
@@ -74,9 +122,22 @@ fn empty_and_invalid_prompts() {
     assert!(matches!(a, CoreError::EmptyPrompt));
     let mask = toy().info().mask_id;
     let (a, _) = both(&mut toy(), &[1, mask], &cfg());
-    assert!(matches!(a, CoreError::InvalidPromptToken { index: 1, .. }), "{a}");
+    assert!(
+        matches!(a, CoreError::InvalidPromptToken { index: 1, .. }),
+        "{a}"
+    );
     let (a, _) = both(&mut toy(), &[1, 2, 1000], &cfg());
-    assert!(matches!(a, CoreError::InvalidPromptToken { index: 2, token: 1000, .. }), "{a}");
+    assert!(
+        matches!(
+            a,
+            CoreError::InvalidPromptToken {
+                index: 2,
+                token: 1000,
+                ..
+            }
+        ),
+        "{a}"
+    );
 }
 
 #[test]
@@ -84,11 +145,23 @@ fn prompt_longer_than_the_model_allows() {
     let prompt = vec![1; 120];
     let (a, _) = both(&mut toy(), &prompt, &cfg());
     match a {
-        CoreError::SequenceTooLong { prompt_len: 120, needed: 136, max_positions: 128, .. } => {}
+        CoreError::SequenceTooLong {
+            prompt_len: 120,
+            needed: 136,
+            max_positions: 128,
+            ..
+        } => {}
         other => panic!("{other:?}"),
     }
     // Overflow-sized requests are rejected, not wrapped.
-    let (a, _) = both(&mut toy(), &[1], &DecodeConfig { max_new_tokens: usize::MAX, ..cfg() });
+    let (a, _) = both(
+        &mut toy(),
+        &[1],
+        &DecodeConfig {
+            max_new_tokens: usize::MAX,
+            ..cfg()
+        },
+    );
     assert!(matches!(a, CoreError::SequenceTooLong { .. }), "{a}");
 }
 
@@ -144,7 +217,11 @@ impl BlockDiffusionModel for Faulty {
     fn prefix_len(&self) -> usize {
         self.inner.prefix_len()
     }
-    fn forward(&mut self, states: &[BlockState], q: &StatsQuery) -> spot::core::Result<Vec<BlockStats>> {
+    fn forward(
+        &mut self,
+        states: &[BlockState],
+        q: &StatsQuery,
+    ) -> spot::core::Result<Vec<BlockStats>> {
         let mask = self.info().mask_id;
         let (tok, c, p) = match self.fault {
             Fault::NanConfidence => row(1, f32::NAN, 0.5),
@@ -159,7 +236,14 @@ impl BlockDiffusionModel for Faulty {
                 let q1 = StatsQuery { top_k: 1, ..*q };
                 let mut logits = vec![0.0f32; 48];
                 logits[3] = f32::NAN;
-                reduce_logits(&logits, 7, &q1, mask, &mut ReduceScratch::default(), &mut out)?;
+                reduce_logits(
+                    &logits,
+                    7,
+                    &q1,
+                    mask,
+                    &mut ReduceScratch::default(),
+                    &mut out,
+                )?;
                 return Ok(vec![out]);
             }
             Fault::ModelFailure => return Err(CoreError::model("device lost")),
@@ -168,7 +252,16 @@ impl BlockDiffusionModel for Faulty {
         for s in 0..states[0].len() {
             // Only position 2 is corrupted; the others are valid.
             let (t, c, p) = if s == 2 { (tok, c, p) } else { (1, 0.1, 0.1) };
-            st.push(PositionStats { token: t, confidence: c, token_prob: p, entropy: 0.5, tail_mass: 0.0, top_ids: &[t], top_probs: &[p.clamp(0.0, 1.0)] }).unwrap();
+            st.push(PositionStats {
+                token: t,
+                confidence: c,
+                token_prob: p,
+                entropy: 0.5,
+                tail_mass: 0.0,
+                top_ids: &[t],
+                top_probs: &[p.clamp(0.0, 1.0)],
+            })
+            .unwrap();
         }
         Ok(vec![st; states.len()])
     }
@@ -184,28 +277,76 @@ fn corrupt_statistics_are_typed_errors() {
         (Fault::TokenOutOfVocab, "token"),
     ];
     for (fault, field) in cases {
-        let mut m = Faulty { inner: toy(), fault };
+        let mut m = Faulty {
+            inner: toy(),
+            fault,
+        };
         let (a, b) = both(&mut m, &[1, 2, 3], &cfg());
         match a {
-            CoreError::InvalidStatistics { field: f, position: 2, .. } => assert_eq!(f, field),
+            CoreError::InvalidStatistics {
+                field: f,
+                position: 2,
+                ..
+            } => assert_eq!(f, field),
             other => panic!("{field}: {other:?}"),
         }
-        assert!(matches!(b, Error::Core(CoreError::InvalidStatistics { position: 2, .. })), "{b}");
+        assert!(
+            matches!(
+                b,
+                Error::Core(CoreError::InvalidStatistics { position: 2, .. })
+            ),
+            "{b}"
+        );
     }
 }
 
 #[test]
 fn wrong_shapes_nan_logits_and_model_failures() {
-    let mut m = Faulty { inner: toy(), fault: Fault::WrongBatch };
+    let mut m = Faulty {
+        inner: toy(),
+        fault: Fault::WrongBatch,
+    };
     let (a, _) = both(&mut m, &[1], &cfg());
-    assert!(matches!(a, CoreError::ShapeMismatch { what: "statistics per batch", expected: 1, actual: 0 }), "{a}");
-    let mut m = Faulty { inner: toy(), fault: Fault::WrongPositions };
+    assert!(
+        matches!(
+            a,
+            CoreError::ShapeMismatch {
+                what: "statistics per batch",
+                expected: 1,
+                actual: 0
+            }
+        ),
+        "{a}"
+    );
+    let mut m = Faulty {
+        inner: toy(),
+        fault: Fault::WrongPositions,
+    };
     let (a, _) = both(&mut m, &[1], &cfg());
-    assert!(matches!(a, CoreError::ShapeMismatch { expected: 8, actual: 0, .. }), "{a}");
-    let mut m = Faulty { inner: toy(), fault: Fault::NanLogits };
+    assert!(
+        matches!(
+            a,
+            CoreError::ShapeMismatch {
+                expected: 8,
+                actual: 0,
+                ..
+            }
+        ),
+        "{a}"
+    );
+    let mut m = Faulty {
+        inner: toy(),
+        fault: Fault::NanLogits,
+    };
     let (a, _) = both(&mut m, &[1], &cfg());
-    assert!(matches!(a, CoreError::NonFiniteLogits { position: 7, .. }), "{a}");
-    let mut m = Faulty { inner: toy(), fault: Fault::ModelFailure };
+    assert!(
+        matches!(a, CoreError::NonFiniteLogits { position: 7, .. }),
+        "{a}"
+    );
+    let mut m = Faulty {
+        inner: toy(),
+        fault: Fault::ModelFailure,
+    };
     let (a, b) = both(&mut m, &[1], &cfg());
     assert!(a.to_string().contains("device lost"));
     assert!(b.to_string().contains("device lost"));
@@ -214,7 +355,10 @@ fn wrong_shapes_nan_logits_and_model_failures() {
 #[test]
 fn all_infinite_logits_are_rejected() {
     let mut out = BlockStats::new(1);
-    let q = StatsQuery { top_k: 1, ..StatsQuery::new(1.0, 0) };
+    let q = StatsQuery {
+        top_k: 1,
+        ..StatsQuery::new(1.0, 0)
+    };
     let logits = [f32::NEG_INFINITY; 4];
     let e = reduce_logits(&logits, 3, &q, 0, &mut ReduceScratch::default(), &mut out).unwrap_err();
     assert!(matches!(e, CoreError::NonFiniteLogits { position: 3, .. }));
@@ -222,8 +366,14 @@ fn all_infinite_logits_are_rejected() {
 
 #[test]
 fn mask_outside_vocabulary_is_an_error() {
-    let mut m = ToyModel::new(ToyConfig { vocab_size: 10, mask_id: 10, ..ToyConfig::default() });
-    let e = DraftFreeDecoder::new().decode(&mut m, &[1], &cfg()).unwrap_err();
+    let mut m = ToyModel::new(ToyConfig {
+        vocab_size: 10,
+        mask_id: 10,
+        ..ToyConfig::default()
+    });
+    let e = DraftFreeDecoder::new()
+        .decode(&mut m, &[1], &cfg())
+        .unwrap_err();
     assert_eq!(config_field(&e), "mask_id");
     assert!(e.to_string().contains("mask id 10"), "{e}");
 }

@@ -1,5 +1,7 @@
 //! Property tests: every speculative decoder returns exactly the draft-free tokens.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::{case, cases, model};
@@ -71,7 +73,11 @@ fn check_invariants(reference: &DecodeOutput, fast: &DecodeOutput) -> Result<(),
         fast.stats.block_forwards
     );
     prop_assert_eq!(
-        fast.stats.commits_per_forward.iter().map(|&c| u64::from(c)).sum::<u64>(),
+        fast.stats
+            .commits_per_forward
+            .iter()
+            .map(|&c| u64::from(c))
+            .sum::<u64>(),
         fast.stats.committed
     );
     prop_assert!(fast.stats.accepted_nodes <= fast.stats.draft_nodes);
@@ -148,7 +154,11 @@ fn ablations_diverge_at_positive_temperature() {
     let mut diverged = [0u64; 2];
     let n = 60;
     for i in 0..n {
-        let mut m = ToyModel::new(ToyConfig { seed: i, peak: 2.0, ..ToyConfig::default() });
+        let mut m = ToyModel::new(ToyConfig {
+            seed: i,
+            peak: 2.0,
+            ..ToyConfig::default()
+        });
         let cfg = spot::DecodeConfig {
             block_size: 16,
             max_new_tokens: 32,
@@ -158,13 +168,26 @@ fn ablations_diverge_at_positive_temperature() {
             ..spot::DecodeConfig::default()
         };
         let prompt = [1 + (i % 40) as u32, 2, 3];
-        let reference = DraftFreeDecoder::new().decode(&mut m, &prompt, &cfg).unwrap();
-        for (k, rule) in [MatchRule::Greedy, MatchRule::IndependentSampling].into_iter().enumerate() {
-            let out = SpotDecoder::builder().budget(8).match_rule(rule).build().unwrap()
-                .decode(&mut m, &prompt, &cfg).unwrap();
+        let reference = DraftFreeDecoder::new()
+            .decode(&mut m, &prompt, &cfg)
+            .unwrap();
+        for (k, rule) in [MatchRule::Greedy, MatchRule::IndependentSampling]
+            .into_iter()
+            .enumerate()
+        {
+            let out = SpotDecoder::builder()
+                .budget(8)
+                .match_rule(rule)
+                .build()
+                .unwrap()
+                .decode(&mut m, &prompt, &cfg)
+                .unwrap();
             diverged[k] += u64::from(out.tokens != reference.tokens);
         }
     }
-    eprintln!("diverged of {n}: greedy {}, independent {}", diverged[0], diverged[1]);
+    eprintln!(
+        "diverged of {n}: greedy {}, independent {}",
+        diverged[0], diverged[1]
+    );
     assert!(diverged[0] > n / 2 && diverged[1] > n / 2, "{diverged:?}");
 }

@@ -1,5 +1,5 @@
 //! Generators shared by the workspace property tests.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
 use spot::toy::{ToyConfig, ToyModel};
@@ -22,17 +22,19 @@ pub fn toy_config() -> impl Strategy<Value = ToyConfig> {
         prop_oneof![Just(0.0f32), Just(0.1), Just(0.5), Just(1.0)],
         any::<bool>(),
     )
-        .prop_map(|(vocab, seed, peak, stability, tie_rate, prefix_forwards)| ToyConfig {
-            vocab_size: vocab,
-            mask_id: (vocab - 1) as TokenId,
-            max_positions: 512,
-            stop_ids: vec![0, 1],
-            seed,
-            peak,
-            stability,
-            tie_rate,
-            prefix_forwards,
-        })
+        .prop_map(
+            |(vocab, seed, peak, stability, tie_rate, prefix_forwards)| ToyConfig {
+                vocab_size: vocab,
+                mask_id: (vocab - 1) as TokenId,
+                max_positions: 512,
+                stop_ids: vec![0, 1],
+                seed,
+                peak,
+                stability,
+                tie_rate,
+                prefix_forwards,
+            },
+        )
 }
 
 pub fn prompt(vocab: usize) -> impl Strategy<Value = Vec<TokenId>> {
@@ -79,7 +81,16 @@ pub fn decode_config(
         prop_oneof![Just(1usize), Just(4), Just(32)],
     )
         .prop_map(
-            |(block_size, max_new_tokens, temperature, seed, transition, confidence, early_stop, top_k)| {
+            |(
+                block_size,
+                max_new_tokens,
+                temperature,
+                seed,
+                transition,
+                confidence,
+                early_stop,
+                top_k,
+            )| {
                 DecodeConfig {
                     block_size,
                     max_new_tokens,

@@ -209,6 +209,24 @@ impl BlockRun<'_> {
         Ok(())
     }
 
+    /// One draft-free step: a forward over the current state alone, the transition's commits
+    /// applied, the forward closed. Returns the forward's statistics (a speculative decoder
+    /// keeps them as the next stale distribution). `scratch` is a reusable buffer.
+    pub fn plain_step(
+        &mut self,
+        model: &mut MeteredModel<'_>,
+        scratch: &mut Vec<Commit>,
+    ) -> Result<crate::BlockStats> {
+        let stats = model
+            .forward(std::slice::from_ref(&self.state), &self.query)?
+            .swap_remove(0);
+        scratch.clear();
+        self.transition.commits(&self.state, &stats, scratch)?;
+        self.apply_step(scratch)?;
+        self.finish_forward(0, 0);
+        Ok(stats)
+    }
+
     /// Closes the current forward: everything applied since the last call was paid by one
     /// forward. Also records draft counts for speculative decoders.
     pub fn finish_forward(&mut self, draft_nodes: usize, accepted_nodes: usize) {
@@ -245,7 +263,11 @@ pub struct BlockPlan {
 }
 
 /// Validates the prompt and configuration against the model and plans the blocks.
-pub fn plan_blocks(prompt: &[TokenId], cfg: &DecodeConfig, info: &crate::ModelInfo) -> Result<BlockPlan> {
+pub fn plan_blocks(
+    prompt: &[TokenId],
+    cfg: &DecodeConfig,
+    info: &crate::ModelInfo,
+) -> Result<BlockPlan> {
     cfg.validate()?;
     if prompt.is_empty() {
         return Err(Error::EmptyPrompt);
@@ -277,7 +299,10 @@ pub fn plan_blocks(prompt: &[TokenId], cfg: &DecodeConfig, info: &crate::ModelIn
     if l > info.max_positions {
         return Err(Error::config(
             "block_size",
-            format!("{l} is larger than the model's {} positions", info.max_positions),
+            format!(
+                "{l} is larger than the model's {} positions",
+                info.max_positions
+            ),
         ));
     }
     let p = prompt.len();
@@ -289,7 +314,10 @@ pub fn plan_blocks(prompt: &[TokenId], cfg: &DecodeConfig, info: &crate::ModelIn
         .ok_or(Error::SequenceTooLong {
             prompt_len: p,
             max_new_tokens: cfg.max_new_tokens,
-            needed: p.saturating_add(cfg.max_new_tokens).div_ceil(l).saturating_mul(l),
+            needed: p
+                .saturating_add(cfg.max_new_tokens)
+                .div_ceil(l)
+                .saturating_mul(l),
             block_size: l,
             max_positions: info.max_positions,
         })?;
@@ -354,7 +382,9 @@ pub fn run_decode<S: BlockDecoder + ?Sized>(
         };
         strategy.decode_block(&mut model, &mut run)?;
         if !run.state.is_complete() {
-            return Err(Error::config("strategy", "a block decoder returned an incomplete block").into());
+            return Err(
+                Error::config("strategy", "a block decoder returned an incomplete block").into(),
+            );
         }
         let block = run.state.into_tokens();
         stats.blocks += 1;
@@ -370,10 +400,10 @@ pub fn run_decode<S: BlockDecoder + ?Sized>(
     }
     stats.absorb(model.meter());
     let mut tokens: Vec<TokenId> = generated.iter().copied().take(cfg.max_new_tokens).collect();
-    if cfg.early_stop {
-        if let Some(i) = tokens.iter().position(|t| cfg.stop_ids.contains(t)) {
-            tokens.truncate(i + 1);
-        }
+    if cfg.early_stop
+        && let Some(i) = tokens.iter().position(|t| cfg.stop_ids.contains(t))
+    {
+        tokens.truncate(i + 1);
     }
     Ok(DecodeOutput {
         tokens,
@@ -430,15 +460,13 @@ impl DraftFreeDecoder {
 impl BlockDecoder for DraftFreeDecoder {
     type Error = Error;
 
-    fn decode_block(&mut self, model: &mut MeteredModel<'_>, block: &mut BlockRun<'_>) -> Result<()> {
+    fn decode_block(
+        &mut self,
+        model: &mut MeteredModel<'_>,
+        block: &mut BlockRun<'_>,
+    ) -> Result<()> {
         while !block.state().is_complete() {
-            let stats = model.forward(std::slice::from_ref(block.state()), block.query())?;
-            self.scratch.clear();
-            block
-                .transition()
-                .commits(block.state(), &stats[0], &mut self.scratch)?;
-            block.apply_step(&self.scratch)?;
-            block.finish_forward(0, 0);
+            block.plain_step(model, &mut self.scratch)?;
         }
         Ok(())
     }

@@ -42,12 +42,12 @@ pub mod toy;
 pub mod transition;
 
 pub use decode::{
-    run_decode, BlockDecoder, BlockRun, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats,
-    DecodeTrace, DraftFreeDecoder,
+    BlockDecoder, BlockRun, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace,
+    DraftFreeDecoder, run_decode,
 };
 pub use error::{Error, Result};
 pub use model::{BlockDiffusionModel, Meter, MeteredModel, ModelInfo, PrefixUpdate};
 pub use noise::GumbelNoise;
 pub use state::{BlockState, Commit, TokenId};
 pub use stats::{BlockStats, ConfidenceRule, StatsQuery};
-pub use transition::{exact_commit, Transition};
+pub use transition::{Transition, exact_commit};

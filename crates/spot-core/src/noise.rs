@@ -80,7 +80,10 @@ impl GumbelNoise {
     }
 
     fn words(&self, position: u64, quad: u32) -> [u32; 4] {
-        philox4x32_10([quad, position as u32, (position >> 32) as u32, 0], self.key())
+        philox4x32_10(
+            [quad, position as u32, (position >> 32) as u32, 0],
+            self.key(),
+        )
     }
 
     /// `G[position, token]`: a standard Gumbel value.

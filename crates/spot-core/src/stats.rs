@@ -124,7 +124,10 @@ impl BlockStats {
 
     /// Appends the next position. `top_ids` and `top_probs` must have `top_k` entries.
     pub fn push(&mut self, p: PositionStats<'_>) -> Result<()> {
-        for (what, n) in [("top_ids", p.top_ids.len()), ("top_probs", p.top_probs.len())] {
+        for (what, n) in [
+            ("top_ids", p.top_ids.len()),
+            ("top_probs", p.top_probs.len()),
+        ] {
             if n != self.top_k {
                 return Err(Error::ShapeMismatch {
                     what,
@@ -238,7 +241,11 @@ impl BlockStats {
         for s in 0..self.len() {
             let t = self.token[s];
             if t as usize >= vocab_size || t == mask_id {
-                return bad("token", s, format!("{t} (vocab {vocab_size}, mask {mask_id})"));
+                return bad(
+                    "token",
+                    s,
+                    format!("{t} (vocab {vocab_size}, mask {mask_id})"),
+                );
             }
             if !self.confidence[s].is_finite() {
                 return bad("confidence", s, self.confidence[s].to_string());
@@ -358,7 +365,9 @@ pub fn reduce_logits(
     // 3. Top-k of the tempered distribution, descending, ties to the lower id.
     let k = query.effective_top_k(vocab);
     scratch.order.clear();
-    scratch.order.extend((0..vocab as u32).filter(|&v| v != mask_id));
+    scratch
+        .order
+        .extend((0..vocab as u32).filter(|&v| v != mask_id));
     let cmp = |a: &u32, b: &u32| {
         probs[*b as usize]
             .total_cmp(&probs[*a as usize])

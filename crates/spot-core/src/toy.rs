@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 use crate::model::{BlockDiffusionModel, ModelInfo, PrefixUpdate};
 use crate::state::{BlockState, TokenId};
-use crate::stats::{reduce_logits, BlockStats, ReduceScratch, StatsQuery};
+use crate::stats::{BlockStats, ReduceScratch, StatsQuery, reduce_logits};
 
 /// Parameters of a [`ToyModel`].
 #[derive(Clone, Debug, PartialEq)]
@@ -164,7 +164,11 @@ impl BlockDiffusionModel for ToyModel {
         self.prefix_hash = Self::hash_tokens(self.prefix_hash, block);
         Ok(PrefixUpdate {
             ran_forward: self.cfg.prefix_forwards && !block.is_empty(),
-            positions: if self.cfg.prefix_forwards { block.len() } else { 0 },
+            positions: if self.cfg.prefix_forwards {
+                block.len()
+            } else {
+                0
+            },
         })
     }
 

@@ -77,10 +77,10 @@ impl Transition {
                 }
             }
         }
-        if out.len() == start {
-            if let Some(c) = exact_commit(state, stats)? {
-                out.push(c);
-            }
+        if out.len() == start
+            && let Some(c) = exact_commit(state, stats)?
+        {
+            out.push(c);
         }
         Ok(())
     }

@@ -1,9 +1,13 @@
 //! Properties of the coupled noise table and of the reference logit reduction.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use proptest::prelude::*;
-use spot_core::stats::{reduce_logits, ReduceScratch};
+use spot_core::stats::{ReduceScratch, reduce_logits};
 use spot_core::toy::{ToyConfig, ToyModel};
-use spot_core::{BlockDiffusionModel, BlockState, BlockStats, ConfidenceRule, GumbelNoise, StatsQuery};
+use spot_core::{
+    BlockDiffusionModel, BlockState, BlockStats, ConfidenceRule, GumbelNoise, StatsQuery,
+};
 
 fn cases() -> u32 {
     std::env::var("SPOT_PROPTEST_CASES")
@@ -14,7 +18,15 @@ fn cases() -> u32 {
 
 fn reduce(logits: &[f32], pos: usize, q: &StatsQuery, mask: u32) -> BlockStats {
     let mut out = BlockStats::new(q.effective_top_k(logits.len()));
-    reduce_logits(logits, pos, q, mask, &mut ReduceScratch::default(), &mut out).unwrap();
+    reduce_logits(
+        logits,
+        pos,
+        q,
+        mask,
+        &mut ReduceScratch::default(),
+        &mut out,
+    )
+    .unwrap();
     out
 }
 
@@ -90,10 +102,17 @@ fn confidence_rules() {
     let logits = [2.0f32, 1.0, 1.0, 0.0, 50.0];
     let p: Vec<f64> = {
         let z: f64 = logits[..4].iter().map(|&l| f64::from(l).exp()).sum();
-        logits[..4].iter().map(|&l| f64::from(l).exp() / z).collect()
+        logits[..4]
+            .iter()
+            .map(|&l| f64::from(l).exp() / z)
+            .collect()
     };
     let entropy: f64 = p.iter().map(|&x| -x * x.ln()).sum();
-    let q = |rule| StatsQuery { rule, top_k: 3, ..StatsQuery::new(0.0, 0) };
+    let q = |rule| StatsQuery {
+        rule,
+        top_k: 3,
+        ..StatsQuery::new(0.0, 0)
+    };
     let st = reduce(&logits, 0, &q(ConfidenceRule::Probability), 4);
     assert_eq!(st.token(0), 0);
     assert!((f64::from(st.confidence(0)) - p[0]).abs() < 1e-6);
@@ -105,7 +124,11 @@ fn confidence_rules() {
     assert!((f64::from(st.confidence(0)) + entropy).abs() < 1e-5);
     assert!((f64::from(st.entropy(0)) - entropy).abs() < 1e-5);
     // Raw probability at T = 2 is the un-tempered probability of the chosen token.
-    let hot = StatsQuery { rule: ConfidenceRule::RawProbability, top_k: 3, ..StatsQuery::new(2.0, 9) };
+    let hot = StatsQuery {
+        rule: ConfidenceRule::RawProbability,
+        top_k: 3,
+        ..StatsQuery::new(2.0, 9)
+    };
     let st = reduce(&logits, 5, &hot, 4);
     assert!((f64::from(st.confidence(0)) - p[st.token(0) as usize]).abs() < 1e-6);
     assert!(st.token_prob(0) != st.confidence(0) || st.token(0) == 3);
@@ -116,13 +139,19 @@ fn sampling_follows_the_tempered_distribution() {
     // Gumbel-max over many positions reproduces softmax(logit / T).
     let logits = [1.0f32, 0.0, -1.0, 0.5, 9.0];
     let t = 1.5f32;
-    let q = StatsQuery { top_k: 1, ..StatsQuery::new(t, 123) };
+    let q = StatsQuery {
+        top_k: 1,
+        ..StatsQuery::new(t, 123)
+    };
     let mut counts = [0u32; 4];
     let n = 40_000;
     for pos in 0..n {
         counts[reduce(&logits, pos, &q, 4).token(0) as usize] += 1;
     }
-    let z: f64 = logits[..4].iter().map(|&l| (f64::from(l) / f64::from(t)).exp()).sum();
+    let z: f64 = logits[..4]
+        .iter()
+        .map(|&l| (f64::from(l) / f64::from(t)).exp())
+        .sum();
     for v in 0..4 {
         let want = (f64::from(logits[v]) / f64::from(t)).exp() / z;
         let got = f64::from(counts[v]) / n as f64;

@@ -6,7 +6,7 @@ use spot_core::{Commit, TokenId};
 
 use crate::error::TreeError;
 use crate::scorer::{NodeBatch, OrderScorer, ScoreContext};
-use crate::tree::{zobrist, DraftTree};
+use crate::tree::{DraftTree, zobrist};
 
 /// Shape limits of a draft tree.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -41,7 +41,10 @@ impl TreeConfig {
             return Err(TreeError::config("budget", "must be at least 1, got 0"));
         }
         if self.budget >= u32::MAX as usize / 2 {
-            return Err(TreeError::config("budget", format!("{} is too large", self.budget)));
+            return Err(TreeError::config(
+                "budget",
+                format!("{} is too large", self.budget),
+            ));
         }
         if self.max_depth == 0 {
             return Err(TreeError::config("max_depth", "must be at least 1, got 0"));
@@ -52,13 +55,13 @@ impl TreeConfig {
                 format!("must be in [0, 1), got {}", self.gamma),
             ));
         }
-        if let Some(h) = self.hedge {
-            if !(h.is_finite() && (0.0..=1.0).contains(&h)) {
-                return Err(TreeError::config(
-                    "hedge",
-                    format!("must be in [0, 1], got {h}"),
-                ));
-            }
+        if let Some(h) = self.hedge
+            && !(h.is_finite() && (0.0..=1.0).contains(&h))
+        {
+            return Err(TreeError::config(
+                "hedge",
+                format!("must be in [0, 1], got {h}"),
+            ));
         }
         Ok(())
     }
@@ -95,6 +98,15 @@ fn better(a: &Key, b: &Key) -> Ordering {
         .total_cmp(&a.mass)
         .then(a.depth.cmp(&b.depth))
         .then(a.order.cmp(&b.order))
+}
+
+fn invalid_score(scorer: &dyn OrderScorer, node: usize, position: usize, value: f32) -> TreeError {
+    TreeError::InvalidScore {
+        scorer: scorer.name().to_string(),
+        node,
+        position,
+        value,
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -254,12 +266,7 @@ impl TreeBuilder {
                     }
                     let q = self.scores[fi * l + s];
                     if !(q.is_finite() && q >= 0.0) {
-                        return Err(TreeError::InvalidScore {
-                            scorer: scorer.name().to_string(),
-                            node: fi,
-                            position: s,
-                            value: q,
-                        });
+                        return Err(invalid_score(scorer, fi, s, q));
                     }
                     let mq = m * q;
                     if mq <= 0.0 || mq <= floor || mq < gamma {
@@ -271,8 +278,11 @@ impl TreeBuilder {
                         self.hyp_buf.extend_from_slice(&h.items[..usize::from(h.n)]);
                     }
                     for &(v, p) in &self.hyp_buf {
+                        if !(0.0..=1.0).contains(&p) {
+                            return Err(invalid_score(scorer, fi, s, p));
+                        }
                         let mass = mq * p;
-                        if v == mask || !(mass > 0.0) || mass <= floor || mass < gamma {
+                        if v == mask || mass <= 0.0 || mass <= floor || mass < gamma {
                             continue;
                         }
                         self.cands.push(Cand {
@@ -290,12 +300,19 @@ impl TreeBuilder {
             let base = self.arena.len() as u32;
             self.pool.clear();
             self.pool.extend_from_slice(&self.selected);
-            self.pool.extend(self.cands.iter().enumerate().filter(|(_, c)| c.alive).map(|(i, c)| Key {
-                mass: c.mass,
-                depth: depth as u16 + 1,
-                order: base + i as u32,
-                src: Src::Cand(i as u32),
-            }));
+            self.pool
+                .extend(
+                    self.cands
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| c.alive)
+                        .map(|(i, c)| Key {
+                            mass: c.mass,
+                            depth: depth as u16 + 1,
+                            order: base + i as u32,
+                            src: Src::Cand(i as u32),
+                        }),
+                );
             if self.pool.len() > budget {
                 self.pool.select_nth_unstable_by(budget - 1, better);
                 self.pool.truncate(budget);
@@ -379,10 +396,11 @@ impl TreeBuilder {
         self.remap.resize(self.arena.len(), u32::MAX);
         self.remap[0] = 0;
         self.order.clear();
-        self.order.extend(self.selected.iter().filter_map(|k| match k.src {
-            Src::Node(id) => Some(id),
-            Src::Cand(_) => None,
-        }));
+        self.order
+            .extend(self.selected.iter().filter_map(|k| match k.src {
+                Src::Node(id) => Some(id),
+                Src::Cand(_) => None,
+            }));
         self.order.sort_unstable();
         for &id in &self.order {
             let id = id as usize;
@@ -407,7 +425,8 @@ impl TreeBuilder {
     pub fn build_chain(&mut self, ctx: &ScoreContext<'_>) -> Result<&DraftTree, TreeError> {
         self.prepare(ctx)?;
         self.order.clear();
-        self.order.extend(ctx.root.masked_positions().map(|s| s as u32));
+        self.order
+            .extend(ctx.root.masked_positions().map(|s| s as u32));
         let stale = ctx.stale;
         self.order.sort_by(|&a, &b| {
             stale

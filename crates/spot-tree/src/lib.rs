@@ -36,5 +36,8 @@ mod tree;
 
 pub use builder::{TreeBuilder, TreeConfig};
 pub use error::TreeError;
-pub use scorer::{NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer};
-pub use tree::{state_hash, zobrist, DraftTree};
+pub use scorer::{
+    NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,
+    fill_normalised,
+};
+pub use tree::{DraftTree, state_hash, zobrist};

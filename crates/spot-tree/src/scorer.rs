@@ -98,18 +98,33 @@ pub trait OrderScorer {
     }
 }
 
-fn normalise_masked(tokens: &[TokenId], mask: TokenId, out: &mut [f32], weight: impl Fn(usize) -> f32) {
-    let mut z = 0.0f32;
-    for (s, o) in out.iter_mut().enumerate() {
-        *o = if tokens[s] == mask { weight(s).max(0.0) } else { 0.0 };
-        z += *o;
-    }
-    let n = tokens.iter().filter(|&&t| t == mask).count();
-    for (s, o) in out.iter_mut().enumerate() {
-        if z > 0.0 {
-            *o /= z;
-        } else if tokens[s] == mask {
-            *o = 1.0 / n as f32;
+/// Writes, for every node of `nodes`, `weight(i, s)` at its masked positions normalised to sum
+/// to one (uniform when every weight is zero) and zero at committed positions.
+pub fn fill_normalised(
+    nodes: &NodeBatch<'_>,
+    block_len: usize,
+    out: &mut [f32],
+    weight: impl Fn(usize, usize) -> f32,
+) {
+    let mask = nodes.mask_id();
+    for (i, row) in out.chunks_mut(block_len).enumerate().take(nodes.len()) {
+        let tokens = nodes.tokens(i);
+        let mut z = 0.0f32;
+        for (s, o) in row.iter_mut().enumerate() {
+            *o = if tokens[s] == mask {
+                weight(i, s).max(0.0)
+            } else {
+                0.0
+            };
+            z += *o;
+        }
+        let n = tokens.iter().filter(|&&t| t == mask).count().max(1) as f32;
+        for (s, o) in row.iter_mut().enumerate() {
+            if z > 0.0 {
+                *o /= z;
+            } else if tokens[s] == mask {
+                *o = 1.0 / n;
+            }
         }
     }
 }
@@ -130,10 +145,7 @@ impl OrderScorer for StaleConfidenceScorer {
         nodes: &NodeBatch<'_>,
         out: &mut [f32],
     ) -> Result<(), TreeError> {
-        let l = ctx.root.len();
-        for (i, chunk) in out.chunks_mut(l).enumerate().take(nodes.len()) {
-            normalise_masked(nodes.tokens(i), nodes.mask_id(), chunk, |s| ctx.stale.token_prob(s));
-        }
+        fill_normalised(nodes, ctx.root.len(), out, |_, s| ctx.stale.token_prob(s));
         Ok(())
     }
 }
@@ -156,13 +168,10 @@ impl OrderScorer for RandomScorer {
         nodes: &NodeBatch<'_>,
         out: &mut [f32],
     ) -> Result<(), TreeError> {
-        let l = ctx.root.len();
-        for (i, chunk) in out.chunks_mut(l).enumerate().take(nodes.len()) {
-            let h = nodes.hash(i) ^ self.seed;
-            normalise_masked(nodes.tokens(i), nodes.mask_id(), chunk, |s| {
-                (spot_core::toy::mix64(h ^ s as u64) >> 40) as f32 / (1u64 << 24) as f32
-            });
-        }
+        fill_normalised(nodes, ctx.root.len(), out, |i, s| {
+            let h = spot_core::toy::mix64(nodes.hash(i) ^ self.seed ^ s as u64);
+            (h >> 40) as f32 / (1u64 << 24) as f32
+        });
         Ok(())
     }
 }

@@ -99,7 +99,9 @@ impl DraftTree {
         self.mass.push(mass);
         self.depth.push(self.depth[parent] + 1);
         self.hash.push(
-            self.hash[parent] ^ zobrist(commit.position, self.mask_id) ^ zobrist(commit.position, commit.token),
+            self.hash[parent]
+                ^ zobrist(commit.position, self.mask_id)
+                ^ zobrist(commit.position, commit.token),
         );
         self.masked.push(self.masked[parent] - 1);
         Ok(self.parent.len() - 1)

@@ -1,5 +1,7 @@
 //! Structural properties of the tree builders, checked against a brute-force enumeration.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::HashMap;
 
 use proptest::prelude::*;
@@ -22,24 +24,26 @@ fn cases() -> u32 {
 /// Stale statistics with arbitrary probabilities; some positions share tokens and
 /// probabilities so that different paths reach equal states and masses tie.
 fn stale(len: usize) -> impl Strategy<Value = BlockStats> {
-    prop::collection::vec((0u32..4, prop_oneof![Just(0.5f32), Just(0.9), 0.01f32..1.0]), len).prop_map(
-        |rows| {
-            let mut st = BlockStats::new(2);
-            for (tok, p) in rows {
-                st.push(PositionStats {
-                    token: tok,
-                    confidence: p,
-                    token_prob: p,
-                    entropy: 1.0,
-                    tail_mass: 0.0,
-                    top_ids: &[tok, tok + 10],
-                    top_probs: &[p, (1.0 - p) * 0.9],
-                })
-                .unwrap();
-            }
-            st
-        },
+    prop::collection::vec(
+        (0u32..4, prop_oneof![Just(0.5f32), Just(0.9), 0.01f32..1.0]),
+        len,
     )
+    .prop_map(|rows| {
+        let mut st = BlockStats::new(2);
+        for (tok, p) in rows {
+            st.push(PositionStats {
+                token: tok,
+                confidence: p,
+                token_prob: p,
+                entropy: 1.0,
+                tail_mass: 0.0,
+                top_ids: &[tok, tok + 10],
+                top_probs: &[p, (1.0 - p) * 0.9],
+            })
+            .unwrap();
+        }
+        st
+    })
 }
 
 fn root(len: usize) -> impl Strategy<Value = BlockState> {
@@ -48,7 +52,12 @@ fn root(len: usize) -> impl Strategy<Value = BlockState> {
 }
 
 fn cfg() -> impl Strategy<Value = TreeConfig> {
-    (1usize..=24, 1usize..=5, prop_oneof![Just(0.0f32), Just(0.01), Just(0.1)], any::<bool>())
+    (
+        1usize..=24,
+        1usize..=5,
+        prop_oneof![Just(0.0f32), Just(0.01), Just(0.1)],
+        any::<bool>(),
+    )
         .prop_map(|(budget, max_depth, gamma, hedge)| TreeConfig {
             budget,
             max_depth,
@@ -61,7 +70,10 @@ fn check_structure(tree: &DraftTree, cfg: &TreeConfig) -> Result<(), TestCaseErr
     prop_assert!(tree.draft_count() <= cfg.budget);
     let mut seen = HashMap::new();
     for i in 0..tree.len() {
-        prop_assert!(seen.insert(tree.state(i).to_vec(), i).is_none(), "duplicate state");
+        prop_assert!(
+            seen.insert(tree.state(i).to_vec(), i).is_none(),
+            "duplicate state"
+        );
         prop_assert!(tree.depth(i) <= cfg.max_depth);
         if let Some(p) = tree.parent(i) {
             prop_assert!(p < i);
@@ -69,7 +81,9 @@ fn check_structure(tree: &DraftTree, cfg: &TreeConfig) -> Result<(), TestCaseErr
             prop_assert!(tree.mass(i) >= cfg.gamma);
             prop_assert_eq!(tree.depth(i), tree.depth(p) + 1);
             let e = tree.edge(i).unwrap();
-            let expect = BlockState::from_tokens(tree.state(p).to_vec(), MASK).with_commit(e).unwrap();
+            let expect = BlockState::from_tokens(tree.state(p).to_vec(), MASK)
+                .with_commit(e)
+                .unwrap();
             prop_assert_eq!(tree.state(i), expect.tokens());
             prop_assert_eq!(tree.find_successor(p, &[e]), Some(i));
         }
@@ -84,7 +98,11 @@ fn brute_force(
     cfg: &TreeConfig,
     scorer: &mut dyn OrderScorer,
 ) -> Vec<(f32, usize)> {
-    let ctx = ScoreContext { root, stale, block_start: 0 };
+    let ctx = ScoreContext {
+        root,
+        stale,
+        block_start: 0,
+    };
     let mut layer: HashMap<Vec<TokenId>, f32> = HashMap::new();
     layer.insert(root.tokens().to_vec(), 1.0);
     let mut all = Vec::new();
@@ -93,7 +111,9 @@ fn brute_force(
         for (tokens, m) in &layer {
             let tree = DraftTree::new(&BlockState::from_tokens(tokens.clone(), MASK));
             let mut q = vec![0.0; root.len()];
-            scorer.score(&ctx, &NodeBatch::new(&tree, &[0]), &mut q).unwrap();
+            scorer
+                .score(&ctx, &NodeBatch::new(&tree, &[0]), &mut q)
+                .unwrap();
             for s in (0..root.len()).filter(|&s| tokens[s] == MASK) {
                 let mut hyps = vec![(stale.token(s), stale.token_prob(s))];
                 if cfg.hedge.is_some_and(|h| stale.token_prob(s) < h) {
@@ -181,8 +201,16 @@ fn identical_states_are_merged() {
         .unwrap();
     }
     let root = BlockState::masked(2, MASK);
-    let ctx = ScoreContext { root: &root, stale: &st, block_start: 0 };
-    let mut b = TreeBuilder::new(TreeConfig { budget: 10, ..TreeConfig::default() }).unwrap();
+    let ctx = ScoreContext {
+        root: &root,
+        stale: &st,
+        block_start: 0,
+    };
+    let mut b = TreeBuilder::new(TreeConfig {
+        budget: 10,
+        ..TreeConfig::default()
+    })
+    .unwrap();
     let tree = b.build(&ctx, &mut StaleConfidenceScorer).unwrap();
     // root -> {[5,M], [M,5]} -> [5,5] once.
     assert_eq!(tree.draft_count(), 3);
@@ -191,7 +219,10 @@ fn identical_states_are_merged() {
     let c = tree.find_successor(0, &[Commit::new(1, 5)]).unwrap();
     assert_eq!(tree.find_successor(a, &[Commit::new(1, 5)]), Some(full));
     assert_eq!(tree.find_successor(c, &[Commit::new(0, 5)]), Some(full));
-    assert_eq!(tree.find_successor(0, &[Commit::new(0, 5), Commit::new(1, 5)]), Some(full));
+    assert_eq!(
+        tree.find_successor(0, &[Commit::new(0, 5), Commit::new(1, 5)]),
+        Some(full)
+    );
 }
 
 struct Bad(f32);
@@ -199,7 +230,12 @@ impl OrderScorer for Bad {
     fn name(&self) -> &str {
         "bad"
     }
-    fn score(&mut self, _: &ScoreContext<'_>, _: &NodeBatch<'_>, out: &mut [f32]) -> Result<(), TreeError> {
+    fn score(
+        &mut self,
+        _: &ScoreContext<'_>,
+        _: &NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), TreeError> {
         out.fill(self.0);
         Ok(())
     }
@@ -208,24 +244,92 @@ impl OrderScorer for Bad {
 #[test]
 fn invalid_scores_and_limits_are_typed_errors() {
     let mut st = BlockStats::new(1);
-    st.push(PositionStats { token: 1, confidence: 0.5, token_prob: 0.5, entropy: 0.0, tail_mass: 0.0, top_ids: &[1], top_probs: &[0.5] }).unwrap();
+    st.push(PositionStats {
+        token: 1,
+        confidence: 0.5,
+        token_prob: 0.5,
+        entropy: 0.0,
+        tail_mass: 0.0,
+        top_ids: &[1],
+        top_probs: &[0.5],
+    })
+    .unwrap();
     let root = BlockState::masked(1, MASK);
-    let ctx = ScoreContext { root: &root, stale: &st, block_start: 0 };
+    let ctx = ScoreContext {
+        root: &root,
+        stale: &st,
+        block_start: 0,
+    };
     let mut b = TreeBuilder::new(TreeConfig::default()).unwrap();
     for v in [f32::NAN, f32::INFINITY, -1.0] {
-        assert!(matches!(b.build(&ctx, &mut Bad(v)), Err(TreeError::InvalidScore { position: 0, .. })));
+        assert!(matches!(
+            b.build(&ctx, &mut Bad(v)),
+            Err(TreeError::InvalidScore { position: 0, .. })
+        ));
     }
     let short = BlockState::masked(3, MASK);
-    let ctx = ScoreContext { root: &short, stale: &st, block_start: 0 };
-    assert!(matches!(b.build(&ctx, &mut StaleConfidenceScorer), Err(TreeError::StaleShape { expected: 3, actual: 1 })));
+    let ctx = ScoreContext {
+        root: &short,
+        stale: &st,
+        block_start: 0,
+    };
+    assert!(matches!(
+        b.build(&ctx, &mut StaleConfidenceScorer),
+        Err(TreeError::StaleShape {
+            expected: 3,
+            actual: 1
+        })
+    ));
     let bad = [
-        (TreeConfig { budget: 0, ..TreeConfig::default() }, "budget"),
-        (TreeConfig { max_depth: 0, ..TreeConfig::default() }, "max_depth"),
-        (TreeConfig { gamma: f32::NAN, ..TreeConfig::default() }, "gamma"),
-        (TreeConfig { gamma: 1.0, ..TreeConfig::default() }, "gamma"),
-        (TreeConfig { gamma: -0.1, ..TreeConfig::default() }, "gamma"),
-        (TreeConfig { hedge: Some(1.5), ..TreeConfig::default() }, "hedge"),
-        (TreeConfig { hedge: Some(f32::NAN), ..TreeConfig::default() }, "hedge"),
+        (
+            TreeConfig {
+                budget: 0,
+                ..TreeConfig::default()
+            },
+            "budget",
+        ),
+        (
+            TreeConfig {
+                max_depth: 0,
+                ..TreeConfig::default()
+            },
+            "max_depth",
+        ),
+        (
+            TreeConfig {
+                gamma: f32::NAN,
+                ..TreeConfig::default()
+            },
+            "gamma",
+        ),
+        (
+            TreeConfig {
+                gamma: 1.0,
+                ..TreeConfig::default()
+            },
+            "gamma",
+        ),
+        (
+            TreeConfig {
+                gamma: -0.1,
+                ..TreeConfig::default()
+            },
+            "gamma",
+        ),
+        (
+            TreeConfig {
+                hedge: Some(1.5),
+                ..TreeConfig::default()
+            },
+            "hedge",
+        ),
+        (
+            TreeConfig {
+                hedge: Some(f32::NAN),
+                ..TreeConfig::default()
+            },
+            "hedge",
+        ),
     ];
     for (cfg, field) in bad {
         match TreeBuilder::new(cfg) {

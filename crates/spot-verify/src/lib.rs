@@ -36,7 +36,9 @@
 //! assert_eq!(model.meter().nfe, 2);
 //! ```
 
-use spot_core::{BlockState, BlockStats, Commit, Error, MeteredModel, Result, StatsQuery, Transition};
+use spot_core::{
+    BlockState, BlockStats, Commit, Error, MeteredModel, Result, StatsQuery, Transition,
+};
 use spot_tree::DraftTree;
 
 /// How a node's target decision is compared with the tree.
@@ -126,7 +128,11 @@ fn greedy_commits(
     };
     let masked = || (0..state.len()).filter(|&s| state[s] == mask);
     if let Transition::Threshold { tau } = transition {
-        out.extend(masked().filter(|&s| top1(s).1 > tau).map(|s| Commit::new(s, top1(s).0)));
+        out.extend(
+            masked()
+                .filter(|&s| top1(s).1 > tau)
+                .map(|s| Commit::new(s, top1(s).0)),
+        );
     }
     if out.is_empty() {
         let best = masked().fold(None, |b: Option<(usize, f32)>, s| match b {
@@ -170,7 +176,9 @@ pub fn walk(
         let state = BlockState::from_tokens(tree.state(cur).to_vec(), tree.mask_id());
         scratch.clear();
         match rule {
-            MatchRule::Greedy => greedy_commits(transition, tree.state(cur), tree.mask_id(), st, scratch),
+            MatchRule::Greedy => {
+                greedy_commits(transition, tree.state(cur), tree.mask_id(), st, scratch)
+            }
             _ => transition.commits(&state, st, scratch)?,
         }
         if let Some(next) = tree.find_successor(cur, scratch) {

@@ -31,10 +31,10 @@
 //! ```
 
 pub use spot_core::{
-    self as core, exact_commit, run_decode, toy, BlockDecoder, BlockDiffusionModel, BlockRun,
-    BlockState, BlockStats, Commit, ConfidenceRule, DecodeConfig, DecodeOutput, DecodeStats,
-    DecodeTrace, DraftFreeDecoder, GumbelNoise, MeteredModel, ModelInfo, StatsQuery, TokenId,
-    Transition,
+    self as core, BlockDecoder, BlockDiffusionModel, BlockRun, BlockState, BlockStats, Commit,
+    ConfidenceRule, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder,
+    GumbelNoise, MeteredModel, ModelInfo, StatsQuery, TokenId, Transition, exact_commit,
+    run_decode, toy,
 };
 pub use spot_tree::{
     self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
@@ -207,15 +207,7 @@ impl BlockDecoder for SpotDecoder {
             return Ok(());
         }
         // The first forward of a block has no stale distribution: a plain step.
-        let mut stale = model
-            .forward(std::slice::from_ref(block.state()), block.query())?
-            .swap_remove(0);
-        self.scratch.clear();
-        block
-            .transition()
-            .commits(block.state(), &stale, &mut self.scratch)?;
-        block.apply_step(&self.scratch)?;
-        block.finish_forward(0, 0);
+        let mut stale = block.plain_step(model, &mut self.scratch)?;
         while !block.state().is_complete() {
             let root = block.state().clone();
             let ctx = ScoreContext {
