@@ -76,6 +76,7 @@ impl DecodeConfig {
             noise: crate::GumbelNoise::new(self.seed),
             rule: self.confidence,
             top_k: self.top_k,
+            hidden_states: false,
         }
     }
 }

@@ -41,6 +41,9 @@ pub struct StatsQuery {
     /// How many top probabilities and ids to return per position (clamped to the vocabulary
     /// minus the mask token).
     pub top_k: usize,
+    /// Ask the model to attach its last hidden states ([`BlockStats::hidden`]). Models that
+    /// cannot ignore it; decoders never require it.
+    pub hidden_states: bool,
 }
 
 impl StatsQuery {
@@ -51,6 +54,7 @@ impl StatsQuery {
             noise: GumbelNoise::new(seed),
             rule: ConfidenceRule::Probability,
             top_k: 32,
+            hidden_states: false,
         }
     }
 
@@ -229,6 +233,13 @@ impl BlockStats {
                 what: "statistics positions per state",
                 expected: block_size,
                 actual: self.len(),
+            });
+        }
+        if self.top_k == 0 {
+            return Err(Error::ShapeMismatch {
+                what: "top-k entries per position (at least 1)",
+                expected: 1,
+                actual: 0,
             });
         }
         let bad = |field, position, value: String| {

@@ -198,6 +198,12 @@ impl TreeBuilder {
                 actual: ctx.stale.len(),
             });
         }
+        if l > usize::from(u16::MAX) {
+            return Err(TreeError::config(
+                "block_size",
+                format!("draft trees support blocks of up to 65535 positions, got {l}"),
+            ));
+        }
         let mask = ctx.root.mask_id();
         self.hyps.clear();
         self.hyps.resize(l, Hyp::default());

@@ -20,6 +20,8 @@ pub fn state_hash(tokens: &[TokenId]) -> u64 {
 
 /// A tree of hypothesised block states rooted at the current (verified) state.
 ///
+/// Blocks of up to 65,535 positions are supported (depths and mask counts are 16-bit).
+///
 /// Node 0 is the root. Every other node was made from its parent by one commit (its *edge*) and
 /// carries a *mass*: the drafter's probability of reaching it,
 /// `m(child) = m(parent) · q(s | parent) · p~_s(v)`. Nodes are stored in order of depth, so a
