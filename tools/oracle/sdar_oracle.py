@@ -1,0 +1,713 @@
+#!/usr/bin/env python3
+"""SDAR oracle: tiny random SDAR model folders plus golden outputs from HuggingFace transformers.
+
+SDAR is the Qwen3 architecture used as a block-diffusion LM: the sequence is split into blocks
+of `block_size` tokens, attention is block-causal (query i sees key j iff j // L <= i // L) and
+there is no logit shift (the logits at position i predict token i). The oracle model is
+`transformers.Qwen3ForCausalLM` in float32 with eager attention, an explicit 4D additive
+attention mask [B, 1, Q, K] and explicit position ids 0..n-1.
+
+Subcommands:
+  make-fixtures --out DIR   write DIR/sdar-tiny and DIR/sdar-tiny-bf16 (model + golden files)
+  self-check    --out DIR   reload the folders and check them (see README.md)
+
+See tools/oracle/README.md for the exact decoding semantics reproduced here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import torch
+
+# One thread: the tiny model is overhead-bound and far faster single-threaded (and this stays
+# within the 2 cores of the machine the fixtures were made on).
+torch.set_num_threads(1)
+
+BLOCK_SIZE = 8
+MIN_GAP = 1e-4
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_end|>", "<|MASK|>"]
+BPE_VOCAB = 370  # byte-level BPE size before the three special tokens are appended
+
+TINY_SHAPES = dict(
+    vocab_size=384,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    max_position_embeddings=512,
+)
+
+# name, tie_word_embeddings, stored dtype, weight seed, case seed, eos alignment (see align_eos_row)
+FIXTURES = [
+    ("sdar-tiny", True, "float32", 20240601, 7001, 2.0),
+    ("sdar-tiny-bf16", False, "bfloat16", 20240602, 7002, 1.4),
+]
+
+# Training text for the tokenizer: the first 4000 characters of each of these CPython
+# standard-library sources (paths relative to the directory of the `json` package's parent).
+TOKENIZER_SOURCES = ["json/decoder.py", "json/encoder.py", "textwrap.py"]
+TOKENIZER_CHARS = 4000
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer
+# --------------------------------------------------------------------------------------------
+
+
+def tokenizer_training_text() -> str:
+    import json as json_pkg
+
+    stdlib = os.path.dirname(os.path.dirname(json_pkg.__file__))
+    parts = []
+    for rel in TOKENIZER_SOURCES:
+        with open(os.path.join(stdlib, rel), encoding="utf-8") as f:
+            parts.append(f.read()[:TOKENIZER_CHARS])
+    return "\n".join(parts)
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    text = tokenizer_training_text()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+        show_progress=False,
+    )
+    lines = text.splitlines(keepends=True)
+    tok.train_from_iterator(lines, trainer=trainer)
+    assert tok.get_vocab_size() == BPE_VOCAB, tok.get_vocab_size()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    assert tok.get_vocab_size() == BPE_VOCAB + len(SPECIAL_TOKENS)
+    sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return tok, ids, sha
+
+
+# --------------------------------------------------------------------------------------------
+# Config and weights
+# --------------------------------------------------------------------------------------------
+
+
+def sdar_config(tie: bool, dtype: str, ids: dict) -> dict:
+    s = TINY_SHAPES
+    return {
+        "architectures": ["SDARForCausalLM"],
+        "model_type": "sdar",
+        "vocab_size": s["vocab_size"],
+        "hidden_size": s["hidden_size"],
+        "intermediate_size": s["intermediate_size"],
+        "num_hidden_layers": s["num_hidden_layers"],
+        "num_attention_heads": s["num_attention_heads"],
+        "num_key_value_heads": s["num_key_value_heads"],
+        "head_dim": s["head_dim"],
+        "hidden_act": "silu",
+        "max_position_embeddings": s["max_position_embeddings"],
+        "rms_norm_eps": s["rms_norm_eps"],
+        "rope_theta": s["rope_theta"],
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": tie,
+        "torch_dtype": dtype,
+        "block_size": BLOCK_SIZE,
+        "mask_token_id": ids["<|MASK|>"],
+        "bos_token_id": None,
+        "eos_token_id": ids["<|im_end|>"],
+        "use_cache": False,
+    }
+
+
+def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
+    """Random float32 weights with HF Qwen3 names, scaled so that the model is peaked.
+
+    Projections use variance-preserving scales (std 1/sqrt(fan_in)) so that attention and MLP
+    contribute to the residual stream as much as the embedding does (the context matters).
+    The output embedding (the tied embedding, or lm_head when untied, whose input embedding
+    then has std 1) has std 0.45 / 0.55: logits with a std of about 4 and a median top-1
+    probability of about 0.4-0.6 (printed as "peakedness" by make-fixtures). Every norm
+    weight is 1 + 0.1 * N(0, 1) so that a missing or misplaced norm changes the logits.
+    """
+    rng = np.random.default_rng(seed)
+    h, i = cfg["hidden_size"], cfg["intermediate_size"]
+    nh, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    v = cfg["vocab_size"]
+    tie = cfg["tie_word_embeddings"]
+
+    def normal(shape, std):
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w: dict[str, np.ndarray] = {}
+    w["model.embed_tokens.weight"] = normal((v, h), 0.45 if tie else 1.0)
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        w[p + "input_layernorm.weight"] = norm(h)
+        w[p + "self_attn.q_proj.weight"] = normal((nh * d, h), 1.0 / math.sqrt(h))
+        w[p + "self_attn.k_proj.weight"] = normal((nkv * d, h), 1.0 / math.sqrt(h))
+        w[p + "self_attn.v_proj.weight"] = normal((nkv * d, h), 1.0 / math.sqrt(h))
+        w[p + "self_attn.o_proj.weight"] = normal((h, nh * d), 1.0 / math.sqrt(nh * d))
+        w[p + "self_attn.q_norm.weight"] = norm(d)
+        w[p + "self_attn.k_norm.weight"] = norm(d)
+        w[p + "post_attention_layernorm.weight"] = norm(h)
+        w[p + "mlp.gate_proj.weight"] = normal((i, h), 1.0 / math.sqrt(h))
+        w[p + "mlp.up_proj.weight"] = normal((i, h), 1.0 / math.sqrt(h))
+        w[p + "mlp.down_proj.weight"] = normal((h, i), 1.0 / math.sqrt(i))
+    w["model.norm.weight"] = norm(h)
+    if not tie:
+        w["lm_head.weight"] = normal((v, h), 0.55)
+    return w
+
+
+@torch.inference_mode()
+def align_eos_row(cfg: dict, w: dict[str, np.ndarray], dtype: str, eos_id: int, mask_id: int, strength: float, seed: int):
+    """Make <|im_end|> a token the model sometimes predicts, as a trained model would.
+
+    A random model almost never predicts a given token, so early stopping would never be
+    exercised. The final normed hidden states of the random model share a strong common
+    direction u (their mean, measured on 16 seeded random contexts); the output row of the
+    eos token becomes 0.5 * (its random row) + strength * u / |u|.
+    """
+    model = load_hf_model(cfg, store_tensors(w, dtype))
+    captured = []
+    hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(16):
+        r = rng.integers(0, BPE_VOCAB, size=40).tolist()
+        for j in range(32, 40):
+            if rng.random() < 0.7:
+                r[j] = mask_id
+        rows.append(r)
+    hf_logits(model, rows, BLOCK_SIZE)
+    hook.remove()
+    u = captured[-1][:, 32:].reshape(-1, cfg["hidden_size"]).to(torch.float64).mean(0).numpy()
+    u /= np.linalg.norm(u)
+    key = "model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"
+    w[key][eos_id] = (0.5 * w[key][eos_id].astype(np.float64) + strength * u).astype(np.float32)
+
+
+def store_tensors(weights: dict[str, np.ndarray], dtype: str) -> dict[str, torch.Tensor]:
+    """The tensors as they are written to model.safetensors (float32 or bfloat16)."""
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    return {k: torch.from_numpy(a).to(tdt).contiguous() for k, a in weights.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# HF model
+# --------------------------------------------------------------------------------------------
+
+
+def load_hf_model(cfg: dict, tensors: dict[str, torch.Tensor]):
+    """Qwen3ForCausalLM (float32, eager) holding exactly `tensors` upcast to float32."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    keys = [
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "attention_bias",
+        "tie_word_embeddings",
+    ]
+    qcfg = Qwen3Config(
+        **{k: cfg[k] for k in keys},
+        attention_dropout=0.0,
+        use_sliding_window=False,
+        use_cache=False,
+        torch_dtype=torch.float32,
+    )
+    qcfg._attn_implementation = "eager"
+    model = Qwen3ForCausalLM(qcfg).to(torch.float32).eval()
+    assert model.config._attn_implementation == "eager"
+    sd = {k: t.to(torch.float32) for k, t in tensors.items()}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected, unexpected
+    if cfg["tie_word_embeddings"]:
+        assert "lm_head.weight" not in tensors
+        assert list(missing) == ["lm_head.weight"], missing
+        model.tie_weights()
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    else:
+        assert not missing, missing
+        assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    # Every parameter must equal the stored tensor (upcast), nothing left at its random init.
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for k, t in sd.items():
+        assert torch.equal(params[k].detach(), t), k
+    if cfg["tie_word_embeddings"]:
+        assert torch.equal(params["lm_head.weight"].detach(), sd["model.embed_tokens.weight"])
+    return model
+
+
+def block_causal_mask(n: int, block: int, batch: int = 1, offset: int = 0) -> torch.Tensor:
+    """Additive [B, 1, n, n] mask: 0 where key j is visible from query i, -inf elsewhere."""
+    pos = torch.arange(offset, offset + n)
+    blk = pos // block
+    visible = blk[None, :] <= blk[:, None]
+    m = torch.zeros(n, n, dtype=torch.float32)
+    m.masked_fill_(~visible, float("-inf"))
+    return m[None, None].expand(batch, 1, n, n).contiguous()
+
+
+def causal_mask(n: int, batch: int = 1) -> torch.Tensor:
+    m = torch.full((n, n), float("-inf")).triu(1)
+    return m[None, None].expand(batch, 1, n, n).contiguous()
+
+
+@torch.inference_mode()
+def hf_logits(model, rows: list[list[int]], block: int, mask: torch.Tensor | None = None) -> np.ndarray:
+    """float32 logits [B, n, V] of the model on equal-length rows with the block-causal mask."""
+    n = len(rows[0])
+    assert all(len(r) == n for r in rows)
+    ids = torch.tensor(rows, dtype=torch.long)
+    if mask is None:
+        mask = block_causal_mask(n, block, len(rows))
+    pos = torch.arange(n, dtype=torch.long)[None].expand(len(rows), n)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+    return out.logits.to(torch.float32).numpy()
+
+
+# --------------------------------------------------------------------------------------------
+# Independent numpy reference (float64) of the SDAR forward, for the self-check
+# --------------------------------------------------------------------------------------------
+
+
+def numpy_reference_logits(cfg: dict, tensors: dict[str, torch.Tensor], ids: list[int], block: int) -> np.ndarray:
+    w = {k: t.to(torch.float64).numpy() for k, t in tensors.items()}
+    eps = cfg["rms_norm_eps"]
+    nh, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    n = len(ids)
+
+    def rms(x, g):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+    def rope(x, pos):  # x [n, heads, d]; NeoX rotate-half
+        inv = cfg["rope_theta"] ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+        ang = pos[:, None] * inv[None, :]
+        cos = np.concatenate([np.cos(ang), np.cos(ang)], -1)[:, None, :]
+        sin = np.concatenate([np.sin(ang), np.sin(ang)], -1)[:, None, :]
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+        return x * cos + np.concatenate([-x2, x1], -1) * sin
+
+    pos = np.arange(n, dtype=np.float64)
+    blk = np.arange(n) // block
+    visible = blk[None, :] <= blk[:, None]
+    x = w["model.embed_tokens.weight"][ids]
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        h = rms(x, w[p + "input_layernorm.weight"])
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, nh, d)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, nkv, d)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, nkv, d)
+        q = rope(rms(q, w[p + "self_attn.q_norm.weight"]), pos)
+        k = rope(rms(k, w[p + "self_attn.k_norm.weight"]), pos)
+        out = np.zeros((n, nh, d))
+        for head in range(nh):
+            kv = head // (nh // nkv)
+            s = q[:, head] @ k[:, kv].T / math.sqrt(d)
+            s = np.where(visible, s, -np.inf)
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            out[:, head] = s @ v[:, kv]
+        x = x + out.reshape(n, nh * d) @ w[p + "self_attn.o_proj.weight"].T
+        h = rms(x, w[p + "post_attention_layernorm.weight"])
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        u = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = rms(x, w["model.norm.weight"])
+    head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
+    return x @ head.T
+
+
+# --------------------------------------------------------------------------------------------
+# Draft-free decoding (exact semantics of spot-core's DraftFreeDecoder at temperature 0)
+# --------------------------------------------------------------------------------------------
+
+
+def reduce_position(logits_f32: np.ndarray, mask_id: int):
+    """(token, float32 confidence, top1 - top2 logit) of one position's float32 logits."""
+    lg = np.array(logits_f32, dtype=np.float32, copy=True)
+    lg[mask_id] = -np.inf
+    token = int(np.argmax(lg))  # first (lowest) id on ties
+    l64 = lg.astype(np.float64)
+    e = np.exp(l64 - l64.max())
+    prob = e / e.sum()
+    conf = np.float32(prob[token])
+    top2 = np.sort(lg)[-2:]
+    logit_gap = float(top2[1]) - float(top2[0])
+    return token, conf, logit_gap
+
+
+def draft_free_decode(model, prompt, max_new_tokens, early_stop, stop_ids, mask_id, block=BLOCK_SIZE, logits_fn=None):
+    """Decode `prompt`; `logits_fn(ids) -> [n, V]` float32 replaces the HF model when given."""
+    L = block
+    if logits_fn is None:
+        logits_fn = lambda ids: hf_logits(model, [ids], L)[0]  # noqa: E731
+    P = len(prompt)
+    assert P > 0 and mask_id not in prompt
+    first_start = (P // L) * L
+    end = -(-(P + max_new_tokens) // L) * L
+    generated: list[int] = []
+    done: list[int] = list(prompt[:first_start])  # tokens before the current block
+    forwards = 0
+    min_gap = math.inf
+    commits: list[list[int]] = []
+    stopped = False
+    for start in range(first_start, end, L):
+        tail = list(prompt[start : min(P, start + L)])
+        state = tail + [mask_id] * (L - len(tail))
+        while mask_id in state:
+            logits = logits_fn(done + state)[start : start + L]
+            forwards += 1
+            best_s, best_c = None, None
+            confs = []
+            reduced = {}
+            for s in range(L):
+                if state[s] != mask_id:
+                    continue
+                tok, conf, lgap = reduce_position(logits[s], mask_id)
+                reduced[s] = (tok, lgap)
+                confs.append(conf)
+                if best_c is None or conf > best_c:
+                    best_s, best_c = s, conf
+            if len(confs) > 1:
+                c = sorted((float(x) for x in confs), reverse=True)
+                min_gap = min(min_gap, c[0] - c[1])
+            tok, lgap = reduced[best_s]
+            min_gap = min(min_gap, lgap)
+            state[best_s] = tok
+            commits.append([start + best_s, tok])
+        new = state[len(tail) :]
+        generated.extend(new)
+        done.extend(state)
+        if early_stop and any(t in stop_ids for t in new):
+            stopped = True
+            break
+    tokens = generated[:max_new_tokens]
+    if early_stop:
+        for i, t in enumerate(tokens):
+            if t in stop_ids:
+                tokens = tokens[: i + 1]
+                break
+    return dict(
+        blocks=(len(done) - first_start) // L,
+        planned_blocks=(end - first_start) // L,
+        tokens=tokens,
+        generated=generated,
+        block_forwards=forwards,
+        min_conf_gap=min_gap,
+        stopped=stopped,
+        commits=commits,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Fixture generation
+# --------------------------------------------------------------------------------------------
+
+# (prompt length, max_new_tokens, early_stop, require an early stop before the last block)
+DECODE_SPECS = [
+    (1, 8, False, False),
+    (5, 20, False, False),
+    (16, 16, False, False),
+    (8, 33, False, False),
+    (13, 40, True, True),
+    (22, 24, True, False),
+    (30, 12, True, False),
+]
+
+PROMPT_TEXT = (
+    'def dumps(obj, *, indent=None):\n    """Serialize obj to a JSON formatted str."""\n'
+    "    return JSONEncoder(indent=indent).encode(obj)\n"
+)
+
+
+def summarize_peakedness(model, cfg, rng, mask_id) -> dict:
+    rows = []
+    for _ in range(4):
+        ids = rng.integers(0, BPE_VOCAB, size=32).tolist()
+        for j in range(24, 32):
+            if rng.random() < 0.6:
+                ids[j] = mask_id
+        rows.append(ids)
+    lg = hf_logits(model, rows, BLOCK_SIZE)
+    lg[..., mask_id] = -np.inf
+    l64 = lg.astype(np.float64)
+    p = np.exp(l64 - l64.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    top1 = p.max(-1)
+    finite = np.where(np.isfinite(lg), lg, np.nan)
+    return dict(
+        logit_std=float(np.nanmean(np.nanstd(finite, -1))),
+        top1_mean=float(top1.mean()),
+        top1_gt_half=float((top1 > 0.5).mean()),
+        top1_median=float(np.median(top1)),
+    )
+
+
+def make_fixture(out_dir: str, name: str, tie: bool, dtype: str, wseed: int, cseed: int, eos_align: float, tok, ids, tok_sha):
+    from safetensors.torch import save_file
+
+    folder = os.path.join(out_dir, name)
+    os.makedirs(folder, exist_ok=True)
+    cfg = sdar_config(tie, dtype, ids)
+    mask_id = ids["<|MASK|>"]
+    eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    assert cfg["vocab_size"] >= tok.get_vocab_size()
+
+    weights = random_weights(cfg, wseed)
+    align_eos_row(cfg, weights, dtype, ids["<|im_end|>"], mask_id, eos_align, wseed + 1)
+    tensors = store_tensors(weights, dtype)
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(folder, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": eos}, f, indent=2)
+        f.write("\n")
+    tok.save(os.path.join(folder, "tokenizer.json"))
+
+    model = load_hf_model(cfg, tensors)
+    rng = np.random.default_rng(cseed)
+    print(f"[{name}] peakedness: {summarize_peakedness(model, cfg, rng, mask_id)}")
+
+    def rand_tokens(n):
+        return rng.integers(0, BPE_VOCAB, size=n).tolist()
+
+    M = mask_id
+    # ---- logits cases
+    text_ids = tok.encode(PROMPT_TEXT).ids
+    assert len(text_ids) >= 24 and M not in text_ids
+    logits_specs = [
+        ([], [[M] * 8, rand_tokens(3) + [M] * 5, [M, 17, M, M, 250, M, M, 9]]),
+        (text_ids[:24], [[M] * 8, rand_tokens(2) + [M] * 6, [M] * 5 + rand_tokens(3), [M, 101, M, 33, M, 7, M, 300]]),
+        (rand_tokens(8), [rand_tokens(4) + [M] * 4]),
+        (rand_tokens(16), [rand_tokens(8), [M] * 8]),
+    ]
+    golden_tensors = {}
+    logits_cases = []
+    for ci, (prefix, states) in enumerate(logits_specs):
+        assert len(prefix) % BLOCK_SIZE == 0 and all(len(s) == BLOCK_SIZE for s in states)
+        lg = hf_logits(model, [prefix + s for s in states], BLOCK_SIZE)[:, len(prefix) :]
+        key = f"logits.{ci}"
+        golden_tensors[key] = torch.from_numpy(np.ascontiguousarray(lg, dtype=np.float32))
+        logits_cases.append({"key": key, "prefix": prefix, "states": states})
+
+    # ---- decode cases
+    decode_cases = []
+    for di, (plen, max_new, early, need_stop) in enumerate(DECODE_SPECS):
+        attempt = 0
+        while True:
+            if attempt == 0 and di % 2 == 0:
+                off = (di * 7) % max(1, len(text_ids) - plen)
+                prompt = text_ids[off : off + plen]
+            else:
+                prompt = rand_tokens(plen)
+            attempt += 1
+            r = draft_free_decode(model, prompt, max_new, early, eos, mask_id)
+            ok = r["min_conf_gap"] >= MIN_GAP
+            if need_stop:
+                # the stop must end decoding before the last planned block and cut the output
+                ok = ok and r["stopped"] and r["blocks"] < r["planned_blocks"] and len(r["tokens"]) < len(r["generated"])
+            print(
+                f"[{name}] decode case {di}: P={plen} n={max_new} early_stop={early} attempt={attempt} "
+                f"min_conf_gap={r['min_conf_gap']:.6g} stopped={r['stopped']} forwards={r['block_forwards']}"
+                + ("" if ok else "  -> redraw")
+            )
+            if ok:
+                break
+            if attempt > 400:
+                raise SystemExit(f"could not draw decode case {di} for {name}")
+        decode_cases.append(
+            {
+                "prompt": prompt,
+                "max_new_tokens": max_new,
+                "early_stop": early,
+                "stop_ids": eos,
+                "tokens": r["tokens"],
+                "generated": r["generated"],
+                "block_forwards": r["block_forwards"],
+                "min_conf_gap": r["min_conf_gap"],
+                "stopped": r["stopped"],
+                "commits": r["commits"],
+            }
+        )
+
+    save_file(golden_tensors, os.path.join(folder, "golden.safetensors"), metadata={"format": "pt"})
+    import tokenizers
+    import transformers
+
+    golden = {
+        "block_size": BLOCK_SIZE,
+        "mask_id": mask_id,
+        "vocab_size": cfg["vocab_size"],
+        "generator": {
+            "tool": "tools/oracle/sdar_oracle.py make-fixtures",
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+            "numpy": np.__version__,
+            "weight_seed": wseed,
+            "case_seed": cseed,
+            "eos_align": eos_align,
+            "weights_dtype": dtype,
+            "tokenizer_text_sha256": tok_sha,
+        },
+        "logits_cases": logits_cases,
+        "decode_cases": decode_cases,
+    }
+    with open(os.path.join(folder, "golden.json"), "w") as f:
+        json.dump(golden, f, indent=1)
+        f.write("\n")
+    return folder
+
+
+def cmd_make_fixtures(args):
+    tok, ids, sha = build_tokenizer()
+    print(f"tokenizer: vocab {tok.get_vocab_size()}, special ids {ids}, training text sha256 {sha}")
+    for name, tie, dtype, wseed, cseed, eos_align in FIXTURES:
+        folder = make_fixture(args.out, name, tie, dtype, wseed, cseed, eos_align, tok, ids, sha)
+        size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+        print(f"[{name}] wrote {folder} ({size} bytes)")
+
+
+# --------------------------------------------------------------------------------------------
+# Self-check
+# --------------------------------------------------------------------------------------------
+
+
+def cmd_self_check(args):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    failures = 0
+
+    def check(cond, msg):
+        nonlocal failures
+        print(("ok   " if cond else "FAIL ") + msg)
+        if not cond:
+            failures += 1
+
+    for name, tie, dtype, *_ in FIXTURES:
+        folder = os.path.join(args.out, name)
+        with open(os.path.join(folder, "config.json")) as f:
+            cfg = json.load(f)
+        with open(os.path.join(folder, "golden.json")) as f:
+            golden = json.load(f)
+        tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        check(tok.get_vocab_size() <= cfg["vocab_size"], f"[{name}] tokenizer loads, size {tok.get_vocab_size()}")
+        check(tok.token_to_id("<|MASK|>") == cfg["mask_token_id"] == golden["mask_id"], f"[{name}] mask id")
+        enc = tok.encode("x = json.dumps(obj)<|im_end|>")
+        check(tok.decode(enc.ids, skip_special_tokens=False) == "x = json.dumps(obj)<|im_end|>", f"[{name}] round trip {enc.ids}")
+
+        tensors = load_file(os.path.join(folder, "model.safetensors"))
+        want_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+        check(all(t.dtype == want_dtype for t in tensors.values()), f"[{name}] all tensors {dtype}")
+        check(("lm_head.weight" in tensors) == (not tie), f"[{name}] lm_head present iff untied")
+        with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:
+            nparams = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        print(f"     [{name}] parameters stored: {nparams}")
+        model = load_hf_model(cfg, tensors)
+        gl = load_file(os.path.join(folder, "golden.safetensors"))
+        for case in golden["logits_cases"]:
+            rows = [case["prefix"] + s for s in case["states"]]
+            lg = hf_logits(model, rows, golden["block_size"])[:, len(case["prefix"]) :]
+            diff = float(np.abs(lg - gl[case["key"]].numpy()).max())
+            check(diff <= 1e-5, f"[{name}] {case['key']} recomputed, max |diff| {diff:.3g}")
+            ref = np.stack([numpy_reference_logits(cfg, tensors, r, golden["block_size"])[len(case["prefix"]) :] for r in rows])
+            rdiff = float(np.abs(ref - gl[case["key"]].numpy()).max())
+            check(rdiff <= 1e-4, f"[{name}] {case['key']} vs float64 numpy reference, max |diff| {rdiff:.3g}")
+
+        # transformers' own loader reads the folder to the same model.
+        from transformers import Qwen3ForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # silences "model of type sdar to instantiate qwen3"
+        fp = Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+        case = golden["logits_cases"][1]
+        lg = hf_logits(fp, [case["prefix"] + s for s in case["states"]], golden["block_size"])[:, len(case["prefix"]) :]
+        diff = float(np.abs(lg - gl[case["key"]].numpy()).max())
+        check(diff <= 1e-5, f"[{name}] Qwen3ForCausalLM.from_pretrained(folder) reproduces {case['key']}, max |diff| {diff:.3g}")
+
+        # The 4D mask must really be used.
+        case = golden["logits_cases"][1]
+        rows = [case["prefix"] + s for s in case["states"]]
+        n, b = len(rows[0]), len(rows)
+        bc = hf_logits(model, rows, 8)
+        ca = hf_logits(model, rows, 8, mask=causal_mask(n, b))
+        check(float(np.abs(bc - ca).max()) > 1e-2, f"[{name}] causal mask changes logits by {float(np.abs(bc - ca).max()):.3g}")
+        m = block_causal_mask(n, 8, b)
+        m[:, :, :, 3] = float("-inf")
+        alt = hf_logits(model, rows, 8, mask=m)
+        check(float(np.abs(bc - alt).max()) > 1e-2, f"[{name}] hiding key 3 changes logits by {float(np.abs(bc - alt).max()):.3g}")
+        full = hf_logits(model, rows, 8, mask=torch.zeros(b, 1, n, n))
+        check(float(np.abs(bc - full).max()) > 1e-2, f"[{name}] full attention changes logits by {float(np.abs(bc - full).max()):.3g}")
+        # Block-causal: logits of earlier blocks do not depend on later tokens.
+        r2 = [list(r) for r in rows]
+        for r in r2:
+            r[-1] = (r[-1] + 1) % 300
+        bc2 = hf_logits(model, r2, 8)
+        check(float(np.abs(bc[:, : n - 8] - bc2[:, : n - 8]).max()) == 0.0, f"[{name}] earlier blocks ignore later tokens")
+
+        # Decode cases reproduce (first two, to keep it quick).
+        for dc in golden["decode_cases"][: args.decode_cases]:
+            r = draft_free_decode(model, dc["prompt"], dc["max_new_tokens"], dc["early_stop"], dc["stop_ids"], golden["mask_id"])
+            same = all(r[k] == dc[k] for k in ("tokens", "generated", "block_forwards", "commits", "stopped"))
+            check(same, f"[{name}] decode P={len(dc['prompt'])} n={dc['max_new_tokens']} reproduces")
+        # An independent implementation (float64 numpy forward, rounded to float32: logits
+        # differ by ~1e-5) must make the same decisions: the min_conf_gap margin at work.
+        ref_fn = lambda ids: numpy_reference_logits(cfg, tensors, ids, golden["block_size"]).astype(np.float32)  # noqa: E731
+        for dc in golden["decode_cases"][: args.decode_cases]:
+            r = draft_free_decode(None, dc["prompt"], dc["max_new_tokens"], dc["early_stop"], dc["stop_ids"], golden["mask_id"], logits_fn=ref_fn)
+            same = all(r[k] == dc[k] for k in ("tokens", "generated", "block_forwards", "commits"))
+            check(same, f"[{name}] decode P={len(dc['prompt'])} n={dc['max_new_tokens']} reproduced by the numpy reference")
+        gaps = [dc["min_conf_gap"] for dc in golden["decode_cases"]]
+        check(min(gaps) >= MIN_GAP, f"[{name}] min_conf_gap values {['%.6g' % g for g in gaps]}")
+    if failures:
+        raise SystemExit(f"{failures} check(s) failed")
+    print("all checks passed")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("make-fixtures", help="write the tiny SDAR fixture folders and golden outputs")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_make_fixtures)
+    p = sub.add_parser("self-check", help="reload the fixture folders and verify them")
+    p.add_argument("--out", required=True)
+    p.add_argument("--decode-cases", type=int, default=100, help="how many decode cases to replay")
+    p.set_defaults(func=cmd_self_check)
+    args = ap.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
