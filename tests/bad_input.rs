@@ -208,8 +208,8 @@ impl BlockDiffusionModel for Faulty {
     fn info(&self) -> &ModelInfo {
         self.inner.info()
     }
-    fn reset_prefix(&mut self, prefix: &[TokenId]) -> spot::core::Result<PrefixUpdate> {
-        self.inner.reset_prefix(prefix)
+    fn reset_prefix(&mut self, prefix: &[TokenId], l: usize) -> spot::core::Result<PrefixUpdate> {
+        self.inner.reset_prefix(prefix, l)
     }
     fn append_block(&mut self, block: &[TokenId]) -> spot::core::Result<PrefixUpdate> {
         self.inner.append_block(block)

@@ -328,6 +328,35 @@ pub fn plan_blocks(
     })
 }
 
+/// What the block loop reports after every finished block (for streaming and progress bars).
+#[derive(Debug)]
+pub struct BlockProgress<'a> {
+    /// Index of the finished block.
+    pub index: usize,
+    /// Blocks planned (decoding may stop earlier at a stop id).
+    pub total: usize,
+    /// The block's generated tokens (prompt tail excluded).
+    pub tokens: &'a [TokenId],
+    /// Block forwards so far.
+    pub block_forwards: u64,
+}
+
+/// Receives [`BlockProgress`] events; `()` ignores them.
+pub trait BlockObserver {
+    /// Called after each finished block.
+    fn block_done(&mut self, progress: &BlockProgress<'_>);
+}
+
+impl BlockObserver for () {
+    fn block_done(&mut self, _: &BlockProgress<'_>) {}
+}
+
+impl<F: FnMut(&BlockProgress<'_>)> BlockObserver for F {
+    fn block_done(&mut self, progress: &BlockProgress<'_>) {
+        self(progress)
+    }
+}
+
 /// Runs the block loop with `strategy` completing each block.
 ///
 /// Prefill of the whole prompt blocks, the prompt tail inside the first block (as SDAR does),
@@ -340,12 +369,13 @@ pub fn run_decode<S: BlockDecoder + ?Sized>(
     cfg: &DecodeConfig,
     strategy: &mut S,
     record_trace: bool,
+    observer: &mut dyn BlockObserver,
 ) -> Result<DecodeOutput, S::Error> {
     let plan = plan_blocks(prompt, cfg, model.info())?;
     let mut model = MeteredModel::new(model);
     let info = model.info().clone();
     let l = cfg.block_size;
-    model.reset_prefix(&prompt[..plan.first_start])?;
+    model.reset_prefix(&prompt[..plan.first_start], l)?;
     let mut stats = DecodeStats::default();
     let mut trace = record_trace.then(DecodeTrace::default);
     let mut generated = Vec::with_capacity(plan.blocks * l);
@@ -391,6 +421,12 @@ pub fn run_decode<S: BlockDecoder + ?Sized>(
         stats.blocks += 1;
         let new = &block[tail.len()..];
         generated.extend_from_slice(new);
+        observer.block_done(&BlockProgress {
+            index,
+            total: plan.blocks,
+            tokens: new,
+            block_forwards: model.meter().block_forwards,
+        });
         if cfg.early_stop && new.iter().any(|t| cfg.stop_ids.contains(t)) {
             stopped = true;
             break;
@@ -453,8 +489,19 @@ impl DraftFreeDecoder {
         prompt: &[TokenId],
         cfg: &DecodeConfig,
     ) -> Result<DecodeOutput> {
+        self.decode_observed(model, prompt, cfg, &mut ())
+    }
+
+    /// Decodes `prompt`, reporting every finished block to `observer`.
+    pub fn decode_observed(
+        &mut self,
+        model: &mut dyn BlockDiffusionModel,
+        prompt: &[TokenId],
+        cfg: &DecodeConfig,
+        observer: &mut dyn BlockObserver,
+    ) -> Result<DecodeOutput> {
         let record = self.record_trace;
-        run_decode(model, prompt, cfg, self, record)
+        run_decode(model, prompt, cfg, self, record, observer)
     }
 }
 

@@ -42,8 +42,8 @@ pub mod toy;
 pub mod transition;
 
 pub use decode::{
-    BlockDecoder, BlockRun, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace,
-    DraftFreeDecoder, run_decode,
+    BlockDecoder, BlockObserver, BlockProgress, BlockRun, BlockTrace, DecodeConfig, DecodeOutput,
+    DecodeStats, DecodeTrace, DraftFreeDecoder, run_decode,
 };
 pub use error::{Error, Result};
 pub use model::{BlockDiffusionModel, Meter, MeteredModel, ModelInfo, PrefixUpdate};

@@ -41,8 +41,10 @@ pub trait BlockDiffusionModel {
     /// Static facts: vocabulary, mask id, context limit, stop ids.
     fn info(&self) -> &ModelInfo;
 
-    /// Drops the cache and makes `prefix` the committed prefix (it may be empty).
-    fn reset_prefix(&mut self, prefix: &[TokenId]) -> Result<PrefixUpdate>;
+    /// Drops the cache and makes `prefix` the committed prefix (it may be empty). The prefix is
+    /// a whole number of blocks of `block_size` positions; block-causal models attend within
+    /// each of those blocks bidirectionally and causally across them.
+    fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> Result<PrefixUpdate>;
 
     /// Appends a finished block to the committed prefix.
     fn append_block(&mut self, block: &[TokenId]) -> Result<PrefixUpdate>;
@@ -58,8 +60,8 @@ impl<M: BlockDiffusionModel + ?Sized> BlockDiffusionModel for &mut M {
     fn info(&self) -> &ModelInfo {
         (**self).info()
     }
-    fn reset_prefix(&mut self, prefix: &[TokenId]) -> Result<PrefixUpdate> {
-        (**self).reset_prefix(prefix)
+    fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> Result<PrefixUpdate> {
+        (**self).reset_prefix(prefix, block_size)
     }
     fn append_block(&mut self, block: &[TokenId]) -> Result<PrefixUpdate> {
         (**self).append_block(block)
@@ -143,8 +145,8 @@ impl<'m> MeteredModel<'m> {
     }
 
     /// Resets the prefix (counted).
-    pub fn reset_prefix(&mut self, prefix: &[TokenId]) -> Result<()> {
-        let u = self.model.reset_prefix(prefix)?;
+    pub fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> Result<()> {
+        let u = self.model.reset_prefix(prefix, block_size)?;
         self.count_prefix(u);
         Ok(())
     }

@@ -58,7 +58,7 @@ impl Default for ToyConfig {
 /// use spot_core::{BlockDiffusionModel, BlockState, StatsQuery};
 /// use spot_core::toy::{ToyConfig, ToyModel};
 /// let mut m = ToyModel::new(ToyConfig::default());
-/// m.reset_prefix(&[1, 2, 3, 4]).unwrap();
+/// m.reset_prefix(&[1, 2, 3, 4], 4).unwrap();
 /// let s = BlockState::masked(8, m.info().mask_id);
 /// let out = m.forward(&[s.clone(), s], &StatsQuery::new(0.0, 0)).unwrap();
 /// assert_eq!(out[0], out[1]);
@@ -153,7 +153,7 @@ impl BlockDiffusionModel for ToyModel {
         &self.info
     }
 
-    fn reset_prefix(&mut self, prefix: &[TokenId]) -> Result<PrefixUpdate> {
+    fn reset_prefix(&mut self, prefix: &[TokenId], _block_size: usize) -> Result<PrefixUpdate> {
         self.prefix.clear();
         self.prefix_hash = mix64(self.cfg.seed);
         self.append_block(prefix)

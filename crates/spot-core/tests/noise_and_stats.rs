@@ -85,7 +85,7 @@ proptest! {
     fn toy_forward_is_batch_invariant(seed in any::<u64>(), others in prop::collection::vec(prop::collection::vec(0u32..48, 8), 20),
                                       t in prop_oneof![Just(0.0f32), Just(1.0)]) {
         let mut m = ToyModel::new(ToyConfig { seed, ..ToyConfig::default() });
-        m.reset_prefix(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        m.reset_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], 8).unwrap();
         let q = StatsQuery::new(t, seed);
         let me = BlockState::masked(8, 47);
         let alone = m.forward(std::slice::from_ref(&me), &q).unwrap();

@@ -16,7 +16,7 @@
 //! use spot_tree::{ScoreContext, StaleConfidenceScorer, TreeBuilder, TreeConfig};
 //!
 //! let mut model = ToyModel::new(ToyConfig::default());
-//! model.reset_prefix(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+//! model.reset_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], 8).unwrap();
 //! let root = BlockState::masked(8, model.info().mask_id);
 //! let stale = model.forward(&[root.clone()], &StatsQuery::new(0.0, 0)).unwrap().remove(0);
 //! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 8 };

@@ -81,7 +81,7 @@ fn setup(budget: usize) -> Setup {
         ..ToyConfig::default()
     });
     model
-        .reset_prefix(&(0..256).map(|i| i % 500).collect::<Vec<u32>>())
+        .reset_prefix(&(0..256).map(|i| i % 500).collect::<Vec<u32>>(), L)
         .unwrap();
     let q = StatsQuery::new(0.0, 0);
     // Advance 8 draft-free steps into the block: realistic mid-block state.

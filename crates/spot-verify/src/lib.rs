@@ -16,7 +16,7 @@
 //! use spot_verify::{MatchRule, Verifier};
 //!
 //! let mut toy = ToyModel::new(ToyConfig { stability: 1.0, ..ToyConfig::default() });
-//! toy.reset_prefix(&[5; 8]).unwrap();
+//! toy.reset_prefix(&[5; 8], 8).unwrap();
 //! let mut model = MeteredModel::new(&mut toy);
 //! let q = StatsQuery::new(0.0, 0);
 //! let x0 = BlockState::masked(8, model.info().mask_id);

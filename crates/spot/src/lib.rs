@@ -31,10 +31,10 @@
 //! ```
 
 pub use spot_core::{
-    self as core, BlockDecoder, BlockDiffusionModel, BlockRun, BlockState, BlockStats, Commit,
-    ConfidenceRule, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder,
-    GumbelNoise, MeteredModel, ModelInfo, StatsQuery, TokenId, Transition, exact_commit,
-    run_decode, toy,
+    self as core, BlockDecoder, BlockDiffusionModel, BlockObserver, BlockProgress, BlockRun,
+    BlockState, BlockStats, Commit, ConfidenceRule, DecodeConfig, DecodeOutput, DecodeStats,
+    DecodeTrace, DraftFreeDecoder, GumbelNoise, MeteredModel, ModelInfo, StatsQuery, TokenId,
+    Transition, exact_commit, run_decode, toy,
 };
 pub use spot_tree::{
     self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
@@ -189,9 +189,20 @@ impl SpotDecoder {
         prompt: &[TokenId],
         cfg: &DecodeConfig,
     ) -> Result<DecodeOutput, Error> {
+        self.decode_observed(model, prompt, cfg, &mut ())
+    }
+
+    /// Decodes `prompt`, reporting every finished block to `observer`.
+    pub fn decode_observed(
+        &mut self,
+        model: &mut dyn BlockDiffusionModel,
+        prompt: &[TokenId],
+        cfg: &DecodeConfig,
+        observer: &mut dyn BlockObserver,
+    ) -> Result<DecodeOutput, Error> {
         self.round = 0;
         let record = self.record_trace;
-        run_decode(model, prompt, cfg, self, record)
+        run_decode(model, prompt, cfg, self, record, observer)
     }
 }
 

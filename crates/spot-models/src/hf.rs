@@ -1,0 +1,243 @@
+//! Reading Hugging Face model folders: JSON configs, (sharded) safetensors, tokenizers.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde::de::DeserializeOwned;
+
+use crate::error::{ModelError, Result};
+
+/// Reads and deserialises a JSON file; a missing required field is reported with the file name.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// Stop ids from `generation_config.json` (`eos_token_id`, a number or a list); empty when the
+/// file is absent.
+pub fn generation_stop_ids(dir: &Path) -> Result<Vec<u32>> {
+    let path = dir.join("generation_config.json");
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let v: serde_json::Value = read_json(&path)?;
+    Ok(token_ids(v.get("eos_token_id")))
+}
+
+/// A token id or a list of token ids, as HF configs write `eos_token_id`.
+pub fn token_ids(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| x as u32).into_iter().collect(),
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+struct Shard {
+    path: PathBuf,
+    mmap: Mmap,
+}
+
+/// The safetensors weights of a model folder, memory-mapped: `model.safetensors`, or the shards
+/// listed by `model.safetensors.index.json`.
+pub struct Weights {
+    shards: Vec<Shard>,
+    /// Tensor name -> shard index.
+    index: BTreeMap<String, usize>,
+    dir: PathBuf,
+}
+
+impl std::fmt::Debug for Weights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Weights")
+            .field("dir", &self.dir)
+            .field("tensors", &self.index.len())
+            .finish()
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ShardIndex {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl Weights {
+    /// Opens the weights of the folder `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index_path.exists() {
+            let idx: ShardIndex = read_json(&index_path)?;
+            let mut files: Vec<PathBuf> = idx.weight_map.values().map(|f| dir.join(f)).collect();
+            files.sort();
+            files.dedup();
+            files
+        } else {
+            return Err(ModelError::io(
+                single,
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "neither model.safetensors nor model.safetensors.index.json exists",
+                ),
+            ));
+        };
+        let mut shards = Vec::new();
+        let mut index = BTreeMap::new();
+        for path in files {
+            let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
+            // SAFETY-free: memmap2's `map` is safe to call; the file must not be truncated while
+            // mapped, which the loader documents.
+            let mmap = map(&file).map_err(|e| ModelError::io(&path, e))?;
+            let st = SafeTensors::deserialize(&mmap).map_err(|e| ModelError::Safetensors {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            for name in st.names() {
+                index.insert(name.to_string(), shards.len());
+            }
+            shards.push(Shard { path, mmap });
+        }
+        Ok(Self {
+            shards,
+            index,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Whether the weights contain `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// Number of tensors.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Whether there are no tensors.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Tensor `name` as f32 values (converted from BF16/F16), checked against `shape`.
+    pub fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let shard = self
+            .index
+            .get(name)
+            .map(|&i| &self.shards[i])
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+                path: self.dir.clone(),
+            })?;
+        let st = SafeTensors::deserialize(&shard.mmap).map_err(|e| ModelError::Safetensors {
+            path: shard.path.clone(),
+            message: e.to_string(),
+        })?;
+        let view = st.tensor(name).map_err(|e| ModelError::Safetensors {
+            path: shard.path.clone(),
+            message: e.to_string(),
+        })?;
+        if view.shape() != shape {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                actual: view.shape().to_vec(),
+            });
+        }
+        let bytes = view.data();
+        let out: Vec<f32> = match view.dtype() {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ModelError::TensorDtype {
+                    name: name.to_string(),
+                    dtype: format!("{other:?}"),
+                });
+            }
+        };
+        Ok(out)
+    }
+}
+
+#[allow(unsafe_code)]
+fn map(file: &File) -> std::io::Result<Mmap> {
+    // SAFETY: the mapping is read-only; like every safetensors loader, we require that the file
+    // is not modified while the model is loading (the data is copied out during loading).
+    unsafe { Mmap::map(file) }
+}
+
+/// A `tokenizer.json` loaded with the `tokenizers` crate.
+#[derive(Clone)]
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(Self { inner, path })
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> ModelError {
+        ModelError::Tokenizer {
+            path: self.path.clone(),
+            message: e.to_string(),
+        }
+    }
+
+    /// Token ids of `text` (no special tokens added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(|e| self.err(e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids` (special tokens skipped).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(|e| self.err(e))
+    }
+
+    /// The id of a token string, e.g. `<|MASK|>`.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}

@@ -1,0 +1,43 @@
+//! # spot-models
+//!
+//! Block-diffusion language models in [burn](https://burn.dev), loaded from Hugging Face model
+//! folders and usable by every decoder of the SPOT workspace through
+//! [`spot_core::BlockDiffusionModel`].
+//!
+//! - [`Sdar`]: SDAR (Qwen3 with block-causal attention), prefix KV cache, batched verification
+//!   forwards, logits reduced on the device;
+//! - [`hf`]: `config.json`, (sharded) safetensors with f32/bf16/f16 weights, `tokenizer.json`.
+//!
+//! Backends are Cargo features of the same generic code: `ndarray` (default, CPU), `wgpu`,
+//! `cuda`.
+//!
+//! ```no_run
+//! use spot_core::{DecodeConfig, DraftFreeDecoder};
+//! use spot_models::{CpuBackend, Sdar};
+//!
+//! let mut model = Sdar::<CpuBackend>::load("SDAR-1.7B-Chat".as_ref(), &Default::default())?;
+//! let prompt = model.tokenizer().unwrap().encode("def fibonacci(n):")?;
+//! let out = DraftFreeDecoder::new().decode(&mut model, &prompt, &DecodeConfig::default())?;
+//! println!("{}", model.tokenizer().unwrap().decode(&out.tokens)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod error;
+pub mod hf;
+mod reduce;
+mod sdar;
+
+pub use error::{ModelError, Result};
+pub use sdar::{Sdar, SdarConfig};
+
+/// The default CPU backend (`ndarray` feature).
+#[cfg(feature = "ndarray")]
+pub type CpuBackend = burn_ndarray::NdArray<f32>;
+
+/// The wgpu backend (`wgpu` feature).
+#[cfg(feature = "wgpu")]
+pub type WgpuBackend = burn_wgpu::Wgpu;
+
+/// The CUDA backend (`cuda` feature).
+#[cfg(feature = "cuda")]
+pub type CudaBackend = burn_cuda::Cuda;
