@@ -9,20 +9,29 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot::{
-    BlockDiffusionModel, BlockProgress, DecodeConfig, DecodeOutput, DraftFreeDecoder,
-    SpotDecoder, StaleConfidenceScorer, Transition,
+    BlockDiffusionModel, BlockProgress, DecodeConfig, DecodeOutput, DraftFreeDecoder, SpotDecoder,
+    StaleConfidenceScorer, Transition,
 };
 use spot_models::Sdar;
 
-#[cfg(feature = "ndarray")]
+#[cfg(any(feature = "flex", feature = "ndarray"))]
 type Backend = spot_models::CpuBackend;
-#[cfg(all(not(feature = "ndarray"), feature = "cuda"))]
+#[cfg(all(not(feature = "flex"), not(feature = "ndarray"), feature = "cuda"))]
 type Backend = spot_models::CudaBackend;
-#[cfg(all(not(feature = "ndarray"), not(feature = "cuda"), feature = "wgpu"))]
+#[cfg(all(
+    not(feature = "flex"),
+    not(feature = "ndarray"),
+    not(feature = "cuda"),
+    feature = "wgpu"
+))]
 type Backend = spot_models::WgpuBackend;
 
 #[derive(Parser)]
-#[command(name = "spot", version, about = "Lossless speculative decoding for diffusion language models")]
+#[command(
+    name = "spot",
+    version,
+    about = "Lossless speculative decoding for diffusion language models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -38,6 +47,28 @@ enum Command {
         #[arg(long)]
         model: PathBuf,
     },
+    /// Time target forwards (prefix in the KV cache, batches of block states) and report
+    /// medians and peak memory as one JSON line.
+    BenchForward(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Hugging Face model folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// Cached prefix length in tokens.
+    #[arg(long, default_value_t = 256)]
+    prefix: usize,
+    /// Block size.
+    #[arg(long, default_value_t = 32)]
+    block_size: usize,
+    /// Batch sizes (block states per forward).
+    #[arg(long, value_delimiter = ',', default_value = "1,21")]
+    batches: Vec<usize>,
+    /// Timed repetitions per batch size (after one warm-up).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -58,7 +89,11 @@ struct GenerateArgs {
     #[arg(long)]
     model: PathBuf,
     /// Prompt text (tokenised with the folder's tokenizer.json).
-    #[arg(long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',')]
@@ -70,7 +105,7 @@ struct GenerateArgs {
     #[arg(long)]
     block_size: Option<usize>,
     /// Sampling temperature (0 = argmax).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Seed of the coupled noise table.
     #[arg(long, default_value_t = 0)]
@@ -85,7 +120,7 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 8)]
     budget: usize,
     /// Mass floor γ for speculative methods.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     gamma: f32,
     /// Decode all blocks even after a stop id (fixed-length protocol).
     #[arg(long)]
@@ -97,7 +132,8 @@ struct GenerateArgs {
 
 fn load(dir: &std::path::Path) -> Result<Sdar<Backend>> {
     let device = Default::default();
-    Sdar::<Backend>::load(dir, &device).with_context(|| format!("loading model folder {}", dir.display()))
+    Sdar::<Backend>::load(dir, &device)
+        .with_context(|| format!("loading model folder {}", dir.display()))
 }
 
 fn inspect(dir: &std::path::Path) -> Result<()> {
@@ -107,16 +143,34 @@ fn inspect(dir: &std::path::Path) -> Result<()> {
     println!("folder:            {}", dir.display());
     println!("model_type:        {}", c.model_type);
     println!("layers:            {}", c.num_hidden_layers);
-    println!("hidden / mlp:      {} / {}", c.hidden_size, c.intermediate_size);
-    println!("heads (q / kv):    {} / {} x {}", c.num_attention_heads, c.kv_heads(), c.head_dim());
+    println!(
+        "hidden / mlp:      {} / {}",
+        c.hidden_size, c.intermediate_size
+    );
+    println!(
+        "heads (q / kv):    {} / {} x {}",
+        c.num_attention_heads,
+        c.kv_heads(),
+        c.head_dim()
+    );
     println!("vocab:             {}", c.vocab_size);
     println!("rope_theta:        {}", c.rope_theta);
     println!("tied embeddings:   {}", c.tie_word_embeddings);
-    println!("block_size:        {}", c.block_size.map_or("(not set; 32)".to_string(), |b| b.to_string()));
+    println!(
+        "block_size:        {}",
+        c.block_size
+            .map_or("(not set; 32)".to_string(), |b| b.to_string())
+    );
     println!("max positions:     {}", info.max_positions);
     println!("mask id:           {}", info.mask_id);
     println!("stop ids:          {:?}", info.stop_ids);
-    println!("tokenizer:         {}", model.tokenizer().map_or("absent".to_string(), |t| format!("{} tokens", t.vocab_size())));
+    println!(
+        "tokenizer:         {}",
+        model.tokenizer().map_or("absent".to_string(), |t| format!(
+            "{} tokens",
+            t.vocab_size()
+        ))
+    );
     println!("parameters:        {}", c.parameter_count());
     Ok(())
 }
@@ -147,7 +201,11 @@ fn generate(a: &GenerateArgs) -> Result<()> {
     };
     let blocks = (prompt.len() + cfg.max_new_tokens).div_ceil(cfg.block_size.max(1))
         - prompt.len() / cfg.block_size.max(1);
-    let bar = if a.json { ProgressBar::hidden() } else { ProgressBar::new(blocks as u64) };
+    let bar = if a.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(blocks as u64)
+    };
     bar.set_style(
         ProgressStyle::with_template("{spinner} block {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -185,8 +243,13 @@ fn generate(a: &GenerateArgs) -> Result<()> {
         }
         Method::Blockspec | Method::Ssd => {
             let b = SpotDecoder::builder().budget(a.budget).gamma(a.gamma);
-            let b = if a.method == Method::Ssd { b.chain() } else { b.scorer(StaleConfidenceScorer) };
-            b.build()?.decode_observed(&mut model, &prompt, &cfg, &mut on_block)?
+            let b = if a.method == Method::Ssd {
+                b.chain()
+            } else {
+                b.scorer(StaleConfidenceScorer)
+            };
+            b.build()?
+                .decode_observed(&mut model, &prompt, &cfg, &mut on_block)?
         }
     };
     let wall = start.elapsed().as_secs_f64();
@@ -228,11 +291,95 @@ fn generate(a: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+fn bench_forward(a: &BenchArgs) -> Result<()> {
+    use spot::{BlockState, StatsQuery};
+    let mut model = load(&a.model)?;
+    let info = model.info().clone();
+    if a.block_size == 0 || !a.prefix.is_multiple_of(a.block_size) {
+        bail!("--prefix must be a multiple of --block-size (at least 1)");
+    }
+    let id = |i: usize| (spot::toy::mix64(i as u64) % (info.vocab_size as u64 - 1)) as u32;
+    let id = |i: usize| if id(i) == info.mask_id { 0 } else { id(i) };
+    let prefix: Vec<u32> = (0..a.prefix).map(id).collect();
+    let t = Instant::now();
+    model.reset_prefix(&prefix, a.block_size)?;
+    let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+    let q = StatsQuery::new(0.0, 0);
+    let mut results = serde_json::Map::new();
+    for &b in &a.batches {
+        let states: Vec<BlockState> = (0..b)
+            .map(|i| {
+                let tokens = (0..a.block_size)
+                    .map(|s| {
+                        if (i + s) % 3 == 0 {
+                            id(1000 + i * 97 + s)
+                        } else {
+                            info.mask_id
+                        }
+                    })
+                    .collect();
+                BlockState::from_tokens(tokens, info.mask_id)
+            })
+            .collect();
+        model.forward(&states, &q)?;
+        let mut times = Vec::with_capacity(a.reps);
+        for _ in 0..a.reps {
+            let t = Instant::now();
+            model.forward(&states, &q)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+        results.insert(format!("b{b}_median_ms"), median(&mut times).into());
+        results.insert(format!("b{b}_min_ms"), min.into());
+        // The same forward returning raw logits to the host (what PyTorch's figure measures).
+        let mut times = Vec::with_capacity(a.reps);
+        for _ in 0..a.reps {
+            let t = Instant::now();
+            model.forward_logits(&states)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        results.insert(format!("b{b}_logits_median_ms"), median(&mut times).into());
+    }
+    let mut j = serde_json::json!({
+        "model": a.model.display().to_string(),
+        "parameters": model.config().parameter_count(),
+        "backend": std::any::type_name::<Backend>(),
+        "prefix": a.prefix,
+        "block": a.block_size,
+        "reps": a.reps,
+        "prefill_ms": prefill_ms,
+        "peak_rss_mib": peak_rss_mib(),
+        "includes": "forward + on-device reduction to statistics (top-32, entropy, chosen token)",
+    });
+    if let Some(obj) = j.as_object_mut() {
+        obj.extend(results);
+    }
+    println!("{j}");
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Generate(a) => generate(a),
         Command::Inspect { model } => inspect(model),
+        Command::BenchForward(a) => bench_forward(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

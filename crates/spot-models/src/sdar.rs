@@ -128,7 +128,7 @@ impl SdarConfig {
                 return bad(field, "must be positive".to_string());
             }
         }
-        if self.num_attention_heads % self.kv_heads() != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.kv_heads()) {
             return bad(
                 "num_key_value_heads",
                 format!(
@@ -138,7 +138,7 @@ impl SdarConfig {
                 ),
             );
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(
                 "head_dim",
                 format!("RoPE needs an even head_dim, got {}", self.head_dim()),

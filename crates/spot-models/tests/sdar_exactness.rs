@@ -16,7 +16,11 @@ fn varied_states(mask: u32, n: usize, len: usize, seed: u64) -> Vec<BlockState> 
             let tokens = (0..len)
                 .map(|s| {
                     let h = spot::toy::mix64(seed ^ (i * 131 + s) as u64);
-                    if h % 3 == 0 { (h >> 8) as u32 % 300 } else { mask }
+                    if h.is_multiple_of(3) {
+                        (h >> 8) as u32 % 300
+                    } else {
+                        mask
+                    }
                 })
                 .collect();
             BlockState::from_tokens(tokens, mask)
@@ -40,7 +44,10 @@ fn statistics_are_batch_invariant() {
                 let together = m.forward(&batch, &q).unwrap();
                 for (i, s) in batch.iter().enumerate() {
                     let alone = m.forward(std::slice::from_ref(s), &q).unwrap();
-                    assert_eq!(alone[0], together[i], "{name} prefix {prefix_len} T {t} state {i}");
+                    assert_eq!(
+                        alone[0], together[i],
+                        "{name} prefix {prefix_len} T {t} state {i}"
+                    );
                 }
             }
         }
@@ -78,7 +85,9 @@ fn speculative_equals_draft_free_on_sdar() {
         let stop = m.info().stop_ids.clone();
         for i in 0..12u64 {
             let len = 1 + (i as usize * 5) % 19;
-            let prompt: Vec<u32> = (0..len).map(|j| (spot::toy::mix64(i * 97 + j as u64) % 360) as u32).collect();
+            let prompt: Vec<u32> = (0..len)
+                .map(|j| (spot::toy::mix64(i * 97 + j as u64) % 360) as u32)
+                .collect();
             for t in [0.0f32, 1.0] {
                 let cfg = DecodeConfig {
                     block_size: 8,
@@ -89,14 +98,27 @@ fn speculative_equals_draft_free_on_sdar() {
                     early_stop: i % 2 == 0,
                     ..DecodeConfig::default()
                 };
-                let reference = DraftFreeDecoder::new().decode(&mut m, &prompt, &cfg).unwrap();
+                let reference = DraftFreeDecoder::new()
+                    .decode(&mut m, &prompt, &cfg)
+                    .unwrap();
                 let budget = [1usize, 4, 8, 20][i as usize % 4];
-                let tree = SpotDecoder::builder().budget(budget).scorer(StaleConfidenceScorer).build().unwrap();
-                let chain = SpotDecoder::builder().budget(budget).chain().build().unwrap();
+                let tree = SpotDecoder::builder()
+                    .budget(budget)
+                    .scorer(StaleConfidenceScorer)
+                    .build()
+                    .unwrap();
+                let chain = SpotDecoder::builder()
+                    .budget(budget)
+                    .chain()
+                    .build()
+                    .unwrap();
                 for mut d in [tree, chain] {
                     let out = d.decode(&mut m, &prompt, &cfg).unwrap();
                     assert_eq!(out.tokens, reference.tokens, "{name} prompt {i} T {t}");
-                    assert_eq!(out.generated, reference.generated, "{name} prompt {i} T {t}");
+                    assert_eq!(
+                        out.generated, reference.generated,
+                        "{name} prompt {i} T {t}"
+                    );
                     assert!(out.stats.nfe <= reference.stats.nfe);
                     cases += 1;
                 }
@@ -104,4 +126,28 @@ fn speculative_equals_draft_free_on_sdar() {
         }
     }
     eprintln!("{cases} speculative decodes equal to draft-free");
+}
+
+/// Batch invariance on a larger model (the ~30M-parameter benchmark folder made by
+/// `tools/oracle/bench_torch.py make-bench-model`), where matrix kernels may pick other code
+/// paths than on the tiny fixtures. Runs when `SPOT_BENCH_MODEL` names the folder.
+#[test]
+fn statistics_are_batch_invariant_on_a_larger_model() {
+    let Some(dir) = std::env::var_os("SPOT_BENCH_MODEL") else {
+        eprintln!("SPOT_BENCH_MODEL not set: skipped");
+        return;
+    };
+    let mut m =
+        spot_models::Sdar::<spot_models::CpuBackend>::load(dir.as_ref(), &Default::default())
+            .unwrap();
+    let mask = m.info().mask_id;
+    let prefix: Vec<u32> = (0..256u32).map(|i| (i * 31 + 7) % 8000).collect();
+    m.reset_prefix(&prefix, 32).unwrap();
+    let q = StatsQuery::new(1.0, 3);
+    let batch = varied_states(mask, 21, 32, 9);
+    let together = m.forward(&batch, &q).unwrap();
+    for i in [0usize, 7, 20] {
+        let alone = m.forward(std::slice::from_ref(&batch[i]), &q).unwrap();
+        assert_eq!(alone[0], together[i], "state {i}");
+    }
 }

@@ -44,11 +44,16 @@ fn draft_free_tokens_match_transformers() {
         let mut m = load(name);
         for (i, case) in g.decode_cases.iter().enumerate() {
             let cfg = decode_config(&g, case);
-            let out = DraftFreeDecoder::new().decode(&mut m, &case.prompt, &cfg).unwrap();
+            let out = DraftFreeDecoder::new()
+                .decode(&mut m, &case.prompt, &cfg)
+                .unwrap();
             assert_eq!(out.tokens, case.tokens, "{name} case {i}");
             assert_eq!(out.generated, case.generated, "{name} case {i}");
             assert_eq!(out.stopped, case.stopped, "{name} case {i}");
-            assert_eq!(out.stats.block_forwards, case.block_forwards, "{name} case {i}");
+            assert_eq!(
+                out.stats.block_forwards, case.block_forwards,
+                "{name} case {i}"
+            );
         }
     }
 }

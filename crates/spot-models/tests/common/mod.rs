@@ -9,7 +9,9 @@ use spot_models::{CpuBackend, Sdar};
 pub const FIXTURES: [&str; 2] = ["sdar-tiny", "sdar-tiny-bf16"];
 
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 pub fn load(name: &str) -> Sdar<CpuBackend> {

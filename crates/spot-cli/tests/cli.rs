@@ -1,0 +1,155 @@
+//! The `spot` binary on the committed SDAR fixtures.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../spot-models/tests/fixtures")
+        .join(name)
+}
+
+fn spot(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_spot"))
+        .args(args)
+        .output()
+        .expect("spot runs")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+/// `spot generate --json` returns the transformers oracle's tokens for every golden case, with
+/// every method that is exact.
+#[test]
+fn generate_matches_the_oracle() {
+    for name in ["sdar-tiny", "sdar-tiny-bf16"] {
+        let dir = fixture(name);
+        let golden: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())
+                .unwrap();
+        for case in golden["decode_cases"].as_array().unwrap() {
+            let ids: Vec<String> = case["prompt"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_string())
+                .collect();
+            let ids = ids.join(",");
+            let n = case["max_new_tokens"].to_string();
+            for method in ["df", "blockspec", "ssd"] {
+                let mut args = vec![
+                    "generate",
+                    "--model",
+                    dir.to_str().unwrap(),
+                    "--prompt-ids",
+                    &ids,
+                    "--max-new-tokens",
+                    &n,
+                    "--block-size",
+                    "8",
+                    "--method",
+                    method,
+                    "--json",
+                ];
+                if case["early_stop"] == false {
+                    args.push("--no-early-stop");
+                }
+                let j = json(&spot(&args));
+                assert_eq!(j["tokens"], case["tokens"], "{name} {method} prompt {ids}");
+                for key in ["text", "nfe", "positions_processed", "forwards", "wall_s"] {
+                    assert!(j.get(key).is_some(), "missing {key}");
+                }
+                if method == "df" {
+                    assert_eq!(j["forwards"], case["block_forwards"]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn generate_from_text_and_inspect() {
+    let dir = fixture("sdar-tiny");
+    let out = spot(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "def f(x):",
+        "--max-new-tokens",
+        "16",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NFE"));
+    let out = spot(&["inspect", "--model", dir.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("parameters:        98688"), "{text}");
+    assert!(text.contains("mask id:           372"), "{text}");
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message() {
+    let dir = fixture("sdar-tiny");
+    let d = dir.to_str().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["generate", "--prompt", "x"], "--model"),
+        (&["generate", "--model", d], "--prompt"),
+        (
+            &["generate", "--model", d, "--prompt-ids", "1,x"],
+            "invalid",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                d,
+                "--prompt-ids",
+                "1",
+                "--temperature",
+                "-1",
+            ],
+            "temperature",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                d,
+                "--prompt-ids",
+                "1",
+                "--budget",
+                "0",
+            ],
+            "budget",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                "/nonexistent/model",
+                "--prompt-ids",
+                "1",
+            ],
+            "/nonexistent/model",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = spot(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
