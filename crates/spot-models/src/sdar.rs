@@ -227,7 +227,7 @@ pub struct Sdar<B: Backend> {
     embed: Tensor<B, 2>,
     layers: Vec<Layer<B>>,
     norm: Tensor<B, 2>,
-    lm_head: Option<Tensor<B, 2>>,
+    lm_head: Tensor<B, 2>,
     mask_bias: Tensor<B, 2>,
     inv_freq: Vec<f64>,
     tokenizer: Option<Tokenizer>,
@@ -244,6 +244,17 @@ impl<B: Backend> std::fmt::Debug for Sdar<B> {
             .field("prefix_len", &self.prefix.len())
             .finish_non_exhaustive()
     }
+}
+
+/// `[rows, cols]` row-major -> `[cols, rows]` row-major.
+fn transposed(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; w.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = w[r * cols + c];
+        }
+    }
+    t
 }
 
 fn rms_norm<B: Backend, const D: usize>(
@@ -298,20 +309,29 @@ impl<B: Backend> Sdar<B> {
         let weights = Weights::open(dir)?;
         let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let (nh, kvh, d) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
-        // A [out, in] HF linear weight, stored transposed as [in, out].
+        // A [out, in] HF linear weight, stored transposed as a contiguous [in, out] tensor so
+        // that every forward multiplies by it without a layout copy.
         let linear = |name: String, out: usize, inp: usize| -> Result<Tensor<B, 2>> {
             let w = weights.load_f32(&name, &[out, inp])?;
-            let t = Tensor::<B, 2>::from_data(TensorData::new(w, [out, inp]), device);
-            Ok(t.transpose().reshape([inp, out]))
+            Ok(Tensor::<B, 2>::from_data(
+                TensorData::new(transposed(&w, out, inp), [inp, out]),
+                device,
+            ))
         };
         let vector = |name: String, n: usize| -> Result<Tensor<B, 1>> {
             let w = weights.load_f32(&name, &[n])?;
             Ok(Tensor::<B, 1>::from_data(TensorData::new(w, [n]), device))
         };
-        let embed = {
-            let w = weights.load_f32("model.embed_tokens.weight", &[v, h])?;
-            Tensor::<B, 2>::from_data(TensorData::new(w, [v, h]), device)
-        };
+        let embed_host = weights.load_f32("model.embed_tokens.weight", &[v, h])?;
+        // A tied head multiplies by the transposed embedding: keep a contiguous copy.
+        let tied_head =
+            (cfg.tie_word_embeddings && !weights.contains("lm_head.weight")).then(|| {
+                Tensor::<B, 2>::from_data(
+                    TensorData::new(transposed(&embed_host, v, h), [h, v]),
+                    device,
+                )
+            });
+        let embed = Tensor::<B, 2>::from_data(TensorData::new(embed_host, [v, h]), device);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for n in 0..cfg.num_hidden_layers {
             let p = |s: &str| format!("model.layers.{n}.{s}.weight");
@@ -330,10 +350,9 @@ impl<B: Backend> Sdar<B> {
             });
         }
         let norm = vector("model.norm.weight".to_string(), h)?.reshape([1, h]);
-        let lm_head = if cfg.tie_word_embeddings && !weights.contains("lm_head.weight") {
-            None
-        } else {
-            Some(linear("lm_head.weight".to_string(), v, h)?)
+        let lm_head = match tied_head {
+            Some(t) => t,
+            None => linear("lm_head.weight".to_string(), v, h)?,
         };
         let mut bias = vec![0.0f32; v];
         bias[mask_id as usize] = f32::NEG_INFINITY;
@@ -486,10 +505,7 @@ impl<B: Backend> Sdar<B> {
     }
 
     fn logits(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
-        match &self.lm_head {
-            Some(w) => hidden.matmul(w.clone()),
-            None => hidden.matmul(self.embed.clone().transpose()),
-        }
+        hidden.matmul(self.lm_head.clone())
     }
 
     /// Logits `[n, len, vocab]` of `states` after the cached prefix, as host values (for
