@@ -199,7 +199,10 @@ fn generate(a: &GenerateArgs) -> Result<()> {
         early_stop: !a.no_early_stop,
         ..DecodeConfig::default()
     };
-    let blocks = (prompt.len() + cfg.max_new_tokens).div_ceil(cfg.block_size.max(1))
+    let blocks = prompt
+        .len()
+        .saturating_add(cfg.max_new_tokens)
+        .div_ceil(cfg.block_size.max(1))
         - prompt.len() / cfg.block_size.max(1);
     let bar = if a.json {
         ProgressBar::hidden()
