@@ -95,5 +95,11 @@ impl From<ModelError> for spot_core::Error {
     }
 }
 
+impl From<spot_core::Error> for ModelError {
+    fn from(e: spot_core::Error) -> Self {
+        ModelError::Request(e.to_string())
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

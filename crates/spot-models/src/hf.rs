@@ -5,6 +5,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
+use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
 use serde::de::DeserializeOwned;
 
@@ -45,6 +46,9 @@ pub fn token_ids(v: Option<&serde_json::Value>) -> Vec<u32> {
 struct Shard {
     path: PathBuf,
     mmap: Mmap,
+    /// Header length and the parsed (validated) header, read once when the shard is opened.
+    header_len: usize,
+    metadata: Metadata,
 }
 
 /// The safetensors weights of a model folder, memory-mapped: `model.safetensors`, or the shards
@@ -99,14 +103,20 @@ impl Weights {
             // SAFETY-free: memmap2's `map` is safe to call; the file must not be truncated while
             // mapped, which the loader documents.
             let mmap = map(&file).map_err(|e| ModelError::io(&path, e))?;
-            let st = SafeTensors::deserialize(&mmap).map_err(|e| ModelError::Safetensors {
-                path: path.clone(),
-                message: e.to_string(),
-            })?;
-            for name in st.names() {
-                index.insert(name.to_string(), shards.len());
+            let (header_len, metadata) =
+                SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            for name in metadata.tensors().into_keys() {
+                index.insert(name, shards.len());
             }
-            shards.push(Shard { path, mmap });
+            shards.push(Shard {
+                path,
+                mmap,
+                header_len,
+                metadata,
+            });
         }
         Ok(Self {
             shards,
@@ -140,23 +150,32 @@ impl Weights {
                 name: name.to_string(),
                 path: self.dir.clone(),
             })?;
-        let st = SafeTensors::deserialize(&shard.mmap).map_err(|e| ModelError::Safetensors {
-            path: shard.path.clone(),
-            message: e.to_string(),
-        })?;
-        let view = st.tensor(name).map_err(|e| ModelError::Safetensors {
-            path: shard.path.clone(),
-            message: e.to_string(),
-        })?;
-        if view.shape() != shape {
+        // The header was validated at open (offsets inside the file), so the slice exists.
+        let info = shard
+            .metadata
+            .info(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+                path: shard.path.clone(),
+            })?;
+        if info.shape != shape {
             return Err(ModelError::TensorShape {
                 name: name.to_string(),
                 expected: shape.to_vec(),
-                actual: view.shape().to_vec(),
+                actual: info.shape.clone(),
             });
         }
-        let bytes = view.data();
-        let out: Vec<f32> = match view.dtype() {
+        let (begin, end) = info.data_offsets;
+        let base = 8 + shard.header_len;
+        let bytes =
+            shard
+                .mmap
+                .get(base + begin..base + end)
+                .ok_or_else(|| ModelError::Safetensors {
+                    path: shard.path.clone(),
+                    message: format!("data of tensor `{name}` lies outside the file"),
+                })?;
+        let out: Vec<f32> = match info.dtype {
             Dtype::F32 => bytes
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))

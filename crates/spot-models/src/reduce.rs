@@ -116,9 +116,3 @@ pub(crate) fn reduce<B: Backend>(
     }
     Ok(out)
 }
-
-impl From<spot_core::Error> for ModelError {
-    fn from(e: spot_core::Error) -> Self {
-        ModelError::Request(e.to_string())
-    }
-}

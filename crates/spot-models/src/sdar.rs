@@ -406,13 +406,11 @@ impl<B: Backend> Sdar<B> {
         let mut cos = Vec::with_capacity(len * d);
         let mut sin = Vec::with_capacity(len * d);
         for p in start..start + len {
-            for half in 0..2 {
-                let _ = half;
-                for f in &self.inv_freq {
-                    let a = (p as f32 * *f as f32) as f64;
-                    cos.push(a.cos() as f32);
-                    sin.push(a.sin() as f32);
-                }
+            // Both halves of the head use the same frequencies.
+            for f in self.inv_freq.iter().chain(&self.inv_freq) {
+                let a = (p as f32 * *f as f32) as f64;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
             }
         }
         let t = |v| Tensor::<B, 4>::from_data(TensorData::new(v, [1, 1, len, d]), &self.device);
@@ -420,11 +418,10 @@ impl<B: Backend> Sdar<B> {
     }
 
     fn apply_rope(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
-        let [n, h, l, d] = x.dims();
+        let d = x.dims()[3];
         let x1 = x.clone().narrow(3, 0, d / 2);
         let x2 = x.clone().narrow(3, d / 2, d / 2);
         let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-        let _ = (n, h, l);
         x * cos.clone() + rotated * sin.clone()
     }
 
@@ -432,12 +429,7 @@ impl<B: Backend> Sdar<B> {
     /// states `[n * len, hidden]` and each layer's new keys and values `[n, kv, len, d]`.
     fn run(&self, ids: Vec<i64>, n: usize, len: usize) -> (Tensor<B, 2>, Vec<Kv<B>>) {
         let c = &self.cfg;
-        let (nh, kvh, d, hd) = (
-            c.num_attention_heads,
-            c.kv_heads(),
-            c.head_dim(),
-            c.hidden_size,
-        );
+        let (nh, kvh, d) = (c.num_attention_heads, c.kv_heads(), c.head_dim());
         let g = nh / kvh;
         let rows = n * len;
         let start = self.prefix.len();
@@ -500,7 +492,6 @@ impl<B: Backend> Sdar<B> {
             x = x + mlp.matmul(layer.down.clone());
             new_kv.push(Kv { k, v });
         }
-        let _ = hd;
         (rms_norm(x, &self.norm, c.rms_norm_eps), new_kv)
     }
 
