@@ -126,9 +126,17 @@ impl ToyModel {
 
     /// The logits of position `s` of `state`, written into `out` (one per vocabulary id).
     pub fn logits_into(&self, state: &BlockState, s: usize, out: &mut Vec<f32>) {
+        self.row_logits(self.state_hash(state), s, out);
+    }
+
+    fn state_hash(&self, state: &BlockState) -> u64 {
+        Self::hash_tokens(self.cfg.seed ^ 0x5eed, state.tokens())
+    }
+
+    /// [`logits_into`](Self::logits_into) with the state's hash computed once by the caller.
+    fn row_logits(&self, state_hash: u64, s: usize, out: &mut Vec<f32>) {
         let c = &self.cfg;
         let abs = (self.prefix.len() + s) as u64;
-        let state_hash = Self::hash_tokens(c.seed ^ 0x5eed, state.tokens());
         let tie = unit(mix64(self.prefix_hash ^ mix64(abs ^ c.seed))) * 0.5 + 0.5 < c.tie_rate;
         // Tied positions share one row per block, keyed by the block start instead of `s`.
         let key = if tie {
@@ -192,8 +200,9 @@ impl BlockDiffusionModel for ToyModel {
                 return Err(Error::model("toy model: block extends past max_positions"));
             }
             let mut stats = BlockStats::new(k);
+            let state_hash = self.state_hash(state);
             for s in 0..state.len() {
-                self.logits_into(state, s, &mut logits);
+                self.row_logits(state_hash, s, &mut logits);
                 reduce_logits(
                     &logits,
                     self.prefix.len() + s,
