@@ -10,6 +10,9 @@ attention mask [B, 1, Q, K] and explicit position ids 0..n-1.
 Subcommands:
   make-fixtures --out DIR   write DIR/sdar-tiny and DIR/sdar-tiny-bf16 (model + golden files)
   self-check    --out DIR   reload the folders and check them (see README.md)
+  golden-decodes --model DIR --prompts FILE.jsonl --out FILE.json
+                            draft-free T=0 decodes of a real SDAR folder (e.g. the shipped
+                            models/sdar-tiny-code) for the Rust agreement test
 
 See tools/oracle/README.md for the exact decoding semantics reproduced here.
 """
@@ -695,6 +698,64 @@ def cmd_self_check(args):
     print("all checks passed")
 
 
+# --------------------------------------------------------------------------------------------
+# Golden decodes of a real folder
+# --------------------------------------------------------------------------------------------
+
+
+def cmd_golden_decodes(args):
+    """Draft-free T=0 decodes of `args.model` on the first prompts of a JSONL file.
+
+    A prompt whose decode has a confidence or logit gap below --min-gap (a near tie that float
+    rounding could flip between implementations) is skipped and listed, not silently dropped.
+    """
+    from safetensors.torch import load_file
+    from tokenizers import Tokenizer
+
+    folder = args.model
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    gen_path = os.path.join(folder, "generation_config.json")
+    stop_ids = []
+    if os.path.exists(gen_path):
+        with open(gen_path) as f:
+            eos = json.load(f).get("eos_token_id", [])
+        stop_ids = eos if isinstance(eos, list) else [eos]
+    tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    weights_path = os.path.join(folder, "model.safetensors")
+    with open(weights_path, "rb") as f:
+        weights_sha = hashlib.sha256(f.read()).hexdigest()
+    model = load_hf_model(cfg, load_file(weights_path))
+    L, mask_id = cfg["block_size"], cfg["mask_token_id"]
+    cases, skipped = [], []
+    with open(args.prompts) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    for i, rec in enumerate(records):
+        if len(cases) >= args.n:
+            break
+        text = rec[args.field]
+        ids = tok.encode(text).ids
+        r = draft_free_decode(model, ids, args.max_new_tokens, True, stop_ids, mask_id, block=L)
+        rid = rec.get("task_id", f"line {i + 1}")
+        if r["min_conf_gap"] < args.min_gap:
+            skipped.append(dict(id=rid, min_conf_gap=r["min_conf_gap"]))
+            print(f"skip {rid}: min gap {r['min_conf_gap']:.3g}")
+            continue
+        cases.append(dict(id=rid, prompt_text=text, prompt=ids, max_new_tokens=args.max_new_tokens,
+                          early_stop=True, tokens=r["tokens"], block_forwards=r["block_forwards"],
+                          stopped=r["stopped"], min_conf_gap=r["min_conf_gap"]))
+        print(f"{rid}: {len(ids)} prompt tokens, {len(r['tokens'])} new, {r['block_forwards']} forwards, "
+              f"min gap {r['min_conf_gap']:.3g}", flush=True)
+    out = dict(generator="tools/oracle/sdar_oracle.py golden-decodes", transformers=__import__("transformers").__version__,
+               torch=torch.__version__, model_sha256=weights_sha, prompts_file=os.path.basename(args.prompts),
+               field=args.field, block_size=L, mask_id=mask_id, stop_ids=stop_ids, min_gap=args.min_gap,
+               cases=cases, skipped=skipped)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    print(f"wrote {len(cases)} cases ({len(skipped)} skipped) to {args.out}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -705,6 +766,15 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--decode-cases", type=int, default=100, help="how many decode cases to replay")
     p.set_defaults(func=cmd_self_check)
+    p = sub.add_parser("golden-decodes", help="draft-free T=0 decodes of a real SDAR folder")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompts", required=True, help="JSONL file, one prompt record per line")
+    p.add_argument("--field", default="prompt")
+    p.add_argument("--n", type=int, default=24)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--min-gap", type=float, default=1e-5)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_golden_decodes)
     args = ap.parse_args(argv)
     args.func(args)
 

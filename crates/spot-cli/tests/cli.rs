@@ -10,6 +10,10 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+fn humaneval() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/humaneval.jsonl")
+}
+
 fn spot(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_spot"))
         .args(args)
@@ -104,9 +108,34 @@ fn generate_from_text_and_inspect() {
 fn bad_arguments_fail_with_a_message() {
     let dir = fixture("sdar-tiny");
     let d = dir.to_str().unwrap();
-    let cases: [(&[&str], &str); 6] = [
-        (&["generate", "--prompt", "x"], "--model"),
+    let he = humaneval();
+    let h = he.to_str().unwrap();
+    let cases: [(&[&str], &str); 9] = [
+        (
+            &["generate", "--prompt", "x", "--prompt-ids", "1"],
+            "cannot be used with",
+        ),
         (&["generate", "--model", d], "--prompt"),
+        (
+            &["generate", "--model", d, "--prompt-ids", "1", "--field", "q"],
+            "--prompts",
+        ),
+        (
+            &["generate", "--model", d, "--prompts", "/nonexistent/p.jsonl"],
+            "/nonexistent/p.jsonl",
+        ),
+        (
+            &[
+                "generate",
+                "--model",
+                d,
+                "--prompts",
+                h,
+                "--field",
+                "nope",
+            ],
+            "field `nope` is missing",
+        ),
         (
             &["generate", "--model", d, "--prompt-ids", "1,x"],
             "invalid",
@@ -152,4 +181,68 @@ fn bad_arguments_fail_with_a_message() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+/// `--prompts FILE.jsonl` decodes every prompt (one JSON line each, with its id); the
+/// speculative method returns the draft-free tokens for each.
+#[test]
+fn generate_over_a_prompt_file() {
+    let dir = fixture("sdar-tiny");
+    let he = humaneval();
+    let run = |method: &str| {
+        let out = spot(&[
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompts",
+            he.to_str().unwrap(),
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--method",
+            method,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(String::from_utf8_lossy(&out.stderr).contains("3 prompts from"));
+        lines
+    };
+    let df = run("df");
+    let spec = run("blockspec");
+    assert_eq!(df.len(), 3);
+    for (i, (a, b)) in df.iter().zip(&spec).enumerate() {
+        assert_eq!(a["id"], format!("HumanEval/{i}"));
+        assert_eq!(a["tokens"], b["tokens"]);
+        assert!(!a["tokens"].as_array().unwrap().is_empty());
+        assert!(b["nfe"].as_u64() <= a["nfe"].as_u64());
+    }
+}
+
+/// Without `--model`, `spot generate` runs the shipped trained target.
+#[test]
+fn generate_defaults_to_the_shipped_model() {
+    let out = spot(&[
+        "generate",
+        "--prompt",
+        "def fibonacci(n):",
+        "--max-new-tokens",
+        "32",
+        "--no-early-stop",
+        "--json",
+    ]);
+    let j = json(&out);
+    assert_eq!(j["tokens"].as_array().unwrap().len(), 32);
+    assert!(!j["text"].as_str().unwrap().is_empty());
+    let out = spot(&["inspect"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("sdar-tiny-code"));
 }

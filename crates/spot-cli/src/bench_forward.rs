@@ -1,0 +1,113 @@
+//! `spot bench-forward`: time target forwards over a cached prefix.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use spot::{BlockDiffusionModel, BlockState, StatsQuery};
+
+use crate::{Backend, load, model_dir};
+
+/// Arguments of `spot bench-forward`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Hugging Face model folder (default: the shipped `models/sdar-tiny-code`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Cached prefix length in tokens.
+    #[arg(long, default_value_t = 256)]
+    prefix: usize,
+    /// Block size.
+    #[arg(long, default_value_t = 32)]
+    block_size: usize,
+    /// Batch sizes (block states per forward).
+    #[arg(long, value_delimiter = ',', default_value = "1,21")]
+    batches: Vec<usize>,
+    /// Timed repetitions per batch size (after one warm-up).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+}
+
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// Runs the benchmark and prints one JSON line.
+pub fn run(a: &BenchArgs) -> Result<()> {
+    let dir = model_dir::resolve(a.model.as_deref())?;
+    let mut model = load(&dir)?;
+    let info = model.info().clone();
+    if a.block_size == 0 || !a.prefix.is_multiple_of(a.block_size) {
+        bail!("--prefix must be a multiple of --block-size (at least 1)");
+    }
+    let id = |i: usize| (spot::toy::mix64(i as u64) % (info.vocab_size as u64 - 1)) as u32;
+    let id = |i: usize| if id(i) == info.mask_id { 0 } else { id(i) };
+    let prefix: Vec<u32> = (0..a.prefix).map(id).collect();
+    let t = Instant::now();
+    model.reset_prefix(&prefix, a.block_size)?;
+    let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+    let q = StatsQuery::new(0.0, 0);
+    let mut results = serde_json::Map::new();
+    for &b in &a.batches {
+        let states: Vec<BlockState> = (0..b)
+            .map(|i| {
+                let tokens = (0..a.block_size)
+                    .map(|s| {
+                        if (i + s) % 3 == 0 {
+                            id(1000 + i * 97 + s)
+                        } else {
+                            info.mask_id
+                        }
+                    })
+                    .collect();
+                BlockState::from_tokens(tokens, info.mask_id)
+            })
+            .collect();
+        model.forward(&states, &q)?;
+        let mut times = Vec::with_capacity(a.reps);
+        for _ in 0..a.reps {
+            let t = Instant::now();
+            model.forward(&states, &q)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+        results.insert(format!("b{b}_median_ms"), median(&mut times).into());
+        results.insert(format!("b{b}_min_ms"), min.into());
+        // The same forward returning raw logits to the host (what PyTorch's figure measures).
+        let mut times = Vec::with_capacity(a.reps);
+        for _ in 0..a.reps {
+            let t = Instant::now();
+            model.forward_logits(&states)?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        results.insert(format!("b{b}_logits_median_ms"), median(&mut times).into());
+    }
+    let mut j = serde_json::json!({
+        "model": dir.display().to_string(),
+        "parameters": model.config().parameter_count(),
+        "backend": std::any::type_name::<Backend>(),
+        "prefix": a.prefix,
+        "block": a.block_size,
+        "reps": a.reps,
+        "prefill_ms": prefill_ms,
+        "peak_rss_mib": peak_rss_mib(),
+        "includes": "forward + on-device reduction to statistics (top-32, entropy, chosen token)",
+    });
+    if let Some(obj) = j.as_object_mut() {
+        obj.extend(results);
+    }
+    println!("{j}");
+    Ok(())
+}

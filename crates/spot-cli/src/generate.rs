@@ -1,0 +1,280 @@
+//! `spot generate`: decode one prompt (streaming) or every prompt of a JSONL file (JSON lines).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressStyle};
+use spot::{
+    BlockDiffusionModel, BlockObserver, BlockProgress, DecodeConfig, DecodeOutput, DraftFreeDecoder, SpotDecoder,
+    StaleConfidenceScorer, Transition,
+};
+use spot_models::Sdar;
+
+use crate::{Backend, load, model_dir, prompts};
+
+/// Decoding methods of `spot generate`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Method {
+    /// Draft-free exact decoding (one commit per forward): the ground truth.
+    Df,
+    /// Draft-free threshold decoding (Fast-dLLM); lossy w.r.t. `df`, a decoder of its own.
+    Threshold,
+    /// Speculative: BlockSpec-style best-first tree ranked by stale confidence.
+    Blockspec,
+    /// Speculative: SSD-style chain by stale confidence.
+    Ssd,
+}
+
+/// Arguments of `spot generate`.
+#[derive(clap::Args)]
+pub struct GenerateArgs {
+    /// Hugging Face model folder (config.json, model.safetensors, tokenizer.json). Default:
+    /// `SPOT_MODEL`, else the shipped `models/sdar-tiny-code`.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt text (tokenised with the folder's tokenizer.json).
+    #[arg(long, conflicts_with_all = ["prompt_ids", "prompts"], required_unless_present_any = ["prompt_ids", "prompts"])]
+    prompt: Option<String>,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompts")]
+    prompt_ids: Option<Vec<u32>>,
+    /// JSONL file of prompts (e.g. `data/humaneval.jsonl`): decode each, print one JSON line
+    /// per prompt and a summary on stderr.
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Field of each JSONL record holding the prompt (default: the first of prompt, question,
+    /// text, input, problem).
+    #[arg(long)]
+    field: Option<String>,
+    /// Decode only the first N prompts of `--prompts`.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// Block size (default: the config's `block_size`, else 32).
+    #[arg(long)]
+    block_size: Option<usize>,
+    /// Sampling temperature (0 = argmax).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    temperature: f32,
+    /// Seed of the coupled noise table.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Decoding method.
+    #[arg(long, value_enum, default_value_t = Method::Blockspec)]
+    method: Method,
+    /// Threshold for `--method threshold`.
+    #[arg(long, default_value_t = 0.9)]
+    threshold: f32,
+    /// Draft budget D (nodes per round) for speculative methods.
+    #[arg(long, default_value_t = 8)]
+    budget: usize,
+    /// Mass floor γ for speculative methods.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    gamma: f32,
+    /// Decode all blocks even after a stop id (fixed-length protocol).
+    #[arg(long)]
+    no_early_stop: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `spot generate`.
+pub fn run(a: &GenerateArgs) -> Result<()> {
+    if a.prompts.is_none() && (a.field.is_some() || a.limit.is_some()) {
+        bail!("--field and --limit apply to --prompts FILE.jsonl only");
+    }
+    let dir = model_dir::resolve(a.model.as_deref())?;
+    let mut model = load(&dir)?;
+    if let Some(path) = &a.prompts {
+        return run_file(a, &mut model, path);
+    }
+    let prompt = match (&a.prompt, &a.prompt_ids) {
+        (_, Some(ids)) => ids.clone(),
+        (Some(text), None) => encode(&model, text)?,
+        (None, None) => bail!("give --prompt, --prompt-ids or --prompts"),
+    };
+    let cfg = decode_config(a, &model);
+    let blocks = prompt
+        .len()
+        .saturating_add(cfg.max_new_tokens)
+        .div_ceil(cfg.block_size.max(1))
+        - prompt.len() / cfg.block_size.max(1);
+    let bar = if a.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(blocks as u64)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} block {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let tokenizer = model.tokenizer().map(|t| (*t).clone());
+    let mut streamed = Vec::new();
+    let mut printed = 0usize;
+    let mut on_block = |p: &BlockProgress<'_>| {
+        bar.set_position(p.index as u64 + 1);
+        bar.set_message(format!("{} forwards", p.block_forwards));
+        if a.json {
+            return;
+        }
+        streamed.extend_from_slice(p.tokens);
+        let text = match &tokenizer {
+            Some(t) => t.decode(&streamed).unwrap_or_default(),
+            None => format!("{:?} ", p.tokens),
+        };
+        if tokenizer.is_some() {
+            if let Some(new) = text.get(printed..) {
+                bar.suspend(|| {
+                    print!("{new}");
+                    let _ = std::io::stdout().flush();
+                });
+            }
+            printed = text.len();
+        } else {
+            bar.suspend(|| print!("{text}"));
+        }
+    };
+    let start = Instant::now();
+    let out = decode(a, &mut model, &prompt, &cfg, &mut on_block)?;
+    let wall = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", result_json(a, &model, prompt.len(), &out, wall)?);
+    } else {
+        println!();
+        eprintln!(
+            "[{} tokens, {} NFE ({} block forwards, {:.2} commits/forward), {:.2} s]",
+            out.tokens.len(),
+            out.stats.nfe,
+            out.stats.block_forwards,
+            out.stats.tokens_per_forward(),
+            wall
+        );
+    }
+    Ok(())
+}
+
+/// Every prompt of a JSONL file: one JSON line each on stdout, a summary on stderr.
+fn run_file(a: &GenerateArgs, model: &mut Sdar<Backend>, path: &std::path::Path) -> Result<()> {
+    let set = prompts::load_prompts(path, a.field.as_deref(), a.limit)?;
+    let cfg = decode_config(a, model);
+    let bar = ProgressBar::new(set.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} prompts {msg} [{elapsed}<{eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let (mut nfe, mut tokens, mut forwards, mut wall_total) = (0u64, 0usize, 0u64, 0f64);
+    for p in &set {
+        let ids = encode(model, &p.text).with_context(|| format!("prompt {}", p.id))?;
+        let start = Instant::now();
+        let out = decode(a, model, &ids, &cfg, &mut ())
+            .with_context(|| format!("prompt {}", p.id))?;
+        let wall = start.elapsed().as_secs_f64();
+        let mut j = result_json(a, model, ids.len(), &out, wall)?;
+        if let Some(obj) = j.as_object_mut() {
+            obj.insert("id".into(), p.id.clone().into());
+        }
+        bar.suspend(|| println!("{j}"));
+        nfe += out.stats.nfe;
+        tokens += out.tokens.len();
+        forwards += out.stats.block_forwards;
+        wall_total += wall;
+        bar.inc(1);
+        bar.set_message(format!("mean NFE {:.1}", nfe as f64 / bar.position() as f64));
+    }
+    bar.finish_and_clear();
+    let n = set.len().max(1) as f64;
+    eprintln!(
+        "[{} prompts from {}: mean NFE {:.2}, mean {:.1} tokens, {:.2} commits/block forward, {:.2} s]",
+        set.len(),
+        path.display(),
+        nfe as f64 / n,
+        tokens as f64 / n,
+        (tokens as f64) / (forwards.max(1) as f64),
+        wall_total
+    );
+    Ok(())
+}
+
+fn encode(model: &Sdar<Backend>, text: &str) -> Result<Vec<u32>> {
+    Ok(model
+        .tokenizer()
+        .context("prompt text needs tokenizer.json in the model folder; use --prompt-ids")?
+        .encode(text)?)
+}
+
+fn decode_config(a: &GenerateArgs, model: &Sdar<Backend>) -> DecodeConfig {
+    DecodeConfig {
+        block_size: a.block_size.or(model.config().block_size).unwrap_or(32),
+        max_new_tokens: a.max_new_tokens,
+        temperature: a.temperature,
+        seed: a.seed,
+        transition: if a.method == Method::Threshold {
+            Transition::Threshold { tau: a.threshold }
+        } else {
+            Transition::Exact
+        },
+        stop_ids: model.info().stop_ids.clone(),
+        early_stop: !a.no_early_stop,
+        ..DecodeConfig::default()
+    }
+}
+
+fn decode(
+    a: &GenerateArgs,
+    model: &mut Sdar<Backend>,
+    prompt: &[u32],
+    cfg: &DecodeConfig,
+    on_block: &mut dyn BlockObserver,
+) -> Result<DecodeOutput> {
+    Ok(match a.method {
+        Method::Df | Method::Threshold => {
+            DraftFreeDecoder::new().decode_observed(model, prompt, cfg, on_block)?
+        }
+        Method::Blockspec | Method::Ssd => {
+            let b = SpotDecoder::builder().budget(a.budget).gamma(a.gamma);
+            let b = if a.method == Method::Ssd {
+                b.chain()
+            } else {
+                b.scorer(StaleConfidenceScorer)
+            };
+            b.build()?.decode_observed(model, prompt, cfg, on_block)?
+        }
+    })
+}
+
+fn result_json(
+    a: &GenerateArgs,
+    model: &Sdar<Backend>,
+    prompt_tokens: usize,
+    out: &DecodeOutput,
+    wall: f64,
+) -> Result<serde_json::Value> {
+    let text = match model.tokenizer() {
+        Some(t) => t.decode(&out.tokens)?,
+        None => String::new(),
+    };
+    let s = &out.stats;
+    Ok(serde_json::json!({
+        "method": format!("{:?}", a.method).to_lowercase(),
+        "prompt_tokens": prompt_tokens,
+        "tokens": out.tokens,
+        "text": text,
+        "stopped": out.stopped,
+        "nfe": s.nfe,
+        "positions_processed": s.positions_processed,
+        "forwards": s.block_forwards,
+        "prefix_forwards": s.prefix_forwards,
+        "states_scored": s.states_scored,
+        "tokens_per_forward": s.tokens_per_forward(),
+        "draft_nodes": s.draft_nodes,
+        "accepted_nodes": s.accepted_nodes,
+        "wall_s": wall,
+    }))
+}

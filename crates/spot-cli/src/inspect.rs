@@ -1,0 +1,58 @@
+//! `spot inspect`: a model folder's configuration summary.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use spot::BlockDiffusionModel;
+
+use crate::{load, model_dir};
+
+/// Arguments of `spot inspect`.
+#[derive(clap::Args)]
+pub struct InspectArgs {
+    /// Hugging Face model folder (default: the shipped `models/sdar-tiny-code`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+/// Prints the summary.
+pub fn run(a: &InspectArgs) -> Result<()> {
+    let dir = model_dir::resolve(a.model.as_deref())?;
+    let dir = dir.as_path();
+    let model = load(dir)?;
+    let c = model.config();
+    let info = model.info();
+    println!("folder:            {}", dir.display());
+    println!("model_type:        {}", c.model_type);
+    println!("layers:            {}", c.num_hidden_layers);
+    println!(
+        "hidden / mlp:      {} / {}",
+        c.hidden_size, c.intermediate_size
+    );
+    println!(
+        "heads (q / kv):    {} / {} x {}",
+        c.num_attention_heads,
+        c.kv_heads(),
+        c.head_dim()
+    );
+    println!("vocab:             {}", c.vocab_size);
+    println!("rope_theta:        {}", c.rope_theta);
+    println!("tied embeddings:   {}", c.tie_word_embeddings);
+    println!(
+        "block_size:        {}",
+        c.block_size
+            .map_or("(not set; 32)".to_string(), |b| b.to_string())
+    );
+    println!("max positions:     {}", info.max_positions);
+    println!("mask id:           {}", info.mask_id);
+    println!("stop ids:          {:?}", info.stop_ids);
+    println!(
+        "tokenizer:         {}",
+        model.tokenizer().map_or("absent".to_string(), |t| format!(
+            "{} tokens",
+            t.vocab_size()
+        ))
+    );
+    println!("parameters:        {}", c.parameter_count());
+    Ok(())
+}
