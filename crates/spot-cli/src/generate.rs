@@ -8,12 +8,17 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
 use spot::{
-    BlockDiffusionModel, BlockObserver, BlockProgress, DecodeConfig, DecodeOutput, DraftFreeDecoder, SpotDecoder,
-    StaleConfidenceScorer, Transition,
+    BlockDiffusionModel, BlockObserver, BlockProgress, DecodeConfig, DecodeOutput,
+    DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer, Transition,
 };
 use spot_models::Sdar;
 
+use spot_drafter::{LearnedScorer, OrderModel};
+
 use crate::{Backend, load, model_dir, prompts};
+
+/// File name of a model folder's default drafter checkpoint.
+pub const DEFAULT_DRAFTER: &str = "spot-drafter.safetensors";
 
 /// Decoding methods of `spot generate`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -26,6 +31,9 @@ pub enum Method {
     Blockspec,
     /// Speculative: SSD-style chain by stale confidence.
     Ssd,
+    /// Speculative: SPOT's learned commit-order drafter (`--drafter`, default
+    /// `MODEL/spot-drafter.safetensors`).
+    Spot,
 }
 
 /// Arguments of `spot generate`.
@@ -73,6 +81,10 @@ pub struct GenerateArgs {
     /// Draft budget D (nodes per round) for speculative methods.
     #[arg(long, default_value_t = 8)]
     budget: usize,
+    /// Drafter checkpoint for `--method spot` (default: `spot-drafter.safetensors` in the
+    /// model folder).
+    #[arg(long)]
+    drafter: Option<PathBuf>,
     /// Mass floor γ for speculative methods.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     gamma: f32,
@@ -91,8 +103,9 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
     let mut model = load(&dir)?;
+    let drafter = load_drafter(a, &dir)?;
     if let Some(path) = &a.prompts {
-        return run_file(a, &mut model, path);
+        return run_file(a, &drafter, &mut model, path);
     }
     let prompt = match (&a.prompt, &a.prompt_ids) {
         (_, Some(ids)) => ids.clone(),
@@ -141,7 +154,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         }
     };
     let start = Instant::now();
-    let out = decode(a, &mut model, &prompt, &cfg, &mut on_block)?;
+    let out = decode(a, &drafter, &mut model, &prompt, &cfg, &mut on_block)?;
     let wall = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
     if a.json {
@@ -161,7 +174,12 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
 }
 
 /// Every prompt of a JSONL file: one JSON line each on stdout, a summary on stderr.
-fn run_file(a: &GenerateArgs, model: &mut Sdar<Backend>, path: &std::path::Path) -> Result<()> {
+fn run_file(
+    a: &GenerateArgs,
+    drafter: &Option<OrderModel<Backend>>,
+    model: &mut Sdar<Backend>,
+    path: &std::path::Path,
+) -> Result<()> {
     let set = prompts::load_prompts(path, a.field.as_deref(), a.limit)?;
     let cfg = decode_config(a, model);
     let bar = ProgressBar::new(set.len() as u64);
@@ -173,7 +191,7 @@ fn run_file(a: &GenerateArgs, model: &mut Sdar<Backend>, path: &std::path::Path)
     for p in &set {
         let ids = encode(model, &p.text).with_context(|| format!("prompt {}", p.id))?;
         let start = Instant::now();
-        let out = decode(a, model, &ids, &cfg, &mut ())
+        let out = decode(a, drafter, model, &ids, &cfg, &mut ())
             .with_context(|| format!("prompt {}", p.id))?;
         let wall = start.elapsed().as_secs_f64();
         let mut j = result_json(a, model, ids.len(), &out, wall)?;
@@ -186,7 +204,10 @@ fn run_file(a: &GenerateArgs, model: &mut Sdar<Backend>, path: &std::path::Path)
         forwards += out.stats.block_forwards;
         wall_total += wall;
         bar.inc(1);
-        bar.set_message(format!("mean NFE {:.1}", nfe as f64 / bar.position() as f64));
+        bar.set_message(format!(
+            "mean NFE {:.1}",
+            nfe as f64 / bar.position() as f64
+        ));
     }
     bar.finish_and_clear();
     let n = set.len().max(1) as f64;
@@ -200,6 +221,20 @@ fn run_file(a: &GenerateArgs, model: &mut Sdar<Backend>, path: &std::path::Path)
         wall_total
     );
     Ok(())
+}
+
+/// The drafter network for `--method spot` (`None` for other methods).
+fn load_drafter(a: &GenerateArgs, dir: &std::path::Path) -> Result<Option<OrderModel<Backend>>> {
+    if a.method != Method::Spot {
+        return Ok(None);
+    }
+    let path = a
+        .drafter
+        .clone()
+        .unwrap_or_else(|| dir.join(DEFAULT_DRAFTER));
+    let net = spot_drafter::checkpoint::load::<Backend>(&path, &Default::default())
+        .with_context(|| format!("loading drafter {}", path.display()))?;
+    Ok(Some(net))
 }
 
 fn encode(model: &Sdar<Backend>, text: &str) -> Result<Vec<u32>> {
@@ -228,6 +263,7 @@ fn decode_config(a: &GenerateArgs, model: &Sdar<Backend>) -> DecodeConfig {
 
 fn decode(
     a: &GenerateArgs,
+    drafter: &Option<OrderModel<Backend>>,
     model: &mut Sdar<Backend>,
     prompt: &[u32],
     cfg: &DecodeConfig,
@@ -237,12 +273,13 @@ fn decode(
         Method::Df | Method::Threshold => {
             DraftFreeDecoder::new().decode_observed(model, prompt, cfg, on_block)?
         }
-        Method::Blockspec | Method::Ssd => {
+        Method::Blockspec | Method::Ssd | Method::Spot => {
             let b = SpotDecoder::builder().budget(a.budget).gamma(a.gamma);
-            let b = if a.method == Method::Ssd {
-                b.chain()
-            } else {
-                b.scorer(StaleConfidenceScorer)
+            let b = match (a.method, drafter) {
+                (Method::Ssd, _) => b.chain(),
+                (Method::Spot, Some(net)) => b.scorer(LearnedScorer::new(net.clone())),
+                (Method::Spot, None) => bail!("--method spot needs a drafter checkpoint"),
+                _ => b.scorer(StaleConfidenceScorer),
             };
             b.build()?.decode_observed(model, prompt, cfg, on_block)?
         }

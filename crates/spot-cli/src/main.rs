@@ -9,6 +9,7 @@ mod generate;
 mod inspect;
 mod model_dir;
 mod prompts;
+mod train_drafter;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -51,6 +52,8 @@ enum Command {
     BenchForward(bench_forward::BenchArgs),
     /// Record draft-free trajectories of a prompt set (training data for the drafter).
     Collect(collect::CollectArgs),
+    /// Train the commit-order drafter on collected trajectories (Algorithm 1).
+    TrainDrafter(train_drafter::TrainArgs),
 }
 
 /// Loads an SDAR folder on the default device of the compiled backend.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => inspect::run(a),
         Command::BenchForward(a) => bench_forward::run(a),
         Command::Collect(a) => collect::run(a),
+        Command::TrainDrafter(a) => train_drafter::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

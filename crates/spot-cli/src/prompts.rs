@@ -183,7 +183,10 @@ mod tests {
         assert_eq!(v[1].text, "q2");
         assert_eq!(v[2].id, "line 4");
         assert_eq!(load_prompts(&p, None, Some(2)).unwrap().len(), 2);
-        assert_eq!(load_prompts(&p, Some("answer"), Some(1)).unwrap()[0].text, "a");
+        assert_eq!(
+            load_prompts(&p, Some("answer"), Some(1)).unwrap()[0].text,
+            "a"
+        );
     }
 
     #[test]
@@ -200,9 +203,19 @@ mod tests {
     fn errors_name_file_line_and_field() {
         let p = write("b.jsonl", "{\"prompt\": \"x\"}\n{\"prompt\": 3}\n");
         let e = load_prompts(&p, None, None).unwrap_err().to_string();
-        assert!(e.contains("b.jsonl line 2") && e.contains("`prompt` is not a string"), "{e}");
+        assert!(
+            e.contains("b.jsonl line 2") && e.contains("`prompt` is not a string"),
+            "{e}"
+        );
         let e = load_prompts(&p, Some("question"), None).unwrap_err();
-        assert!(matches!(e, PromptError::BadField { line: 1, problem: "is missing", .. }));
+        assert!(matches!(
+            e,
+            PromptError::BadField {
+                line: 1,
+                problem: "is missing",
+                ..
+            }
+        ));
         assert!(e.to_string().contains("fields present: prompt"), "{e}");
         let p = write("c.jsonl", "{\"prompt\": \"x\"}\nnot json\n");
         let e = load_prompts(&p, None, None).unwrap_err();

@@ -117,12 +117,16 @@ fn bad_arguments_fail_with_a_message() {
         ),
         (&["generate", "--model", d], "--prompt"),
         (
-            &["generate", "--model", d, "--prompt-ids", "1", "--field", "q"],
+            &[
+                "generate",
+                "--model",
+                d,
+                "--prompt-ids",
+                "1",
+                "--field",
+                "q",
+            ],
             "--prompts",
-        ),
-        (
-            &["generate", "--model", d, "--prompts", "/nonexistent/p.jsonl"],
-            "/nonexistent/p.jsonl",
         ),
         (
             &[
@@ -130,10 +134,12 @@ fn bad_arguments_fail_with_a_message() {
                 "--model",
                 d,
                 "--prompts",
-                h,
-                "--field",
-                "nope",
+                "/nonexistent/p.jsonl",
             ],
+            "/nonexistent/p.jsonl",
+        ),
+        (
+            &["generate", "--model", d, "--prompts", h, "--field", "nope"],
             "field `nope` is missing",
         ),
         (

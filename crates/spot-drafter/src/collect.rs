@@ -67,11 +67,23 @@ impl Manifest {
     fn differences(&self, other: &Self) -> Option<(&'static str, String, String)> {
         let f = |name, a: String, b: String| (a != b).then_some((name, a, b));
         f("format", self.format.clone(), other.format.clone())
-            .or_else(|| f("version", self.version.to_string(), other.version.to_string()))
+            .or_else(|| {
+                f(
+                    "version",
+                    self.version.to_string(),
+                    other.version.to_string(),
+                )
+            })
             .or_else(|| f("model", self.model.clone(), other.model.clone()))
             .or_else(|| f("prompts", self.prompts.clone(), other.prompts.clone()))
             .or_else(|| f("field", self.field.clone(), other.field.clone()))
-            .or_else(|| f("block_size", self.block_size.to_string(), other.block_size.to_string()))
+            .or_else(|| {
+                f(
+                    "block_size",
+                    self.block_size.to_string(),
+                    other.block_size.to_string(),
+                )
+            })
             .or_else(|| {
                 f(
                     "max_new_tokens",
@@ -79,7 +91,13 @@ impl Manifest {
                     other.max_new_tokens.to_string(),
                 )
             })
-            .or_else(|| f("early_stop", self.early_stop.to_string(), other.early_stop.to_string()))
+            .or_else(|| {
+                f(
+                    "early_stop",
+                    self.early_stop.to_string(),
+                    other.early_stop.to_string(),
+                )
+            })
             .or_else(|| {
                 f(
                     "temperature",
@@ -156,12 +174,11 @@ impl TrajectoryDir {
                 });
             }
         } else {
-            let text = serde_json::to_string_pretty(&manifest).map_err(|e| {
-                CollectError::BadManifest {
+            let text =
+                serde_json::to_string_pretty(&manifest).map_err(|e| CollectError::BadManifest {
                     path: mpath.clone(),
                     reason: e.to_string(),
-                }
-            })?;
+                })?;
             std::fs::write(&mpath, text + "\n").map_err(|source| CollectError::Io {
                 path: mpath.clone(),
                 source,

@@ -110,7 +110,11 @@ pub fn write_features(
     } else {
         n_masked as f32 / l as f32
     };
-    let conf = |s: usize| stale.position(s).map_or(f32::NEG_INFINITY, |p| p.confidence);
+    let conf = |s: usize| {
+        stale
+            .position(s)
+            .map_or(f32::NEG_INFINITY, |p| p.confidence)
+    };
     // Nearest committed position on each side.
     let mut left = vec![None; l];
     let mut last = None;
@@ -237,7 +241,10 @@ mod tests {
         })
         .unwrap();
         let p = st.position(0).unwrap();
-        assert_eq!((p.top_probs, p.confidence, p.entropy), (&[0.7, 0.2][..], 0.7, 0.9));
+        assert_eq!(
+            (p.top_probs, p.confidence, p.entropy),
+            (&[0.7, 0.2][..], 0.7, 0.9)
+        );
         assert!(st.position(1).is_none());
     }
 }

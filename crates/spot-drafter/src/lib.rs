@@ -9,12 +9,28 @@
 //!   stale [`BlockStats`](spot_core::BlockStats));
 //! - [`trajectory`]: draft-free decoding trajectories (per step, the stale statistics and the
 //!   commit that followed) in a versioned binary format, recorded by a draft-free decoder;
-//! - [`collect`]: a resumable directory of trajectories with a manifest.
+//! - [`collect`]: a resumable directory of trajectories with a manifest;
+//! - [`network`]: the order network `q_φ(s | y)` in burn (0.61M parameters by default);
+//! - [`scorer`]: the network as the tree builder's [`OrderScorer`](spot_tree::OrderScorer),
+//!   one batched call per tree depth;
+//! - [`train`]: Algorithm 1 (burn autodiff, Adam, held-out accuracy by depth);
+//! - [`checkpoint`]: safetensors weights plus a JSON config, validated on load.
 
+pub mod checkpoint;
 pub mod collect;
 pub mod features;
+pub mod network;
+mod rng;
+pub mod scorer;
+pub mod train;
 pub mod trajectory;
 
-pub use features::{FEATURES_VERSION, N_FEATURES, PositionStale, StaleSource, TOP_K, write_features};
+pub use checkpoint::DrafterError;
 pub use collect::{CollectError, Manifest, TrajectoryDir};
+pub use features::{
+    FEATURES_VERSION, N_FEATURES, PositionStale, StaleSource, TOP_K, write_features,
+};
+pub use network::{OrderModel, OrderModelConfig};
+pub use scorer::LearnedScorer;
+pub use train::{Accuracy, EpochReport, TrainConfig, TrainObserver, evaluate_on, train};
 pub use trajectory::{Trajectory, TrajectoryError, examples, record};

@@ -31,8 +31,8 @@
 use std::path::{Path, PathBuf};
 
 use spot_core::{
-    BlockDecoder, BlockDiffusionModel, BlockRun, Commit, DecodeConfig, DecodeOutput,
-    MeteredModel, TokenId, run_decode,
+    BlockDecoder, BlockDiffusionModel, BlockRun, Commit, DecodeConfig, DecodeOutput, MeteredModel,
+    TokenId, run_decode,
 };
 
 use crate::features::{PositionStale, StaleSource};
@@ -515,7 +515,10 @@ impl<'a> Reader<'a> {
 
     fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8]> {
         // The last 8 bytes are the checksum, never content.
-        let end = self.pos.checked_add(n).ok_or_else(|| self.truncated(what))?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .ok_or_else(|| self.truncated(what))?;
         if end + 8 > self.bytes.len() {
             return Err(self.truncated(what));
         }

@@ -33,7 +33,9 @@ fn cfg(block: usize, t: f32, n: usize) -> DecodeConfig {
 
 fn sample(seed: u64, block: usize, t: f32) -> Trajectory {
     let mut m = toy(seed);
-    record(&mut m, &[3, 4, 5], &cfg(block, t, 2 * block), "p").unwrap().1
+    record(&mut m, &[3, 4, 5], &cfg(block, t, 2 * block), "p")
+        .unwrap()
+        .1
 }
 
 /// Recording is draft-free decoding: same output, and the stored steps replay it exactly.
@@ -66,10 +68,13 @@ fn recording_is_draft_free_decoding_and_replays() {
                 let best = step
                     .positions
                     .iter()
-                    .fold(None::<&spot_drafter::trajectory::StoredPosition>, |b, p| match b {
-                        Some(b) if b.confidence >= p.confidence => Some(b),
-                        _ => Some(p),
-                    })
+                    .fold(
+                        None::<&spot_drafter::trajectory::StoredPosition>,
+                        |b, p| match b {
+                            Some(b) if b.confidence >= p.confidence => Some(b),
+                            _ => Some(p),
+                        },
+                    )
                     .unwrap();
                 assert_eq!(best.position as usize, c.position);
                 assert_eq!(best.token, c.token);
@@ -106,7 +111,10 @@ fn file_round_trip_and_every_truncation_is_an_error() {
     for i in 0..bytes.len() {
         let mut b = bytes.clone();
         b[i] ^= 0x10;
-        assert!(Trajectory::from_bytes(&b, p).is_err(), "flipped byte {i} accepted");
+        assert!(
+            Trajectory::from_bytes(&b, p).is_err(),
+            "flipped byte {i} accepted"
+        );
     }
     let mut b = bytes.clone();
     b[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
@@ -177,7 +185,13 @@ fn directory_resumes_and_refuses_other_settings() {
     other.temperature = 1.0;
     let e = TrajectoryDir::create_or_resume(dir.path(), other).unwrap_err();
     assert!(
-        matches!(e, CollectError::ManifestMismatch { field: "temperature", .. }),
+        matches!(
+            e,
+            CollectError::ManifestMismatch {
+                field: "temperature",
+                ..
+            }
+        ),
         "{e}"
     );
     assert!(TrajectoryDir::open(dir.path()).is_ok());

@@ -85,15 +85,21 @@ fn speculative_equals_draft_free_on_the_shipped_model() {
     for (i, c) in g.cases.iter().take(8).enumerate() {
         let t = if i % 2 == 0 { 0.0 } else { 1.0 };
         let cfg = config(&g, c, t);
-        let df = DraftFreeDecoder::new().decode(&mut m, &c.prompt, &cfg).unwrap();
+        let df = DraftFreeDecoder::new()
+            .decode(&mut m, &c.prompt, &cfg)
+            .unwrap();
         for (name, dec) in [
             (
                 "tree D8",
-                SpotDecoder::builder().budget(8).scorer(StaleConfidenceScorer),
+                SpotDecoder::builder()
+                    .budget(8)
+                    .scorer(StaleConfidenceScorer),
             ),
             (
                 "tree D20",
-                SpotDecoder::builder().budget(20).scorer(StaleConfidenceScorer),
+                SpotDecoder::builder()
+                    .budget(20)
+                    .scorer(StaleConfidenceScorer),
             ),
             ("chain D8", SpotDecoder::builder().budget(8).chain()),
         ] {

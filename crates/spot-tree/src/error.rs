@@ -42,6 +42,14 @@ pub enum TreeError {
         /// Positions in the statistics.
         actual: usize,
     },
+    /// An order scorer could not score the batch (e.g. it was trained for another block size).
+    #[error("order scorer `{scorer}`: {reason}")]
+    Scorer {
+        /// The scorer's name.
+        scorer: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A failure in the core crate (invalid commit, model error inside a scorer, ...).
     #[error(transparent)]
     Core(#[from] spot_core::Error),

@@ -1,0 +1,141 @@
+//! `spot train-drafter`: Algorithm 1 on a trajectory directory, writing a checkpoint.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use spot_drafter::{
+    EpochReport, OrderModelConfig, TrainConfig, TrainObserver, TrajectoryDir, checkpoint, train,
+};
+
+use crate::Backend;
+
+/// Arguments of `spot train-drafter`.
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// Trajectory directory written by `spot collect`.
+    #[arg(long)]
+    trajectories: PathBuf,
+    /// Checkpoint to write (`.safetensors`; the config goes next to it as `.json`).
+    #[arg(long)]
+    out: PathBuf,
+    /// Passes over the training examples.
+    #[arg(long, default_value_t = 10)]
+    epochs: usize,
+    /// Examples per Adam step.
+    #[arg(long, default_value_t = 256)]
+    batch_size: usize,
+    /// Adam learning rate.
+    #[arg(long, default_value_t = 3e-4)]
+    lr: f64,
+    /// Deepest replay depth of Algorithm 1.
+    #[arg(long, default_value_t = 7)]
+    max_depth: usize,
+    /// Share of trajectories held out (the last ones).
+    #[arg(long, default_value_t = 0.1)]
+    holdout: f64,
+    /// Training examples per epoch (a seeded sample; default: all).
+    #[arg(long)]
+    max_examples: Option<usize>,
+    /// Seed of initialisation and shuffling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+struct Bars {
+    bar: ProgressBar,
+    epochs: usize,
+}
+
+impl TrainObserver for Bars {
+    fn start(&mut self, train: usize, held: usize, steps: usize) {
+        eprintln!(
+            "{train} training examples per epoch, {held} held-out examples, {steps} steps per epoch"
+        );
+        self.bar.set_length((steps * self.epochs) as u64);
+    }
+
+    fn step(&mut self, epoch: usize, _step: usize, loss: f64) {
+        self.bar.inc(1);
+        self.bar
+            .set_message(format!("epoch {epoch} loss {loss:.3}"));
+    }
+
+    fn epoch(&mut self, r: &EpochReport) {
+        let h = &r.heldout;
+        let by_depth: Vec<String> = (0..h.count.len())
+            .map(|d| {
+                format!(
+                    "{:.2}/{:.2}",
+                    h.drafter_hits[d] as f64 / h.count[d].max(1) as f64,
+                    h.confidence_hits[d] as f64 / h.count[d].max(1) as f64
+                )
+            })
+            .collect();
+        self.bar.suspend(|| {
+            eprintln!(
+                "epoch {:>2}: train loss {:.4}, held-out loss {:.4}, next-commit accuracy {:.3} (stale confidence {:.3}); by depth drafter/confidence {} [{:.0} s]",
+                r.epoch,
+                r.train_loss,
+                h.loss,
+                h.drafter(),
+                h.confidence(),
+                by_depth.join(" "),
+                r.seconds
+            )
+        });
+    }
+}
+
+/// Runs `spot train-drafter`.
+pub fn run(a: &TrainArgs) -> Result<()> {
+    let dir = TrajectoryDir::open(&a.trajectories)?;
+    let trajs: Vec<_> = dir.read_all()?.into_iter().map(|(_, t)| t).collect();
+    if trajs.is_empty() {
+        bail!(
+            "{}: no trajectories (run spot collect first)",
+            a.trajectories.display()
+        );
+    }
+    let model_cfg = OrderModelConfig {
+        block_size: dir.manifest().block_size,
+        ..OrderModelConfig::default()
+    };
+    let cfg = TrainConfig {
+        epochs: a.epochs,
+        batch_size: a.batch_size,
+        lr: a.lr,
+        max_depth: a.max_depth,
+        holdout: a.holdout,
+        seed: a.seed,
+        max_examples: a.max_examples,
+    };
+    eprintln!(
+        "{} trajectories from {}; network {} parameters",
+        trajs.len(),
+        a.trajectories.display(),
+        model_cfg.parameter_count()
+    );
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg} [{elapsed}<{eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut obs = Bars {
+        bar,
+        epochs: a.epochs,
+    };
+    let device = Default::default();
+    let (model, _reports) =
+        train::<burn_autodiff::Autodiff<Backend>>(&trajs, model_cfg, &cfg, &device, &mut obs)
+            .map_err(anyhow::Error::msg)
+            .context("training the drafter")?;
+    obs.bar.finish_and_clear();
+    checkpoint::save(&model, &a.out)?;
+    eprintln!(
+        "wrote {} and {}",
+        a.out.display(),
+        checkpoint::config_path(&a.out).display()
+    );
+    Ok(())
+}

@@ -1,0 +1,465 @@
+//! Algorithm 1: train the order network on draft-free trajectories.
+//!
+//! Every step `t ≥ 1` of every block and every depth `d ≤ max_depth` gives one example: the
+//! root after `t` steps plus the next `d` true commits, the stale statistics of step `t - 1`,
+//! and the position of step `t + d`'s commit as the target (cross-entropy over the positions
+//! masked in the example's state). Adam, a held-out split by trajectory, and per-epoch
+//! next-commit accuracy by depth next to the stale-confidence ranking baseline.
+
+use burn_tensor::activation::log_softmax;
+use burn_tensor::backend::{AutodiffBackend, Backend};
+use burn_tensor::{Tensor, TensorData};
+
+use crate::features::{N_FEATURES, StaleSource, write_features};
+use crate::network::{OrderModel, OrderModelConfig};
+use crate::rng::SplitMix;
+use crate::trajectory::{StepRecord, Trajectory};
+
+/// Training settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainConfig {
+    /// Passes over the training examples.
+    pub epochs: usize,
+    /// Examples per optimiser step.
+    pub batch_size: usize,
+    /// Adam learning rate.
+    pub lr: f64,
+    /// Deepest replay depth `d` (Algorithm 1 uses 0..=7).
+    pub max_depth: usize,
+    /// Share of trajectories held out for evaluation (the last ones).
+    pub holdout: f64,
+    /// Seed of initialisation and shuffling.
+    pub seed: u64,
+    /// Use at most this many training examples per epoch (a seeded sample; `None`: all).
+    pub max_examples: Option<usize>,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            epochs: 10,
+            batch_size: 256,
+            lr: 3e-4,
+            max_depth: 7,
+            holdout: 0.1,
+            seed: 0,
+            max_examples: None,
+        }
+    }
+}
+
+/// Accuracy of one evaluation, by depth.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Accuracy {
+    /// Per depth: examples.
+    pub count: Vec<usize>,
+    /// Per depth: examples where the network's top position is the true next commit.
+    pub drafter_hits: Vec<usize>,
+    /// Per depth: examples where the most stale-confident masked position is.
+    pub confidence_hits: Vec<usize>,
+    /// Mean cross-entropy (nats) of the network.
+    pub loss: f64,
+}
+
+impl Accuracy {
+    fn new(depths: usize) -> Self {
+        Self {
+            count: vec![0; depths],
+            drafter_hits: vec![0; depths],
+            confidence_hits: vec![0; depths],
+            loss: 0.0,
+        }
+    }
+
+    fn rate(hits: &[usize], count: &[usize]) -> f64 {
+        let n: usize = count.iter().sum();
+        hits.iter().sum::<usize>() as f64 / n.max(1) as f64
+    }
+
+    /// The network's accuracy over all depths.
+    pub fn drafter(&self) -> f64 {
+        Self::rate(&self.drafter_hits, &self.count)
+    }
+
+    /// The stale-confidence ranking's accuracy over all depths.
+    pub fn confidence(&self) -> f64 {
+        Self::rate(&self.confidence_hits, &self.count)
+    }
+}
+
+/// What one epoch did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpochReport {
+    /// 1-based epoch.
+    pub epoch: usize,
+    /// Mean training cross-entropy over the epoch.
+    pub train_loss: f64,
+    /// Held-out evaluation.
+    pub heldout: Accuracy,
+    /// Seconds the epoch took (training and evaluation).
+    pub seconds: f64,
+}
+
+/// Progress callbacks of [`train`].
+pub trait TrainObserver {
+    /// Before training: example counts.
+    fn start(&mut self, _train_examples: usize, _heldout_examples: usize, _steps_per_epoch: usize) {
+    }
+    /// After each optimiser step: the batch loss.
+    fn step(&mut self, _epoch: usize, _step: usize, _loss: f64) {}
+    /// After each epoch.
+    fn epoch(&mut self, _report: &EpochReport) {}
+}
+
+impl TrainObserver for () {}
+
+/// One example: trajectory, block, step `t`, depth `d`, target position.
+#[derive(Clone, Copy, Debug)]
+struct ExampleRef {
+    traj: u32,
+    block: u32,
+    t: u32,
+    depth: u8,
+    target: u8,
+}
+
+fn example_refs(trajs: &[Trajectory], ids: &[usize], max_depth: usize) -> Vec<ExampleRef> {
+    let mut v = Vec::new();
+    for &ti in ids {
+        for (bi, b) in trajs[ti].blocks.iter().enumerate() {
+            for t in 1..b.steps.len() {
+                for d in 0..=max_depth {
+                    let Some(step) = b.steps.get(t + d) else {
+                        break;
+                    };
+                    if let [c] = step.commits.as_slice() {
+                        v.push(ExampleRef {
+                            traj: ti as u32,
+                            block: bi as u32,
+                            t: t as u32,
+                            depth: d as u8,
+                            target: c.position as u8,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Features, valid mask and targets of a batch, written into reusable buffers.
+struct Batch {
+    features: Vec<f32>,
+    valid: Vec<f32>,
+    target: Vec<usize>,
+    depth: Vec<usize>,
+    confidence_pick: Vec<usize>,
+    state: Vec<u32>,
+}
+
+impl Batch {
+    fn fill(&mut self, trajs: &[Trajectory], refs: &[ExampleRef], l: usize) {
+        let n = refs.len();
+        self.features.resize(n * l * N_FEATURES, 0.0);
+        self.valid.resize(n * l, 0.0);
+        self.target.clear();
+        self.depth.clear();
+        self.confidence_pick.clear();
+        for (i, r) in refs.iter().enumerate() {
+            let tr = &trajs[r.traj as usize];
+            let b = &tr.blocks[r.block as usize];
+            let mask = tr.mask_id;
+            self.state.clear();
+            self.state.extend_from_slice(&b.initial);
+            for step in &b.steps[..(r.t + u32::from(r.depth)) as usize] {
+                for c in &step.commits {
+                    self.state[c.position] = c.token;
+                }
+            }
+            let stale: &StepRecord = &b.steps[r.t as usize - 1];
+            write_features(
+                stale,
+                &self.state,
+                mask,
+                usize::from(r.depth),
+                &mut self.features[i * l * N_FEATURES..(i + 1) * l * N_FEATURES],
+            );
+            let mut best: Option<(usize, f32)> = None;
+            for (s, &tok) in self.state.iter().enumerate() {
+                let m = tok == mask;
+                self.valid[i * l + s] = if m { 1.0 } else { 0.0 };
+                if m {
+                    let c = stale
+                        .position(s)
+                        .map_or(f32::NEG_INFINITY, |p| p.confidence);
+                    if best.is_none_or(|(_, bc)| c > bc) {
+                        best = Some((s, c));
+                    }
+                }
+            }
+            self.target.push(usize::from(r.target));
+            self.depth.push(usize::from(r.depth));
+            self.confidence_pick.push(best.map_or(0, |(s, _)| s));
+        }
+    }
+}
+
+/// Cross-entropy of `scores` `[n, L]` against `target`, over positions where `valid` is 1.
+fn loss<B: Backend>(
+    scores: Tensor<B, 2>,
+    valid: &[f32],
+    target: &[usize],
+    l: usize,
+    device: &B::Device,
+) -> Tensor<B, 1> {
+    let n = target.len();
+    let bias: Vec<f32> = valid
+        .iter()
+        .map(|&v| if v > 0.0 { 0.0 } else { -1e9 })
+        .collect();
+    let mut onehot = vec![0.0f32; n * l];
+    for (i, &t) in target.iter().enumerate() {
+        onehot[i * l + t] = 1.0;
+    }
+    let bias = Tensor::<B, 2>::from_data(TensorData::new(bias, [n, l]), device);
+    let onehot = Tensor::<B, 2>::from_data(TensorData::new(onehot, [n, l]), device);
+    let lp = log_softmax(scores + bias, 1);
+    (lp * onehot).sum().neg().div_scalar(n as f64)
+}
+
+/// Evaluates `model` on `refs`: loss and next-commit accuracy by depth.
+fn evaluate<B: Backend>(
+    model: &OrderModel<B>,
+    trajs: &[Trajectory],
+    refs: &[ExampleRef],
+    depths: usize,
+    batch_size: usize,
+    batch: &mut Batch,
+) -> Accuracy {
+    let l = model.config().block_size;
+    let mut acc = Accuracy::new(depths);
+    let mut total = 0.0;
+    for chunk in refs.chunks(batch_size.max(1)) {
+        batch.fill(trajs, chunk, l);
+        let n = chunk.len();
+        let x = Tensor::<B, 3>::from_data(
+            TensorData::new(
+                batch.features[..n * l * N_FEATURES].to_vec(),
+                [n, l, N_FEATURES],
+            ),
+            model.device(),
+        );
+        let scores = model.scores(x);
+        let host: Vec<f32> = scores.clone().to_data().iter::<f32>().collect();
+        total += scalar(loss(
+            scores,
+            &batch.valid[..n * l],
+            &batch.target,
+            l,
+            model.device(),
+        )) * n as f64;
+        for i in 0..n {
+            let row = &host[i * l..(i + 1) * l];
+            let pick = (0..l).filter(|&s| batch.valid[i * l + s] > 0.0).fold(
+                None::<usize>,
+                |b, s| match b {
+                    Some(b) if row[b] >= row[s] => Some(b),
+                    _ => Some(s),
+                },
+            );
+            let d = batch.depth[i];
+            acc.count[d] += 1;
+            acc.drafter_hits[d] += usize::from(pick == Some(batch.target[i]));
+            acc.confidence_hits[d] += usize::from(batch.confidence_pick[i] == batch.target[i]);
+        }
+    }
+    acc.loss = total / refs.len().max(1) as f64;
+    acc
+}
+
+/// Trains an order network on `trajs` (Algorithm 1) and returns it with one report per epoch.
+///
+/// The last `holdout` share of the trajectories (at least one when there are two or more) is
+/// never trained on. `trajs` must share one block size and mask id.
+pub fn train<B: AutodiffBackend>(
+    trajs: &[Trajectory],
+    model_cfg: OrderModelConfig,
+    cfg: &TrainConfig,
+    device: &B::Device,
+    observer: &mut dyn TrainObserver,
+) -> Result<(OrderModel<B::InnerBackend>, Vec<EpochReport>), String> {
+    model_cfg.check()?;
+    if trajs.is_empty() {
+        return Err("no trajectories".into());
+    }
+    if let Some(t) = trajs.iter().find(|t| t.block_size != model_cfg.block_size) {
+        return Err(format!(
+            "trajectory `{}` has block size {}, the drafter {}",
+            t.id, t.block_size, model_cfg.block_size
+        ));
+    }
+    if cfg.batch_size == 0 || cfg.epochs == 0 || !(cfg.lr > 0.0 && cfg.lr.is_finite()) {
+        return Err("epochs, batch size and lr must be positive".into());
+    }
+    if !(0.0..1.0).contains(&cfg.holdout) {
+        return Err(format!("holdout {} is not in [0, 1)", cfg.holdout));
+    }
+    let n_held = if trajs.len() >= 2 {
+        ((trajs.len() as f64 * cfg.holdout).ceil() as usize).clamp(1, trajs.len() - 1)
+    } else {
+        0
+    };
+    let train_ids: Vec<usize> = (0..trajs.len() - n_held).collect();
+    let held_ids: Vec<usize> = (trajs.len() - n_held..trajs.len()).collect();
+    let mut train_refs = example_refs(trajs, &train_ids, cfg.max_depth);
+    let held_refs = example_refs(trajs, &held_ids, cfg.max_depth);
+    if train_refs.is_empty() {
+        return Err("the trajectories hold no training examples".into());
+    }
+    let l = model_cfg.block_size;
+    let depths = cfg.max_depth + 1;
+    let mut rng = SplitMix(cfg.seed ^ 0x5eed);
+    let per_epoch = cfg.max_examples.unwrap_or(usize::MAX).min(train_refs.len());
+    let steps_per_epoch = per_epoch.div_ceil(cfg.batch_size);
+    observer.start(per_epoch, held_refs.len(), steps_per_epoch);
+
+    let init = OrderModel::<B>::init(model_cfg, cfg.seed, device);
+    let mut model = init;
+    let mut params: Vec<Tensor<B, 1>> = model
+        .params()
+        .iter()
+        .map(|p| p.clone().require_grad())
+        .collect();
+    let mut adam = Adam::new(&params, cfg.lr);
+    let mut batch = Batch {
+        features: Vec::new(),
+        valid: Vec::new(),
+        target: Vec::new(),
+        depth: Vec::new(),
+        confidence_pick: Vec::new(),
+        state: Vec::new(),
+    };
+    let mut reports = Vec::new();
+    for epoch in 1..=cfg.epochs {
+        let start = std::time::Instant::now();
+        rng.shuffle(&mut train_refs);
+        let mut sum = 0.0;
+        for (step, chunk) in train_refs[..per_epoch].chunks(cfg.batch_size).enumerate() {
+            batch.fill(trajs, chunk, l);
+            let n = chunk.len();
+            model.set_params(params.clone());
+            let x = Tensor::<B, 3>::from_data(
+                TensorData::new(
+                    batch.features[..n * l * N_FEATURES].to_vec(),
+                    [n, l, N_FEATURES],
+                ),
+                device,
+            );
+            let loss = loss(
+                model.scores(x),
+                &batch.valid[..n * l],
+                &batch.target,
+                l,
+                device,
+            );
+            let value = scalar(loss.clone());
+            if !value.is_finite() {
+                return Err(format!(
+                    "training loss became {value} at epoch {epoch}, step {step}"
+                ));
+            }
+            let grads = loss.backward();
+            params = adam.step(params, &grads);
+            sum += value * n as f64;
+            observer.step(epoch, step, value);
+        }
+        model.set_params(params.clone());
+        let inner = inner_model(&model);
+        let heldout = evaluate(&inner, trajs, &held_refs, depths, 1024, &mut batch);
+        let report = EpochReport {
+            epoch,
+            train_loss: sum / per_epoch as f64,
+            heldout,
+            seconds: start.elapsed().as_secs_f64(),
+        };
+        observer.epoch(&report);
+        reports.push(report);
+    }
+    Ok((inner_model(&model), reports))
+}
+
+/// Evaluates a trained network on trajectories it was not trained on.
+pub fn evaluate_on<B: Backend>(
+    model: &OrderModel<B>,
+    trajs: &[Trajectory],
+    max_depth: usize,
+) -> Accuracy {
+    let ids: Vec<usize> = (0..trajs.len()).collect();
+    let refs = example_refs(trajs, &ids, max_depth);
+    let mut batch = Batch {
+        features: Vec::new(),
+        valid: Vec::new(),
+        target: Vec::new(),
+        depth: Vec::new(),
+        confidence_pick: Vec::new(),
+        state: Vec::new(),
+    };
+    evaluate(model, trajs, &refs, max_depth + 1, 1024, &mut batch)
+}
+
+fn inner_model<B: AutodiffBackend>(m: &OrderModel<B>) -> OrderModel<B::InnerBackend> {
+    let params = m.params().iter().map(|p| p.clone().inner()).collect();
+    OrderModel::from_params(m.config().clone(), params, m.device())
+}
+
+fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
+    t.into_data()
+        .iter::<f32>()
+        .next()
+        .map_or(f64::NAN, f64::from)
+}
+
+/// Adam (β 0.9 / 0.999, ε 1e-8) over flat parameters, state on the inner backend.
+struct Adam<B: AutodiffBackend> {
+    lr: f64,
+    t: i32,
+    m: Vec<Tensor<B::InnerBackend, 1>>,
+    v: Vec<Tensor<B::InnerBackend, 1>>,
+}
+
+impl<B: AutodiffBackend> Adam<B> {
+    fn new(params: &[Tensor<B, 1>], lr: f64) -> Self {
+        let zeros = |p: &Tensor<B, 1>| p.clone().inner().zeros_like();
+        Self {
+            lr,
+            t: 0,
+            m: params.iter().map(zeros).collect(),
+            v: params.iter().map(zeros).collect(),
+        }
+    }
+
+    fn step(&mut self, params: Vec<Tensor<B, 1>>, grads: &B::Gradients) -> Vec<Tensor<B, 1>> {
+        const B1: f64 = 0.9;
+        const B2: f64 = 0.999;
+        self.t += 1;
+        let c1 = 1.0 - B1.powi(self.t);
+        let c2 = 1.0 - B2.powi(self.t);
+        params
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let inner = p.clone().inner();
+                let Some(g) = p.grad(grads) else {
+                    return Tensor::from_inner(inner).require_grad();
+                };
+                self.m[i] = self.m[i].clone().mul_scalar(B1) + g.clone().mul_scalar(1.0 - B1);
+                self.v[i] =
+                    self.v[i].clone().mul_scalar(B2) + g.powi_scalar(2).mul_scalar(1.0 - B2);
+                let update = self.m[i].clone().div_scalar(c1)
+                    / (self.v[i].clone().div_scalar(c2).sqrt().add_scalar(1e-8));
+                Tensor::from_inner(inner - update.mul_scalar(self.lr)).require_grad()
+            })
+            .collect()
+    }
+}

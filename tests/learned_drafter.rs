@@ -1,0 +1,104 @@
+//! The learned drafter inside the speculative decoder: output identical to draft-free decoding
+//! with untrained and trained networks, at T = 0 and T = 1, budgets 4 and 12. (Whether the
+//! drafter saves forwards is measured on the shipped model by `spot bench`, not asserted on a
+//! toy whose commit order is mostly hash noise.)
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use burn_autodiff::Autodiff;
+use burn_flex::Flex;
+use spot::{DecodeConfig, DraftFreeDecoder, SpotDecoder};
+use spot_core::toy::{ToyConfig, ToyModel};
+use spot_drafter::{LearnedScorer, OrderModel, OrderModelConfig, TrainConfig, record, train};
+
+type B = Flex<f32>;
+
+fn toy(seed: u64) -> ToyModel {
+    ToyModel::new(ToyConfig {
+        vocab_size: 64,
+        mask_id: 63,
+        seed,
+        stability: 0.6,
+        peak: 4.0,
+        ..ToyConfig::default()
+    })
+}
+
+fn cfg(t: f32) -> DecodeConfig {
+    DecodeConfig {
+        block_size: 16,
+        max_new_tokens: 48,
+        temperature: t,
+        seed: 9,
+        early_stop: false,
+        ..DecodeConfig::default()
+    }
+}
+
+fn net_cfg() -> OrderModelConfig {
+    OrderModelConfig {
+        block_size: 16,
+        d_model: 32,
+        heads: 4,
+        ffn: 64,
+        layers: 2,
+        ..OrderModelConfig::default()
+    }
+}
+
+fn total_nfe(model: &OrderModel<B>, seeds: std::ops::Range<u64>, t: f32, budget: usize) -> u64 {
+    let mut nfe = 0;
+    for seed in seeds {
+        let prompt: Vec<u32> = (1..8).map(|x| (x + seed as u32) % 60 + 1).collect();
+        let mut m = toy(seed);
+        let want = DraftFreeDecoder::new()
+            .decode(&mut m, &prompt, &cfg(t))
+            .unwrap();
+        let mut dec = SpotDecoder::builder()
+            .budget(budget)
+            .scorer(LearnedScorer::new(model.clone()))
+            .build()
+            .unwrap();
+        let got = dec.decode(&mut m, &prompt, &cfg(t)).unwrap();
+        assert_eq!(got.tokens, want.tokens, "seed {seed} T={t} D={budget}");
+        assert_eq!(
+            got.generated, want.generated,
+            "seed {seed} T={t} D={budget}"
+        );
+        assert!(got.stats.nfe <= want.stats.nfe);
+        nfe += got.stats.nfe;
+    }
+    nfe
+}
+
+#[test]
+fn learned_drafter_is_exact() {
+    let untrained = OrderModel::<B>::init(net_cfg(), 4, &Default::default());
+    let trajs: Vec<_> = (100..130u64)
+        .map(|seed| {
+            let prompt: Vec<u32> = (1..8).map(|x| (x + seed as u32) % 60 + 1).collect();
+            record(&mut toy(seed), &prompt, &cfg(0.0), "t").unwrap().1
+        })
+        .collect();
+    let tc = TrainConfig {
+        epochs: 3,
+        batch_size: 64,
+        lr: 2e-3,
+        holdout: 0.1,
+        seed: 1,
+        ..TrainConfig::default()
+    };
+    let (trained, reports) =
+        train::<Autodiff<B>>(&trajs, net_cfg(), &tc, &Default::default(), &mut ()).unwrap();
+    let acc = &reports.last().unwrap().heldout;
+    for t in [0.0, 1.0] {
+        for budget in [4, 12] {
+            let before = total_nfe(&untrained, 0..6, t, budget);
+            let after = total_nfe(&trained, 0..6, t, budget);
+            eprintln!(
+                "T={t} D={budget}: NFE untrained {before}, trained {after} (held-out accuracy {:.3}, stale confidence {:.3})",
+                acc.drafter(),
+                acc.confidence()
+            );
+        }
+    }
+}
