@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Reproduce everything from scratch: corpus -> tokenizer -> tokens -> train -> export -> sample.
 
-  python3 tools/train_target/run_all.py --max-minutes 45          # the committed model
+  python3 tools/train_target/run_all.py --max-minutes 105         # the committed model
   python3 tools/train_target/run_all.py --smoke                   # ~3-4 min, everything under /tmp
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def run(*args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--max-minutes", type=float, default=45.0)
+    ap.add_argument("--max-minutes", type=float, default=105.0)
     ap.add_argument("--smoke", action="store_true")
     a = ap.parse_args()
     s = lambda p: os.path.join(HERE, p)  # noqa: E731
