@@ -252,3 +252,41 @@ fn generate_defaults_to_the_shipped_model() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("sdar-tiny-code"));
 }
+
+/// `--method spot` loads the shipped drafter next to the shipped model and returns the
+/// draft-free tokens, at T = 0 and T = 1.
+#[test]
+fn spot_method_uses_the_shipped_drafter() {
+    for t in ["0", "1"] {
+        let run = |method: &str| {
+            json(&spot(&[
+                "generate",
+                "--prompt",
+                "def is_prime(n):",
+                "--max-new-tokens",
+                "40",
+                "--no-early-stop",
+                "--temperature",
+                t,
+                "--method",
+                method,
+                "--json",
+            ]))
+        };
+        let df = run("df");
+        let sp = run("spot");
+        assert_eq!(df["tokens"], sp["tokens"], "T={t}");
+        assert!(sp["nfe"].as_u64() < df["nfe"].as_u64(), "T={t}");
+    }
+    let out = spot(&[
+        "generate",
+        "--prompt",
+        "x",
+        "--method",
+        "spot",
+        "--drafter",
+        "/nonexistent/d.safetensors",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/d.json"));
+}
