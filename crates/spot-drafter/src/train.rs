@@ -149,6 +149,7 @@ fn example_refs(trajs: &[Trajectory], ids: &[usize], max_depth: usize) -> Vec<Ex
 }
 
 /// Features, valid mask and targets of a batch, written into reusable buffers.
+#[derive(Default)]
 struct Batch {
     features: Vec<f32>,
     valid: Vec<f32>,
@@ -332,14 +333,7 @@ pub fn train<B: AutodiffBackend>(
         .map(|p| p.clone().require_grad())
         .collect();
     let mut adam = Adam::new(&params, cfg.lr);
-    let mut batch = Batch {
-        features: Vec::new(),
-        valid: Vec::new(),
-        target: Vec::new(),
-        depth: Vec::new(),
-        confidence_pick: Vec::new(),
-        state: Vec::new(),
-    };
+    let mut batch = Batch::default();
     let mut reports = Vec::new();
     for epoch in 1..=cfg.epochs {
         let start = std::time::Instant::now();
@@ -397,14 +391,7 @@ pub fn evaluate_on<B: Backend>(
 ) -> Accuracy {
     let ids: Vec<usize> = (0..trajs.len()).collect();
     let refs = example_refs(trajs, &ids, max_depth);
-    let mut batch = Batch {
-        features: Vec::new(),
-        valid: Vec::new(),
-        target: Vec::new(),
-        depth: Vec::new(),
-        confidence_pick: Vec::new(),
-        state: Vec::new(),
-    };
+    let mut batch = Batch::default();
     evaluate(model, trajs, &refs, max_depth + 1, 1024, &mut batch)
 }
 
