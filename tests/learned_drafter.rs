@@ -8,7 +8,10 @@ use burn_autodiff::Autodiff;
 use burn_flex::Flex;
 use spot::{DecodeConfig, DraftFreeDecoder, SpotDecoder};
 use spot_core::toy::{ToyConfig, ToyModel};
-use spot_drafter::{LearnedScorer, OrderModel, OrderModelConfig, TrainConfig, record, train};
+use spot_drafter::{
+    LearnedScorer, OrderModel, OrderModelConfig, SpiffyGraph, SpiffyScorer, TrainConfig, record,
+    train,
+};
 
 type B = Flex<f32>;
 
@@ -46,6 +49,24 @@ fn net_cfg() -> OrderModelConfig {
 }
 
 fn total_nfe(model: &OrderModel<B>, seeds: std::ops::Range<u64>, t: f32, budget: usize) -> u64 {
+    let make = || {
+        SpotDecoder::builder()
+            .budget(budget)
+            .scorer(LearnedScorer::new(model.clone()))
+            .build()
+            .unwrap()
+    };
+    nfe_checked(&make, seeds, t, &format!("spot D={budget}"))
+}
+
+/// Decodes each seed's prompt with a fresh decoder from `make` and draft-free; asserts equal
+/// output and no more NFE; returns the total NFE.
+fn nfe_checked(
+    make: &dyn Fn() -> SpotDecoder,
+    seeds: std::ops::Range<u64>,
+    t: f32,
+    label: &str,
+) -> u64 {
     let mut nfe = 0;
     for seed in seeds {
         let prompt: Vec<u32> = (1..8).map(|x| (x + seed as u32) % 60 + 1).collect();
@@ -53,17 +74,9 @@ fn total_nfe(model: &OrderModel<B>, seeds: std::ops::Range<u64>, t: f32, budget:
         let want = DraftFreeDecoder::new()
             .decode(&mut m, &prompt, &cfg(t))
             .unwrap();
-        let mut dec = SpotDecoder::builder()
-            .budget(budget)
-            .scorer(LearnedScorer::new(model.clone()))
-            .build()
-            .unwrap();
-        let got = dec.decode(&mut m, &prompt, &cfg(t)).unwrap();
-        assert_eq!(got.tokens, want.tokens, "seed {seed} T={t} D={budget}");
-        assert_eq!(
-            got.generated, want.generated,
-            "seed {seed} T={t} D={budget}"
-        );
+        let got = make().decode(&mut m, &prompt, &cfg(t)).unwrap();
+        assert_eq!(got.tokens, want.tokens, "seed {seed} T={t} {label}");
+        assert_eq!(got.generated, want.generated, "seed {seed} T={t} {label}");
         assert!(got.stats.nfe <= want.stats.nfe);
         nfe += got.stats.nfe;
     }
@@ -99,6 +112,32 @@ fn learned_drafter_is_exact() {
                 acc.drafter(),
                 acc.confidence()
             );
+        }
+    }
+}
+
+/// The Spiffy-style static graph, calibrated on other prompts' trajectories, is exact too.
+#[test]
+fn spiffy_graph_is_exact() {
+    let trajs: Vec<_> = (200..220u64)
+        .map(|seed| {
+            let prompt: Vec<u32> = (1..8).map(|x| (x + seed as u32) % 60 + 1).collect();
+            record(&mut toy(seed), &prompt, &cfg(0.0), "t").unwrap().1
+        })
+        .collect();
+    let graph = SpiffyGraph::calibrate(&trajs, 6, 64).unwrap();
+    for t in [0.0, 1.0] {
+        for budget in [4, 12] {
+            let make = || {
+                SpotDecoder::builder()
+                    .budget(budget)
+                    .max_depth(graph.max_depth)
+                    .scorer(SpiffyScorer::new(&graph))
+                    .build()
+                    .unwrap()
+            };
+            let nfe = nfe_checked(&make, 0..6, t, &format!("spiffy D={budget}"));
+            eprintln!("T={t} D={budget}: spiffy NFE {nfe}");
         }
     }
 }

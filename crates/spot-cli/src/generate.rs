@@ -5,36 +5,14 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
 use spot::{
-    BlockDiffusionModel, BlockObserver, BlockProgress, DecodeConfig, DecodeOutput,
-    DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer, Transition,
+    BlockDiffusionModel, BlockObserver, BlockProgress, DecodeConfig, DecodeOutput, Transition,
 };
 use spot_models::Sdar;
 
-use spot_drafter::{LearnedScorer, OrderModel};
-
+use crate::methods::{self, Drafters, Method, Settings};
 use crate::{Backend, load, model_dir, prompts};
-
-/// File name of a model folder's default drafter checkpoint.
-pub const DEFAULT_DRAFTER: &str = "spot-drafter.safetensors";
-
-/// Decoding methods of `spot generate`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Method {
-    /// Draft-free exact decoding (one commit per forward): the ground truth.
-    Df,
-    /// Draft-free threshold decoding (Fast-dLLM); lossy w.r.t. `df`, a decoder of its own.
-    Threshold,
-    /// Speculative: BlockSpec-style best-first tree ranked by stale confidence.
-    Blockspec,
-    /// Speculative: SSD-style chain by stale confidence.
-    Ssd,
-    /// Speculative: SPOT's learned commit-order drafter (`--drafter`, default
-    /// `MODEL/spot-drafter.safetensors`).
-    Spot,
-}
 
 /// Arguments of `spot generate`.
 #[derive(clap::Args)]
@@ -85,9 +63,15 @@ pub struct GenerateArgs {
     /// model folder).
     #[arg(long)]
     drafter: Option<PathBuf>,
-    /// Mass floor γ for speculative methods.
+    /// Spiffy graph for `--method spiffy` (default: `spiffy-graph.json` in the model folder).
+    #[arg(long)]
+    spiffy: Option<PathBuf>,
+    /// Mass floor γ for speculative methods other than `spot-gamma`.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     gamma: f32,
+    /// Mass floor γ of `--method spot-gamma`.
+    #[arg(long, default_value_t = 0.02, allow_negative_numbers = true)]
+    spot_gamma: f32,
     /// Decode all blocks even after a stop id (fixed-length protocol).
     #[arg(long)]
     no_early_stop: bool,
@@ -103,7 +87,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
     let mut model = load(&dir)?;
-    let drafter = load_drafter(a, &dir)?;
+    let drafter = Drafters::load(&[a.method], &dir, a.drafter.as_deref(), a.spiffy.as_deref())?;
     if let Some(path) = &a.prompts {
         return run_file(a, &drafter, &mut model, path);
     }
@@ -176,7 +160,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
 /// Every prompt of a JSONL file: one JSON line each on stdout, a summary on stderr.
 fn run_file(
     a: &GenerateArgs,
-    drafter: &Option<OrderModel<Backend>>,
+    drafter: &Drafters,
     model: &mut Sdar<Backend>,
     path: &std::path::Path,
 ) -> Result<()> {
@@ -223,20 +207,6 @@ fn run_file(
     Ok(())
 }
 
-/// The drafter network for `--method spot` (`None` for other methods).
-fn load_drafter(a: &GenerateArgs, dir: &std::path::Path) -> Result<Option<OrderModel<Backend>>> {
-    if a.method != Method::Spot {
-        return Ok(None);
-    }
-    let path = a
-        .drafter
-        .clone()
-        .unwrap_or_else(|| dir.join(DEFAULT_DRAFTER));
-    let net = spot_drafter::checkpoint::load::<Backend>(&path, &Default::default())
-        .with_context(|| format!("loading drafter {}", path.display()))?;
-    Ok(Some(net))
-}
-
 fn encode(model: &Sdar<Backend>, text: &str) -> Result<Vec<u32>> {
     Ok(model
         .tokenizer()
@@ -263,27 +233,21 @@ fn decode_config(a: &GenerateArgs, model: &Sdar<Backend>) -> DecodeConfig {
 
 fn decode(
     a: &GenerateArgs,
-    drafter: &Option<OrderModel<Backend>>,
+    drafters: &Drafters,
     model: &mut Sdar<Backend>,
     prompt: &[u32],
     cfg: &DecodeConfig,
     on_block: &mut dyn BlockObserver,
 ) -> Result<DecodeOutput> {
-    Ok(match a.method {
-        Method::Df | Method::Threshold => {
-            DraftFreeDecoder::new().decode_observed(model, prompt, cfg, on_block)?
-        }
-        Method::Blockspec | Method::Ssd | Method::Spot => {
-            let b = SpotDecoder::builder().budget(a.budget).gamma(a.gamma);
-            let b = match (a.method, drafter) {
-                (Method::Ssd, _) => b.chain(),
-                (Method::Spot, Some(net)) => b.scorer(LearnedScorer::new(net.clone())),
-                (Method::Spot, None) => bail!("--method spot needs a drafter checkpoint"),
-                _ => b.scorer(StaleConfidenceScorer),
-            };
-            b.build()?.decode_observed(model, prompt, cfg, on_block)?
-        }
-    })
+    let settings = Settings {
+        budget: a.budget,
+        gamma: a.gamma,
+        spot_gamma: a.spot_gamma,
+    };
+    Ok(methods::run(
+        a.method, settings, drafters, model, prompt, cfg, None, on_block,
+    )?
+    .out)
 }
 
 fn result_json(
@@ -299,7 +263,7 @@ fn result_json(
     };
     let s = &out.stats;
     Ok(serde_json::json!({
-        "method": format!("{:?}", a.method).to_lowercase(),
+        "method": a.method.name(),
         "prompt_tokens": prompt_tokens,
         "tokens": out.tokens,
         "text": text,

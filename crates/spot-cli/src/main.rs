@@ -3,10 +3,15 @@
 //! Without `--model` the commands use the workspace's shipped benchmark target,
 //! `models/sdar-tiny-code` (see [`model_dir`]).
 
+mod bench;
 mod bench_forward;
+mod bench_report;
+mod calibrate;
 mod collect;
+mod eval_drafter;
 mod generate;
 mod inspect;
+mod methods;
 mod model_dir;
 mod prompts;
 mod train_drafter;
@@ -54,6 +59,13 @@ enum Command {
     Collect(collect::CollectArgs),
     /// Train the commit-order drafter on collected trajectories (Algorithm 1).
     TrainDrafter(train_drafter::TrainArgs),
+    /// Next-commit accuracy of a drafter on held-out trajectories, by depth.
+    EvalDrafter(eval_drafter::EvalArgs),
+    /// Calibrate the Spiffy baseline's static draft graph from trajectories.
+    CalibrateSpiffy(calibrate::CalibrateArgs),
+    /// Compare decoding methods and budgets on prompt sets: NFE, positions, commits per
+    /// forward, wall time and agreement with draft-free; Markdown, JSON and SVG.
+    Bench(bench::BenchArgs),
 }
 
 /// Loads an SDAR folder on the default device of the compiled backend.
@@ -71,6 +83,9 @@ fn main() -> ExitCode {
         Command::BenchForward(a) => bench_forward::run(a),
         Command::Collect(a) => collect::run(a),
         Command::TrainDrafter(a) => train_drafter::run(a),
+        Command::EvalDrafter(a) => eval_drafter::run(a),
+        Command::CalibrateSpiffy(a) => calibrate::run(a),
+        Command::Bench(a) => bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

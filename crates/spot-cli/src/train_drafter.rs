@@ -126,11 +126,21 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         epochs: a.epochs,
     };
     let device = Default::default();
-    let (model, _reports) =
+    let (model, reports) =
         train::<burn_autodiff::Autodiff<Backend>>(&trajs, model_cfg, &cfg, &device, &mut obs)
             .map_err(anyhow::Error::msg)
             .context("training the drafter")?;
     obs.bar.finish_and_clear();
+    if let Some(best) = reports
+        .iter()
+        .filter(|r| !r.heldout.loss.is_nan())
+        .min_by(|x, y| x.heldout.loss.total_cmp(&y.heldout.loss))
+    {
+        eprintln!(
+            "keeping epoch {} (lowest held-out loss {:.4})",
+            best.epoch, best.heldout.loss
+        );
+    }
     checkpoint::save(&model, &a.out)?;
     eprintln!(
         "wrote {} and {}",

@@ -16,15 +16,18 @@
 //! - [`train`]: Algorithm 1 (burn autodiff, Adam, held-out accuracy by depth);
 //! - [`checkpoint`]: safetensors weights plus a JSON config, validated on load.
 
+pub mod analysis;
 pub mod checkpoint;
 pub mod collect;
 pub mod features;
 pub mod network;
 mod rng;
 pub mod scorer;
+pub mod spiffy;
 pub mod train;
 pub mod trajectory;
 
+pub use analysis::{TokenHits, token_hits};
 pub use checkpoint::DrafterError;
 pub use collect::{CollectError, Manifest, TrajectoryDir};
 pub use features::{
@@ -32,5 +35,6 @@ pub use features::{
 };
 pub use network::{OrderModel, OrderModelConfig};
 pub use scorer::LearnedScorer;
+pub use spiffy::{SpiffyGraph, SpiffyScorer};
 pub use train::{Accuracy, EpochReport, TrainConfig, TrainObserver, evaluate_on, train};
 pub use trajectory::{Trajectory, TrajectoryError, examples, record};

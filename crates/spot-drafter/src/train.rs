@@ -282,7 +282,8 @@ fn evaluate<B: Backend>(
 /// Trains an order network on `trajs` (Algorithm 1) and returns it with one report per epoch.
 ///
 /// The last `holdout` share of the trajectories (at least one when there are two or more) is
-/// never trained on. `trajs` must share one block size and mask id.
+/// never trained on; the returned network is the epoch with the lowest held-out loss (the last
+/// epoch when nothing is held out). `trajs` must share one block size and mask id.
 pub fn train<B: AutodiffBackend>(
     trajs: &[Trajectory],
     model_cfg: OrderModelConfig,
@@ -335,6 +336,7 @@ pub fn train<B: AutodiffBackend>(
     let mut adam = Adam::new(&params, cfg.lr);
     let mut batch = Batch::default();
     let mut reports = Vec::new();
+    let mut best: Option<(f64, OrderModel<B::InnerBackend>)> = None;
     for epoch in 1..=cfg.epochs {
         let start = std::time::Instant::now();
         rng.shuffle(&mut train_refs);
@@ -378,9 +380,19 @@ pub fn train<B: AutodiffBackend>(
             seconds: start.elapsed().as_secs_f64(),
         };
         observer.epoch(&report);
+        // Keep the epoch with the lowest held-out loss (the last one when nothing is held out).
+        let improved = best.as_ref().is_none_or(|(loss, _)| {
+            n_held == 0 || report.heldout.loss.is_nan() || report.heldout.loss < *loss
+        });
+        if improved {
+            best = Some((report.heldout.loss, inner));
+        }
         reports.push(report);
     }
-    Ok((inner_model(&model), reports))
+    match best {
+        Some((_, m)) => Ok((m, reports)),
+        None => Ok((inner_model(&model), reports)),
+    }
 }
 
 /// Evaluates a trained network on trajectories it was not trained on.

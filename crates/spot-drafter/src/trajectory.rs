@@ -249,6 +249,8 @@ pub struct Example<'a> {
     pub depth: usize,
     /// The position the target commits next from `state`.
     pub target: usize,
+    /// The token it commits there.
+    pub token: TokenId,
 }
 
 /// Calls `f` for every example of Algorithm 1 in `traj`: for each step `t ≥ 1` of each block
@@ -273,6 +275,7 @@ pub fn examples(traj: &Trajectory, max_depth: usize, mut f: impl FnMut(Example<'
                             state: &y,
                             depth: d,
                             target: c.position,
+                            token: c.token,
                         });
                         n += 1;
                     }

@@ -56,6 +56,11 @@ impl<'a> NodeBatch<'a> {
         self.tree.depth(self.ids[i] as usize)
     }
 
+    /// The commits from the root down to the `i`-th node, in order.
+    pub fn path(&self, i: usize, out: &mut Vec<Commit>) {
+        self.tree.path(self.ids[i] as usize, out);
+    }
+
     /// State hash of the `i`-th node.
     pub fn hash(&self, i: usize) -> u64 {
         self.tree.hash(self.ids[i] as usize)

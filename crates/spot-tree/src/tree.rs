@@ -155,6 +155,17 @@ impl DraftTree {
         (i != 0).then(|| self.edge[i])
     }
 
+    /// The commits from the root down to node `i`, in order (empty for the root).
+    pub fn path(&self, i: usize, out: &mut Vec<Commit>) {
+        out.clear();
+        let mut n = i;
+        while let (Some(p), Some(e)) = (self.parent(n), self.edge(n)) {
+            out.push(e);
+            n = p;
+        }
+        out.reverse();
+    }
+
     /// Mass of node `i` (1 for the root).
     pub fn mass(&self, i: usize) -> f32 {
         self.mass[i]

@@ -41,6 +41,9 @@ use spot_core::{
 };
 use spot_tree::DraftTree;
 
+mod end;
+pub use end::RoundEnd;
+
 /// How a node's target decision is compared with the tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum MatchRule {

@@ -30,6 +30,8 @@
 //! # Ok::<(), spot::Error>(())
 //! ```
 
+use std::time::Instant;
+
 pub use spot_core::{
     self as core, BlockDecoder, BlockDiffusionModel, BlockObserver, BlockProgress, BlockRun,
     BlockState, BlockStats, Commit, ConfidenceRule, DecodeConfig, DecodeOutput, DecodeStats,
@@ -40,7 +42,10 @@ pub use spot_tree::{
     self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
     StaleConfidenceScorer, TreeBuilder, TreeConfig, TreeError,
 };
-pub use spot_verify::{self as verify, MatchRule, Verifier};
+pub use spot_verify::{self as verify, MatchRule, RoundEnd, Verifier};
+
+mod report;
+pub use report::SpotReport;
 
 /// Errors of the facade: core errors (input, model) and tree errors (drafter, limits).
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +149,7 @@ impl SpotDecoderBuilder {
             record_trace: self.record_trace,
             scratch: Vec::new(),
             round: 0,
+            report: SpotReport::default(),
         })
     }
 }
@@ -159,6 +165,7 @@ pub struct SpotDecoder {
     record_trace: bool,
     scratch: Vec<Commit>,
     round: u64,
+    report: SpotReport,
 }
 
 impl std::fmt::Debug for SpotDecoder {
@@ -182,6 +189,12 @@ impl SpotDecoder {
         }
     }
 
+    /// Diagnostics of the last decode: rounds, drafting vs verification time, accepted-node
+    /// histogram and why rounds ended.
+    pub fn report(&self) -> &SpotReport {
+        &self.report
+    }
+
     /// Decodes `prompt` with `model`.
     pub fn decode(
         &mut self,
@@ -201,6 +214,7 @@ impl SpotDecoder {
         observer: &mut dyn BlockObserver,
     ) -> Result<DecodeOutput, Error> {
         self.round = 0;
+        self.report = SpotReport::default();
         let record = self.record_trace;
         run_decode(model, prompt, cfg, self, record, observer)
     }
@@ -226,13 +240,22 @@ impl BlockDecoder for SpotDecoder {
                 stale: &stale,
                 block_start: block.start(),
             };
+            let t0 = Instant::now();
             let tree = match &mut self.drafter {
                 Drafter::Tree(scorer) => self.builder.build(&ctx, scorer.as_mut())?,
                 Drafter::Chain => self.builder.build_chain(&ctx)?,
             };
+            let t1 = Instant::now();
             let outcome =
                 self.verifier
                     .verify(model, tree, block.query(), block.transition(), self.round)?;
+            let t2 = Instant::now();
+            self.report.record(
+                outcome.walk.accepted_nodes,
+                RoundEnd::classify(tree, &outcome.walk),
+                t1 - t0,
+                t2 - t1,
+            );
             self.round += 1;
             for step in outcome.walk.steps() {
                 block.apply_step(step)?;

@@ -1,0 +1,258 @@
+//! `spot bench`: every method and budget on prompt sets, side by side in one run, with the
+//! draft-free output as the reference every speculative sample must equal.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use indicatif::{ProgressBar, ProgressStyle};
+use spot::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, Transition};
+
+use crate::bench_report::{Cell, Key, write_outputs};
+use crate::methods::{self, Drafters, Method, Settings};
+use crate::{load, model_dir, prompts};
+
+/// Stopping protocols.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum Protocol {
+    /// The papers' protocol: all `--max-new-tokens`, no early stop.
+    Fixed,
+    /// Stop after the block holding a stop id.
+    Eos,
+}
+
+impl Protocol {
+    /// The command-line spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Fixed => "fixed",
+            Protocol::Eos => "eos",
+        }
+    }
+}
+
+/// Arguments of `spot bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Hugging Face model folder (default: `SPOT_MODEL`, else the shipped target).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// JSONL prompt sets (repeat the flag or separate with commas); each is reported apart.
+    #[arg(long, required = true, value_delimiter = ',', num_args = 1..)]
+    prompts: Vec<PathBuf>,
+    /// Field holding the prompt (default: prompt, question, text, input or problem).
+    #[arg(long)]
+    field: Option<String>,
+    /// First N prompts of each set.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Methods (df always runs: it is the reference).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "ssd,blockspec,spiffy,spot,spot-gamma,oracle"
+    )]
+    methods: Vec<Method>,
+    /// Draft budgets D.
+    #[arg(long, value_delimiter = ',', default_value = "8,12,16,20")]
+    budgets: Vec<usize>,
+    /// Temperatures.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0,1",
+        allow_negative_numbers = true
+    )]
+    temperatures: Vec<f32>,
+    /// Stopping protocols.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "fixed,eos")]
+    protocols: Vec<Protocol>,
+    /// Tokens per sample (the papers use 256).
+    #[arg(long, default_value_t = 256)]
+    max_new_tokens: usize,
+    /// Seed of the coupled noise.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Drafter checkpoint (default: the model folder's `spot-drafter.safetensors`).
+    #[arg(long)]
+    drafter: Option<PathBuf>,
+    /// Spiffy graph (default: the model folder's `spiffy-graph.json`).
+    #[arg(long)]
+    spiffy: Option<PathBuf>,
+    /// Mass floor of `spot-gamma`.
+    #[arg(long, default_value_t = 0.02)]
+    spot_gamma: f32,
+    /// Output folder: bench.md, bench.json, bench.svg and samples.jsonl (one line per decode).
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+    /// Free-text note stored in the outputs (machine, build).
+    #[arg(long, default_value = "")]
+    note: String,
+}
+
+/// Runs `spot bench`.
+pub fn run(a: &BenchArgs) -> Result<()> {
+    if a.budgets.is_empty() || a.budgets.contains(&0) {
+        bail!("--budgets must be positive, got {:?}", a.budgets);
+    }
+    if let Some(t) = a
+        .temperatures
+        .iter()
+        .find(|t| !(t.is_finite() && **t >= 0.0))
+    {
+        bail!("--temperatures must be finite and non-negative, got {t}");
+    }
+    let mut spec: Vec<Method> = a
+        .methods
+        .iter()
+        .copied()
+        .filter(|m| m.is_speculative())
+        .collect();
+    if let Some(m) = a.methods.iter().find(|m| **m == Method::Threshold) {
+        bail!(
+            "--methods: {} is not exact (it is not draft-free's output); bench compares exact methods",
+            m.name()
+        );
+    }
+    spec.sort();
+    spec.dedup();
+    let dir = model_dir::resolve(a.model.as_deref())?;
+    let mut model = load(&dir)?;
+    let drafters = Drafters::load(&spec, &dir, a.drafter.as_deref(), a.spiffy.as_deref())?;
+    let tokenizer = model
+        .tokenizer()
+        .context("spot bench needs tokenizer.json in the model folder")?
+        .clone();
+    let mut sets = Vec::new();
+    for p in &a.prompts {
+        let name = p.file_stem().map_or_else(
+            || p.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        let prompts = prompts::load_prompts(p, a.field.as_deref(), a.limit)?;
+        let mut encoded = Vec::new();
+        for q in prompts {
+            let ids = tokenizer
+                .encode(&q.text)
+                .with_context(|| format!("{}: prompt {}", p.display(), q.id))?;
+            encoded.push((q.id, ids));
+        }
+        sets.push((name, encoded));
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let samples_path = a.out.join("samples.jsonl");
+    let mut samples = std::fs::File::create(&samples_path)
+        .with_context(|| format!("creating {}", samples_path.display()))?;
+    let per_prompt = 1 + spec.len() * a.budgets.len();
+    let total: usize = sets.iter().map(|(_, s)| s.len()).sum::<usize>()
+        * a.temperatures.len()
+        * a.protocols.len()
+        * per_prompt;
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} decodes {msg} [{elapsed}<{eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let block_size = model.config().block_size.unwrap_or(32);
+    let stop_ids = model.info().stop_ids.clone();
+    let mut cells: BTreeMap<Key, Cell> = BTreeMap::new();
+    let mut mismatches = 0usize;
+    for (set, prompts) in &sets {
+        for &temperature in &a.temperatures {
+            for &protocol in &a.protocols {
+                let cfg = DecodeConfig {
+                    block_size,
+                    max_new_tokens: a.max_new_tokens,
+                    temperature,
+                    seed: a.seed,
+                    transition: Transition::Exact,
+                    stop_ids: stop_ids.clone(),
+                    early_stop: protocol == Protocol::Eos,
+                    ..DecodeConfig::default()
+                };
+                for (id, ids) in prompts {
+                    let key = |method: Method, budget: Option<usize>| Key {
+                        set: set.clone(),
+                        temperature: temperature.to_string(),
+                        protocol: protocol.name(),
+                        method: method.name(),
+                        budget,
+                    };
+                    bar.set_message(format!("{set} T={temperature} {} {id} df", protocol.name()));
+                    let start = std::time::Instant::now();
+                    let reference = DraftFreeDecoder::new()
+                        .with_trace(true)
+                        .decode(&mut model, ids, &cfg)
+                        .with_context(|| format!("{set} {id}: draft-free"))?;
+                    let wall = start.elapsed().as_secs_f64();
+                    let trace = reference
+                        .trace
+                        .as_ref()
+                        .context("draft-free decode returned no trace")?;
+                    let k = key(Method::Df, None);
+                    let row = cells
+                        .entry(k.clone())
+                        .or_default()
+                        .add(&k, id, &reference, wall, true, None);
+                    writeln!(samples, "{row}")?;
+                    bar.inc(1);
+                    for &m in &spec {
+                        for &budget in &a.budgets {
+                            bar.set_message(format!(
+                                "{set} T={temperature} {} {id} {} D={budget}",
+                                protocol.name(),
+                                m.name()
+                            ));
+                            let settings = Settings {
+                                budget,
+                                gamma: 0.0,
+                                spot_gamma: a.spot_gamma,
+                            };
+                            let r = methods::run(
+                                m,
+                                settings,
+                                &drafters,
+                                &mut model,
+                                ids,
+                                &cfg,
+                                Some(trace),
+                                &mut (),
+                            )
+                            .with_context(|| format!("{set} {id}: {} D={budget}", m.name()))?;
+                            let equal = r.out.tokens == reference.tokens
+                                && r.out.stopped == reference.stopped;
+                            if !equal {
+                                mismatches += 1;
+                                bar.suspend(|| eprintln!("MISMATCH: {set} {id} T={temperature} {} {} D={budget} differs from draft-free", protocol.name(), m.name()));
+                            }
+                            let k = key(m, Some(budget));
+                            let report: Option<&SpotReport> = r.report.as_ref();
+                            let row = cells
+                                .entry(k.clone())
+                                .or_default()
+                                .add(&k, id, &r.out, r.wall, equal, report);
+                            writeln!(samples, "{row}")?;
+                            bar.inc(1);
+                        }
+                    }
+                }
+                write_outputs(&a.out, &cells, &a.note, &dir, a.max_new_tokens)?;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    write_outputs(&a.out, &cells, &a.note, &dir, a.max_new_tokens)?;
+    eprintln!(
+        "wrote {}/bench.md, bench.json, bench.svg and samples.jsonl",
+        a.out.display()
+    );
+    if mismatches > 0 {
+        bail!(
+            "{mismatches} speculative decodes differ from draft-free (see samples.jsonl: \"equal\": false)"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! The decoding methods shared by `spot generate` and `spot bench`, all exact except
+//! `threshold`, all speculative ones under the same verifier.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use spot::{
+    BlockDiffusionModel, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace, DraftFreeDecoder,
+    OracleScorer, SpotDecoder, SpotReport, StaleConfidenceScorer,
+};
+use spot_drafter::{LearnedScorer, OrderModel, SpiffyGraph, SpiffyScorer};
+
+use crate::Backend;
+
+/// File name of a model folder's default drafter checkpoint.
+pub const DEFAULT_DRAFTER: &str = "spot-drafter.safetensors";
+/// File name of a model folder's default Spiffy graph (`spot calibrate-spiffy`).
+pub const DEFAULT_SPIFFY: &str = "spiffy-graph.json";
+
+/// Decoding methods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
+pub enum Method {
+    /// Draft-free exact decoding (one commit per forward): the ground truth.
+    Df,
+    /// Draft-free threshold decoding (Fast-dLLM); lossy w.r.t. `df`, a decoder of its own.
+    Threshold,
+    /// Speculative: SSD-style chain by stale confidence.
+    Ssd,
+    /// Speculative: BlockSpec-style best-first tree ranked by stale confidence.
+    Blockspec,
+    /// Speculative: Spiffy-style static graph over confidence ranks (`--spiffy`, default
+    /// `MODEL/spiffy-graph.json`).
+    Spiffy,
+    /// Speculative: SPOT's learned commit-order drafter (`--drafter`, default
+    /// `MODEL/spot-drafter.safetensors`).
+    Spot,
+    /// SPOT with the mass floor γ (`--spot-gamma`): smaller batches when the drafter is unsure.
+    SpotGamma,
+    /// Speculative upper bound: the true future commit positions (from a draft-free pass) with
+    /// stale tokens. Its NFE excludes that pass.
+    Oracle,
+}
+
+impl Method {
+    /// The command-line spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::Df => "df",
+            Method::Threshold => "threshold",
+            Method::Ssd => "ssd",
+            Method::Blockspec => "blockspec",
+            Method::Spiffy => "spiffy",
+            Method::Spot => "spot",
+            Method::SpotGamma => "spot-gamma",
+            Method::Oracle => "oracle",
+        }
+    }
+
+    /// Whether the method drafts and verifies (and so takes a budget).
+    pub fn is_speculative(self) -> bool {
+        !matches!(self, Method::Df | Method::Threshold)
+    }
+}
+
+/// Draft settings of the speculative methods.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// Budget D.
+    pub budget: usize,
+    /// Mass floor for every speculative method except `spot-gamma`.
+    pub gamma: f32,
+    /// Mass floor of `spot-gamma`.
+    pub spot_gamma: f32,
+}
+
+/// The drafters the chosen methods need, loaded once.
+#[derive(Default)]
+pub struct Drafters {
+    net: Option<OrderModel<Backend>>,
+    spiffy: Option<SpiffyGraph>,
+}
+
+impl Drafters {
+    /// Loads what `methods` need: the drafter checkpoint (`drafter`, else
+    /// `DIR/spot-drafter.safetensors`) and the Spiffy graph (`spiffy`, else
+    /// `DIR/spiffy-graph.json`).
+    pub fn load(
+        methods: &[Method],
+        dir: &Path,
+        drafter: Option<&Path>,
+        spiffy: Option<&Path>,
+    ) -> Result<Self> {
+        let mut d = Drafters::default();
+        let path = |given: Option<&Path>, name: &str| -> PathBuf {
+            given.map_or_else(|| dir.join(name), Path::to_path_buf)
+        };
+        if methods
+            .iter()
+            .any(|m| matches!(m, Method::Spot | Method::SpotGamma))
+        {
+            let p = path(drafter, DEFAULT_DRAFTER);
+            d.net = Some(
+                spot_drafter::checkpoint::load::<Backend>(&p, &Default::default())
+                    .with_context(|| format!("loading drafter {}", p.display()))?,
+            );
+        }
+        if methods.contains(&Method::Spiffy) {
+            let p = path(spiffy, DEFAULT_SPIFFY);
+            d.spiffy = Some(
+                SpiffyGraph::load(&p)
+                    .with_context(|| format!("loading Spiffy graph {}", p.display()))?,
+            );
+        }
+        Ok(d)
+    }
+}
+
+/// One decode's output, wall time and (speculative methods) diagnostics.
+pub struct Run {
+    /// Tokens and counters.
+    pub out: DecodeOutput,
+    /// Seconds for the decode (the oracle's draft-free pass excluded).
+    pub wall: f64,
+    /// Rounds, drafting time and round ends.
+    pub report: Option<SpotReport>,
+}
+
+/// Decodes `prompt` with `method`. `reference` is a draft-free trace of the same inputs for the
+/// oracle (computed here when absent).
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    method: Method,
+    settings: Settings,
+    drafters: &Drafters,
+    model: &mut dyn BlockDiffusionModel,
+    prompt: &[u32],
+    cfg: &DecodeConfig,
+    reference: Option<&DecodeTrace>,
+    observer: &mut dyn BlockObserver,
+) -> Result<Run> {
+    let b = SpotDecoder::builder()
+        .budget(settings.budget)
+        .gamma(settings.gamma);
+    let b = match method {
+        Method::Df | Method::Threshold => {
+            let start = Instant::now();
+            let out = DraftFreeDecoder::new().decode_observed(model, prompt, cfg, observer)?;
+            return Ok(Run {
+                out,
+                wall: start.elapsed().as_secs_f64(),
+                report: None,
+            });
+        }
+        Method::Ssd => b.chain(),
+        Method::Blockspec => b.scorer(StaleConfidenceScorer),
+        Method::Spot | Method::SpotGamma => {
+            let Some(net) = &drafters.net else {
+                bail!("--method {} needs a drafter checkpoint", method.name());
+            };
+            let b = b.scorer(LearnedScorer::new(net.clone()));
+            if method == Method::SpotGamma {
+                b.gamma(settings.spot_gamma)
+            } else {
+                b
+            }
+        }
+        Method::Spiffy => {
+            let Some(g) = &drafters.spiffy else {
+                bail!("--method spiffy needs a calibrated graph (spot calibrate-spiffy)");
+            };
+            b.scorer(SpiffyScorer::new(g)).max_depth(g.max_depth)
+        }
+        Method::Oracle => {
+            let owned;
+            let trace = match reference {
+                Some(t) => t,
+                None => {
+                    let df = DraftFreeDecoder::new()
+                        .with_trace(true)
+                        .decode(model, prompt, cfg)?;
+                    owned = df
+                        .trace
+                        .context("the draft-free decoder returned no trace")?;
+                    &owned
+                }
+            };
+            b.scorer(OracleScorer::from_trace(trace, false)?)
+        }
+    };
+    let mut dec = b.build()?;
+    let start = Instant::now();
+    let out = dec.decode_observed(model, prompt, cfg, observer)?;
+    Ok(Run {
+        out,
+        wall: start.elapsed().as_secs_f64(),
+        report: Some(dec.report().clone()),
+    })
+}

@@ -1,0 +1,165 @@
+//! The Spiffy baseline's calibration and graph file, and the token-hit statistics.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use spot_core::DecodeConfig;
+use spot_core::toy::{ToyConfig, ToyModel};
+use spot_drafter::spiffy::SpiffyGraph;
+use spot_drafter::{DrafterError, StaleSource, Trajectory, examples, record, token_hits};
+
+fn toy(seed: u64, stability: f32) -> ToyModel {
+    ToyModel::new(ToyConfig {
+        vocab_size: 64,
+        mask_id: 63,
+        seed,
+        stability,
+        stop_ids: vec![1],
+        ..ToyConfig::default()
+    })
+}
+
+fn trajectories(n: u64, stability: f32, t: f32) -> Vec<Trajectory> {
+    (0..n)
+        .map(|seed| {
+            let cfg = DecodeConfig {
+                block_size: 8,
+                max_new_tokens: 24,
+                temperature: t,
+                seed,
+                stop_ids: vec![1],
+                early_stop: false,
+                ..DecodeConfig::default()
+            };
+            let prompt = [2, 3, 4 + seed as u32];
+            record(&mut toy(seed, stability), &prompt, &cfg, "p")
+                .unwrap()
+                .1
+        })
+        .collect()
+}
+
+/// The graph counts exactly the rank paths the draft-free decoder followed.
+#[test]
+fn calibration_counts_the_true_rank_paths() {
+    let trajs = trajectories(12, 0.5, 0.0);
+    let g = SpiffyGraph::calibrate(&trajs, 3, 10_000).unwrap();
+    // Independent count of depth-0 examples and of those whose target is the most confident
+    // masked position (ties by position).
+    let (mut seqs, mut top) = (0u64, 0u64);
+    for t in &trajs {
+        examples(t, 0, |ex| {
+            seqs += 1;
+            let conf = |s: usize| ex.stale.position(s).map_or(0.0, |p| p.confidence);
+            let best = (0..ex.state.len())
+                .filter(|&s| ex.state[s] == 63)
+                .fold(None, |b: Option<usize>, s| match b {
+                    Some(x) if conf(x) >= conf(s) => Some(x),
+                    _ => Some(s),
+                })
+                .unwrap();
+            top += u64::from(best == ex.target);
+        });
+    }
+    assert!(seqs > 50, "{seqs} sequences");
+    assert_eq!(g.sequences, seqs);
+    let count = |r: &[u16]| g.paths.iter().find(|p| p.ranks == r).map_or(0, |p| p.count);
+    assert_eq!(count(&[0]), top);
+    let depth1: u64 = g
+        .paths
+        .iter()
+        .filter(|p| p.ranks.len() == 1)
+        .map(|p| p.count)
+        .sum();
+    assert_eq!(depth1, seqs);
+    for p in &g.paths {
+        assert!(p.ranks.len() <= 3);
+        let parent = &p.ranks[..p.ranks.len() - 1];
+        if !parent.is_empty() {
+            assert!(count(parent) >= p.count, "{:?}", p.ranks);
+        }
+    }
+}
+
+/// Keeping only the most frequent paths keeps every prefix of a kept path.
+#[test]
+fn truncated_graphs_are_closed_under_prefixes() {
+    let trajs = trajectories(8, 0.5, 1.0);
+    for keep in [1, 2, 5, 9, 20] {
+        let g = SpiffyGraph::calibrate(&trajs, 6, keep).unwrap();
+        assert_eq!(g.paths.len(), keep);
+        for p in &g.paths {
+            for k in 1..p.ranks.len() {
+                assert!(
+                    g.paths.iter().any(|q| q.ranks == p.ranks[..k]),
+                    "keep {keep}: prefix of {:?} missing",
+                    p.ranks
+                );
+            }
+        }
+    }
+    assert!(SpiffyGraph::calibrate(&[], 6, 10).is_err());
+}
+
+/// The graph file round-trips; damaged files are typed errors naming the file.
+#[test]
+fn graph_file_round_trip_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spiffy-graph.json");
+    let g = SpiffyGraph::calibrate(&trajectories(6, 0.5, 0.0), 4, 32).unwrap();
+    g.save(&path).unwrap();
+    assert_eq!(SpiffyGraph::load(&path).unwrap(), g);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+        ("version", Box::new(|v| v["version"] = 2.into())),
+        ("format", Box::new(|v| v["format"] = "other".into())),
+        ("unknown field", Box::new(|v| v["extra"] = 1.into())),
+        (
+            "too long",
+            Box::new(|v| v["paths"][0]["ranks"] = vec![0, 0, 0, 0, 0].into()),
+        ),
+        (
+            "beyond block",
+            Box::new(|v| v["paths"][0]["ranks"] = vec![8].into()),
+        ),
+        (
+            "count",
+            Box::new(|v| v["paths"][0]["count"] = (g.sequences + 1).into()),
+        ),
+        ("block size", Box::new(|v| v["block_size"] = 0.into())),
+    ];
+    for (what, edit) in cases {
+        let mut w = v.clone();
+        edit(&mut w);
+        std::fs::write(&path, w.to_string()).unwrap();
+        match SpiffyGraph::load(&path) {
+            Err(DrafterError::Config { path: p, reason }) => {
+                assert_eq!(p, path, "{what}");
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{what}: expected a config error, got {other:?}"),
+        }
+    }
+    std::fs::write(&path, &text[..text.len() / 2]).unwrap();
+    assert!(matches!(
+        SpiffyGraph::load(&path),
+        Err(DrafterError::Config { .. })
+    ));
+    v["version"] = 1.into();
+    assert!(matches!(
+        SpiffyGraph::load(&dir.path().join("absent.json")),
+        Err(DrafterError::Io { .. })
+    ));
+}
+
+/// Token hits: on a target whose logits ignore the block state the stale token is always the
+/// committed one; on an unstable one it is not.
+#[test]
+fn token_hits_measure_staleness() {
+    let stable = token_hits(&trajectories(6, 1.0, 0.0), 4);
+    for d in 0..=4 {
+        assert!(stable.count[d] > 0);
+        assert_eq!(stable.top1_rate(d), 1.0, "depth {d}");
+    }
+    let unstable = token_hits(&trajectories(6, 0.0, 0.0), 4);
+    assert!(unstable.top1_rate(2) < 1.0, "{:?}", unstable);
+}
