@@ -130,7 +130,8 @@ pub fn write_outputs(
         "# spot bench\n\nModel `{}`, {max_new_tokens} new tokens. {note}\n",
         model.display()
     );
-    for ((set, t, protocol), rows) in groups(cells) {
+    for ((set, t, protocol), mut rows) in groups(cells) {
+        rows.sort_by_key(|(k, _)| (method_rank(k.method), k.budget));
         let df = rows
             .iter()
             .find(|(k, _)| k.method == "df")
@@ -211,6 +212,14 @@ const COLORS: [(&str, &str); 8] = [
     ("oracle", "#2ca02c"),
     ("threshold", "#8c564b"),
 ];
+
+/// Display order: draft-free, the baselines, SPOT, the oracle (the order of [`COLORS`]).
+fn method_rank(method: &str) -> usize {
+    COLORS
+        .iter()
+        .position(|(m, _)| *m == method)
+        .unwrap_or(COLORS.len())
+}
 
 fn color(method: &str) -> &'static str {
     COLORS

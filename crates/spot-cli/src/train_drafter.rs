@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_drafter::{
-    EpochReport, OrderModelConfig, TrainConfig, TrainObserver, TrajectoryDir, checkpoint, train,
+    EpochReport, OrderModelConfig, TrainConfig, TrainObserver, TrajectoryDir, checkpoint,
+    train_from,
 };
 
 use crate::Backend;
@@ -13,9 +14,11 @@ use crate::Backend;
 /// Arguments of `spot train-drafter`.
 #[derive(clap::Args)]
 pub struct TrainArgs {
-    /// Trajectory directory written by `spot collect`.
-    #[arg(long)]
-    trajectories: PathBuf,
+    /// Trajectory directories written by `spot collect` (e.g. one at T = 0 and one at T = 1);
+    /// their samples are interleaved before the held-out split, so every directory is held
+    /// out in proportion.
+    #[arg(long, required = true, num_args = 1..)]
+    trajectories: Vec<PathBuf>,
     /// Checkpoint to write (`.safetensors`; the config goes next to it as `.json`).
     #[arg(long)]
     out: PathBuf,
@@ -37,6 +40,9 @@ pub struct TrainArgs {
     /// Training examples per epoch (a seeded sample; default: all).
     #[arg(long)]
     max_examples: Option<usize>,
+    /// Continue from this checkpoint's weights (same shape) instead of a fresh network.
+    #[arg(long)]
+    init: Option<PathBuf>,
     /// Seed of initialisation and shuffling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -89,16 +95,30 @@ impl TrainObserver for Bars {
 
 /// Runs `spot train-drafter`.
 pub fn run(a: &TrainArgs) -> Result<()> {
-    let dir = TrajectoryDir::open(&a.trajectories)?;
-    let trajs: Vec<_> = dir.read_all()?.into_iter().map(|(_, t)| t).collect();
+    let mut dirs = Vec::new();
+    for d in &a.trajectories {
+        let dir = TrajectoryDir::open(d)?;
+        let trajs: Vec<_> = dir.read_all()?.into_iter().map(|(_, t)| t).collect();
+        dirs.push((dir.manifest().block_size, trajs));
+    }
+    let block_size = dirs.first().map_or(32, |d| d.0);
+    if let Some((i, _)) = dirs.iter().enumerate().find(|(_, d)| d.0 != block_size) {
+        bail!(
+            "{} has block size {}, {} has {block_size}",
+            a.trajectories[i].display(),
+            dirs[i].0,
+            a.trajectories[0].display()
+        );
+    }
+    let trajs = interleave(dirs.into_iter().map(|d| d.1).collect());
     if trajs.is_empty() {
         bail!(
-            "{}: no trajectories (run spot collect first)",
-            a.trajectories.display()
+            "{:?}: no trajectories (run spot collect first)",
+            a.trajectories
         );
     }
     let model_cfg = OrderModelConfig {
-        block_size: dir.manifest().block_size,
+        block_size,
         ..OrderModelConfig::default()
     };
     let cfg = TrainConfig {
@@ -111,9 +131,9 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         max_examples: a.max_examples,
     };
     eprintln!(
-        "{} trajectories from {}; network {} parameters",
+        "{} trajectories from {:?}; network {} parameters",
         trajs.len(),
-        a.trajectories.display(),
+        a.trajectories,
         model_cfg.parameter_count()
     );
     let bar = ProgressBar::new(0);
@@ -126,10 +146,23 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         epochs: a.epochs,
     };
     let device = Default::default();
-    let (model, reports) =
-        train::<burn_autodiff::Autodiff<Backend>>(&trajs, model_cfg, &cfg, &device, &mut obs)
-            .map_err(anyhow::Error::msg)
-            .context("training the drafter")?;
+    let init = match &a.init {
+        Some(p) => Some(
+            checkpoint::load::<Backend>(p, &device)
+                .with_context(|| format!("loading --init {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let (model, reports) = train_from::<burn_autodiff::Autodiff<Backend>>(
+        &trajs,
+        init.as_ref(),
+        model_cfg,
+        &cfg,
+        &device,
+        &mut obs,
+    )
+    .map_err(anyhow::Error::msg)
+    .context("training the drafter")?;
     obs.bar.finish_and_clear();
     if let Some(best) = reports
         .iter()
@@ -148,4 +181,19 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         checkpoint::config_path(&a.out).display()
     );
     Ok(())
+}
+
+/// Round-robin over the directories: `a0 b0 a1 b1 …`, then what is left of the longer ones.
+fn interleave<T>(lists: Vec<Vec<T>>) -> Vec<T> {
+    let mut iters: Vec<_> = lists.into_iter().map(Vec::into_iter).collect();
+    let mut out = Vec::new();
+    loop {
+        let before = out.len();
+        for it in &mut iters {
+            out.extend(it.next());
+        }
+        if out.len() == before {
+            return out;
+        }
+    }
 }

@@ -290,3 +290,71 @@ fn spot_method_uses_the_shipped_drafter() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/d.json"));
 }
+
+/// `spot bench` runs every exact method on the shipped model (shipped drafter and Spiffy
+/// graph), writes its four outputs, and every speculative decode equals draft-free.
+#[test]
+fn bench_runs_every_method_and_agrees_with_draft_free() {
+    let dir = std::env::temp_dir().join(format!("spot-bench-test-{}", std::process::id()));
+    let out = spot(&[
+        "bench",
+        "--prompts",
+        humaneval().to_str().unwrap(),
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "24",
+        "--budgets",
+        "3,6",
+        "--temperatures",
+        "0,1",
+        "--protocols",
+        "fixed",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
+    let groups = summary["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "one group per temperature");
+    for g in groups {
+        let rows = g["rows"].as_array().unwrap();
+        // df + 6 speculative methods x 2 budgets
+        assert_eq!(rows.len(), 13);
+        for r in rows {
+            assert_eq!(r["equal"], r["samples"], "{r}");
+            assert!(r["mean_nfe"].as_f64().unwrap() > 0.0);
+        }
+    }
+    let lines = std::fs::read_to_string(dir.join("samples.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 26);
+    assert!(
+        std::fs::read_to_string(dir.join("bench.svg"))
+            .unwrap()
+            .starts_with("<svg")
+    );
+    let md = std::fs::read_to_string(dir.join("bench.md")).unwrap();
+    assert!(md.contains("| spot-gamma | 6 | 1/1 |"), "{md}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Bad input: a zero budget and an inexact method are refused.
+    for bad in [["--budgets", "0"], ["--methods", "threshold"]] {
+        let out = spot(&[
+            "bench",
+            "--prompts",
+            humaneval().to_str().unwrap(),
+            bad[0],
+            bad[1],
+        ]);
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(&bad[0][2..]),
+            "{bad:?}"
+        );
+    }
+}

@@ -1,5 +1,8 @@
 //! Trajectory statistics that explain acceptance: how often the stale token is still the
-//! token the target commits.
+//! token the target commits ([`token_hits`]), and the calibration the learned scorer uses for
+//! its token factor ([`TokenCalibration`]).
+
+use serde::{Deserialize, Serialize};
 
 use crate::trajectory::{Trajectory, examples};
 
@@ -66,4 +69,121 @@ pub fn token_hits(trajs: &[Trajectory], max_depth: usize) -> TokenHits {
         });
     }
     h
+}
+
+/// Upper edges of the stale-confidence bins of a [`TokenCalibration`].
+pub const CALIBRATION_EDGES: [f32; 10] = [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0];
+
+/// How often a stale token is still the target's choice, by replay depth and stale confidence,
+/// measured on training trajectories.
+///
+/// The tree's mass multiplies the order probability by a token factor. The paper uses the stale
+/// probability `p~_s(v)`, which is not the chance that `v` survives: on the shipped target the
+/// stale choice is the committed token 76% of the time at depth 0 while its mean stale
+/// probability is 0.16. With a calibration the learned scorer uses the measured hit rates
+/// instead, so masses are honest acceptance estimates and the tree goes as deep as they allow.
+/// This changes only which nodes are drafted, never the output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenCalibration {
+    /// Upper edges of the confidence bins, ascending, the last one 1.
+    pub edges: Vec<f32>,
+    /// `top1[d][b]`: share of examples at depth `d` (deeper ones use the last row) with stale
+    /// confidence in bin `b` whose committed token was the stale choice (Laplace-smoothed).
+    pub top1: Vec<Vec<f32>>,
+    /// The same for the stale runner-up (the most probable other token).
+    pub runner_up: Vec<Vec<f32>>,
+}
+
+impl TokenCalibration {
+    /// Measures the hit rates on `trajs` for depths `0..=max_depth`.
+    pub fn fit(trajs: &[Trajectory], max_depth: usize) -> Self {
+        let (nd, nb) = (max_depth + 1, CALIBRATION_EDGES.len());
+        let mut n = vec![vec![0u64; nb]; nd];
+        let mut h1 = vec![vec![0u64; nb]; nd];
+        let mut h2 = vec![vec![0u64; nb]; nd];
+        for t in trajs {
+            examples(t, max_depth, |ex| {
+                let Ok(i) = ex
+                    .stale
+                    .positions
+                    .binary_search_by_key(&ex.target, |p| p.position as usize)
+                else {
+                    return;
+                };
+                let p = &ex.stale.positions[i];
+                let b = bin(p.confidence);
+                n[ex.depth][b] += 1;
+                h1[ex.depth][b] += u64::from(p.token == ex.token);
+                h2[ex.depth][b] += u64::from(p.runner_up == ex.token && p.token != ex.token);
+            });
+        }
+        let rate = |h: &Vec<Vec<u64>>| -> Vec<Vec<f32>> {
+            h.iter()
+                .zip(&n)
+                .map(|(hd, nd)| {
+                    hd.iter()
+                        .zip(nd)
+                        .map(|(&h, &n)| ((h as f64 + 1.0) / (n as f64 + 2.0)) as f32)
+                        .collect()
+                })
+                .collect()
+        };
+        Self {
+            edges: CALIBRATION_EDGES.to_vec(),
+            top1: rate(&h1),
+            runner_up: rate(&h2),
+        }
+    }
+
+    /// Whether the tables are well formed (used when loading a checkpoint).
+    pub fn check(&self) -> Result<(), String> {
+        let nb = self.edges.len();
+        if nb == 0 || self.edges.windows(2).any(|w| !(w[0] < w[1])) || self.edges[nb - 1] != 1.0 {
+            return Err("token_calibration.edges must ascend and end at 1".into());
+        }
+        for (name, t) in [("top1", &self.top1), ("runner_up", &self.runner_up)] {
+            if t.is_empty() || t.iter().any(|row| row.len() != nb) {
+                return Err(format!(
+                    "token_calibration.{name} must have rows of {nb} bins"
+                ));
+            }
+            if t.iter().flatten().any(|v| !(0.0..=1.0).contains(v)) {
+                return Err(format!(
+                    "token_calibration.{name} holds values outside [0, 1]"
+                ));
+            }
+        }
+        if self.top1.len() != self.runner_up.len() {
+            return Err("token_calibration.top1 and runner_up differ in depth".into());
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, table: &[Vec<f32>], depth: usize, confidence: f32) -> f32 {
+        let row = &table[depth.min(table.len() - 1)];
+        let b = self
+            .edges
+            .iter()
+            .position(|&e| confidence <= e)
+            .unwrap_or(row.len() - 1);
+        row[b.min(row.len() - 1)]
+    }
+
+    /// Chance that the stale choice is committed, at `depth` with stale `confidence`.
+    pub fn top1(&self, depth: usize, confidence: f32) -> f32 {
+        self.lookup(&self.top1, depth, confidence)
+    }
+
+    /// Chance that the stale runner-up is committed instead.
+    pub fn runner_up(&self, depth: usize, confidence: f32) -> f32 {
+        self.lookup(&self.runner_up, depth, confidence)
+    }
+}
+
+fn bin(confidence: f32) -> usize {
+    CALIBRATION_EDGES
+        .iter()
+        .position(|&e| confidence <= e)
+        .unwrap_or(CALIBRATION_EDGES.len() - 1)
 }

@@ -8,7 +8,7 @@
 //! | 0..32 | the top-32 stale probabilities of `s`, sorted, most probable first (zero-padded) |
 //! | 32..64 | their natural logs, floored at `ln 1e-10` |
 //! | 64 | stale entropy of `s` (nats) |
-//! | 65 | top-1 minus top-2 stale probability |
+//! | 65 | stale confidence of `s`: the probability of the decoder's (noised, under `T > 0`) stale choice — the top-1 probability at `T = 0` |
 //! | 66 | stale probability mass outside the top 32 |
 //! | 67 | rank of `s`'s stale confidence among the positions masked in `y`, over (masked − 1); 0 = most confident, ties to the lower index |
 //! | 68 | relative position `s / (L − 1)` |
@@ -26,7 +26,12 @@
 use spot_core::{BlockStats, TokenId};
 
 /// Version of the feature definition; checkpoints record it and refuse a mismatch.
-pub const FEATURES_VERSION: u32 = 1;
+///
+/// Version 2 (this one) replaced version 1's feature 65, top-1 minus top-2 probability (already
+/// readable from features 0 and 1), with the confidence of the stale choice, which differs from
+/// the top-1 probability under `T > 0` and tells the network which position the target's
+/// sampler favours.
+pub const FEATURES_VERSION: u32 = 2;
 
 /// Number of stale probabilities read per position.
 pub const TOP_K: usize = 32;
@@ -158,11 +163,7 @@ pub fn write_features(
             f[TOP_K + j] = LOG_FLOOR;
         }
         f[64] = p.entropy;
-        f[65] = match k {
-            0 => 0.0,
-            1 => p.top_probs[0],
-            _ => p.top_probs[0] - p.top_probs[1],
-        };
+        f[65] = p.confidence;
         f[66] = p.tail_mass;
         let c = p.confidence;
         let rank = masked
@@ -209,7 +210,7 @@ mod tests {
         assert_eq!((f(0, 0), f(0, 1), f(0, 2)), (0.6, 0.3, 0.0));
         assert_eq!(f(0, TOP_K), 0.6f32.ln());
         assert_eq!(f(0, TOP_K + 2), LOG_FLOOR);
-        assert!((f(0, 65) - 0.3).abs() < 1e-7);
+        assert_eq!((f(0, 65), f(1, 65), f(2, 65)), (0.6, 0.0, 0.6));
         assert_eq!((f(0, 64), f(0, 66)), (1.5, 0.01));
         // ranks among masked {0, 2, 3}: 0 (tie with 2, lower index first), 2, 3
         assert_eq!((f(0, 67), f(2, 67), f(3, 67)), (0.0, 0.5, 1.0));

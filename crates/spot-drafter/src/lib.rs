@@ -27,7 +27,7 @@ pub mod spiffy;
 pub mod train;
 pub mod trajectory;
 
-pub use analysis::{TokenHits, token_hits};
+pub use analysis::{TokenCalibration, TokenHits, token_hits};
 pub use checkpoint::DrafterError;
 pub use collect::{CollectError, Manifest, TrajectoryDir};
 pub use features::{
@@ -36,5 +36,7 @@ pub use features::{
 pub use network::{OrderModel, OrderModelConfig};
 pub use scorer::LearnedScorer;
 pub use spiffy::{SpiffyGraph, SpiffyScorer};
-pub use train::{Accuracy, EpochReport, TrainConfig, TrainObserver, evaluate_on, train};
+pub use train::{
+    Accuracy, EpochReport, TrainConfig, TrainObserver, evaluate_on, train, train_from,
+};
 pub use trajectory::{Trajectory, TrajectoryError, examples, record};

@@ -15,11 +15,12 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
+use crate::analysis::TokenCalibration;
 use crate::features::{FEATURES_VERSION, N_FEATURES};
 use crate::rng::SplitMix;
 
 /// Shape of the order network (stored next to every checkpoint).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OrderModelConfig {
     /// Version of the feature definition the network reads.
@@ -36,6 +37,11 @@ pub struct OrderModelConfig {
     pub ffn: usize,
     /// Encoder layers.
     pub layers: usize,
+    /// Token hit rates measured on the training trajectories; when present the learned scorer
+    /// weighs token hypotheses by them instead of by stale probabilities (see
+    /// [`TokenCalibration`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_calibration: Option<TokenCalibration>,
 }
 
 impl Default for OrderModelConfig {
@@ -48,6 +54,7 @@ impl Default for OrderModelConfig {
             heads: 8,
             ffn: 512,
             layers: 3,
+            token_calibration: None,
         }
     }
 }
@@ -122,6 +129,9 @@ impl OrderModelConfig {
         .contains(&0)
         {
             return Err("block_size, d_model, heads, ffn and layers must be positive".into());
+        }
+        if let Some(c) = &self.token_calibration {
+            c.check()?;
         }
         if !self.d_model.is_multiple_of(self.heads) {
             return Err(format!(
@@ -216,6 +226,11 @@ impl<B: Backend> OrderModel<B> {
     }
 
     /// Replaces the parameters (same count and lengths, e.g. after an optimiser step).
+    /// Attaches (or removes) the token calibration stored with the checkpoint.
+    pub fn set_token_calibration(&mut self, c: Option<TokenCalibration>) {
+        self.cfg.token_calibration = c;
+    }
+
     pub(crate) fn set_params(&mut self, params: Vec<Tensor<B, 1>>) {
         debug_assert_eq!(params.len(), self.params.len());
         self.params = params;

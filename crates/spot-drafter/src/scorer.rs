@@ -1,6 +1,7 @@
 //! The learned drafter as an [`OrderScorer`]: every node of a tree depth in one network call.
 
 use burn_tensor::backend::Backend;
+use spot_core::TokenId;
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
 
 use crate::features::{N_FEATURES, write_features};
@@ -8,8 +9,12 @@ use crate::network::OrderModel;
 
 /// SPOT's order scorer: `q_φ(s | y)` from the round's stale statistics.
 ///
-/// Token hypotheses stay the builder's default (the stale choice, which under `T > 0` is the
-/// noised argmax of the same coupled noise the target uses, plus the hedge).
+/// Token hypotheses are the stale choice (under `T > 0` the noised argmax of the same coupled
+/// noise the target uses) and the most probable other token. Without a token calibration in
+/// the checkpoint they are the builder's default (stale choice weighted by its stale
+/// probability, the runner-up only below the hedge threshold); with one, both are weighted by
+/// the calibrated chance that the target commits them (see
+/// [`TokenCalibration`](crate::TokenCalibration)).
 #[derive(Debug)]
 pub struct LearnedScorer<B: Backend> {
     model: OrderModel<B>,
@@ -75,5 +80,31 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
         let p = self.model.probabilities(&self.features, &self.valid, n);
         out[..n * l].copy_from_slice(&p);
         Ok(())
+    }
+
+    fn token_hypotheses(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        i: usize,
+        position: usize,
+        out: &mut Vec<(TokenId, f32)>,
+    ) -> bool {
+        let Some(cal) = &self.model.config().token_calibration else {
+            return false;
+        };
+        let (depth, stale) = (nodes.depth(i), ctx.stale);
+        let (tok, conf) = (stale.token(position), stale.confidence(position));
+        out.push((tok, cal.top1(depth, conf)));
+        let (ids, probs) = stale.top(position);
+        if let Some(&id) = ids
+            .iter()
+            .zip(probs)
+            .find(|(id, p)| **id != tok && **id != nodes.mask_id() && **p > 0.0)
+            .map(|(id, _)| id)
+        {
+            out.push((id, cal.runner_up(depth, conf)));
+        }
+        true
     }
 }

@@ -10,6 +10,7 @@ use burn_tensor::activation::log_softmax;
 use burn_tensor::backend::{AutodiffBackend, Backend};
 use burn_tensor::{Tensor, TensorData};
 
+use crate::analysis::TokenCalibration;
 use crate::features::{N_FEATURES, StaleSource, write_features};
 use crate::network::{OrderModel, OrderModelConfig};
 use crate::rng::SplitMix;
@@ -283,7 +284,8 @@ fn evaluate<B: Backend>(
 ///
 /// The last `holdout` share of the trajectories (at least one when there are two or more) is
 /// never trained on; the returned network is the epoch with the lowest held-out loss (the last
-/// epoch when nothing is held out). `trajs` must share one block size and mask id.
+/// epoch when nothing is held out), carrying a [`TokenCalibration`] fitted on the training
+/// trajectories. `trajs` must share one block size and mask id.
 pub fn train<B: AutodiffBackend>(
     trajs: &[Trajectory],
     model_cfg: OrderModelConfig,
@@ -291,7 +293,30 @@ pub fn train<B: AutodiffBackend>(
     device: &B::Device,
     observer: &mut dyn TrainObserver,
 ) -> Result<(OrderModel<B::InnerBackend>, Vec<EpochReport>), String> {
+    train_from::<B>(trajs, None, model_cfg, cfg, device, observer)
+}
+
+/// [`train`], starting from the weights of `init` (a checkpoint of the same shape) instead of
+/// a fresh initialisation; Adam's moments start at zero.
+pub fn train_from<B: AutodiffBackend>(
+    trajs: &[Trajectory],
+    init: Option<&OrderModel<B::InnerBackend>>,
+    model_cfg: OrderModelConfig,
+    cfg: &TrainConfig,
+    device: &B::Device,
+    observer: &mut dyn TrainObserver,
+) -> Result<(OrderModel<B::InnerBackend>, Vec<EpochReport>), String> {
     model_cfg.check()?;
+    if let Some(m) = init {
+        let (a, b) = (m.config(), &model_cfg);
+        if (a.block_size, a.d_model, a.heads, a.ffn, a.layers)
+            != (b.block_size, b.d_model, b.heads, b.ffn, b.layers)
+        {
+            return Err(format!(
+                "the initial checkpoint's shape {a:?} differs from the requested {b:?}"
+            ));
+        }
+    }
     if trajs.is_empty() {
         return Err("no trajectories".into());
     }
@@ -326,8 +351,10 @@ pub fn train<B: AutodiffBackend>(
     let steps_per_epoch = per_epoch.div_ceil(cfg.batch_size);
     observer.start(per_epoch, held_refs.len(), steps_per_epoch);
 
-    let init = OrderModel::<B>::init(model_cfg, cfg.seed, device);
-    let mut model = init;
+    let mut model = match init {
+        Some(m) => OrderModel::<B>::from_host(model_cfg, m.to_host(), device),
+        None => OrderModel::<B>::init(model_cfg, cfg.seed, device),
+    };
     let mut params: Vec<Tensor<B, 1>> = model
         .params()
         .iter()
@@ -389,10 +416,13 @@ pub fn train<B: AutodiffBackend>(
         }
         reports.push(report);
     }
-    match best {
-        Some((_, m)) => Ok((m, reports)),
-        None => Ok((inner_model(&model), reports)),
-    }
+    let mut out = match best {
+        Some((_, m)) => m,
+        None => inner_model(&model),
+    };
+    let train_part = &trajs[..trajs.len() - n_held];
+    out.set_token_calibration(Some(TokenCalibration::fit(train_part, cfg.max_depth)));
+    Ok((out, reports))
 }
 
 /// Evaluates a trained network on trajectories it was not trained on.

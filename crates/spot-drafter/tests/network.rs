@@ -7,7 +7,8 @@ use spot_core::DecodeConfig;
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_drafter::checkpoint::{self, config_path};
 use spot_drafter::{
-    DrafterError, N_FEATURES, OrderModel, OrderModelConfig, TrainConfig, Trajectory, record, train,
+    DrafterError, FEATURES_VERSION, N_FEATURES, OrderModel, OrderModelConfig, TrainConfig,
+    Trajectory, record, train,
 };
 
 type B = Flex<f32>;
@@ -155,7 +156,10 @@ fn checkpoint_round_trip_and_bad_files() {
     let json = std::fs::read_to_string(config_path(&w)).unwrap();
     std::fs::write(
         config_path(&w),
-        json.replace("\"features_version\": 1", "\"features_version\": 9"),
+        json.replace(
+            &format!("\"features_version\": {FEATURES_VERSION}"),
+            "\"features_version\": 9",
+        ),
     )
     .unwrap();
     let e = load(&w);

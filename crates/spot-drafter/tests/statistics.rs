@@ -1,4 +1,5 @@
-//! The Spiffy baseline's calibration and graph file, and the token-hit statistics.
+//! Trajectory statistics: the Spiffy graph (calibration, file), token hit rates and the token
+//! calibration of the learned scorer.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use spot_core::DecodeConfig;
@@ -162,4 +163,55 @@ fn token_hits_measure_staleness() {
     }
     let unstable = token_hits(&trajectories(6, 0.0, 0.0), 4);
     assert!(unstable.top1_rate(2) < 1.0, "{:?}", unstable);
+}
+
+/// The token calibration reproduces the hit rates it was fitted on, travels with a checkpoint,
+/// and a damaged table is a typed error.
+#[test]
+fn token_calibration_fits_and_travels_with_the_checkpoint() {
+    use spot_drafter::{OrderModel, OrderModelConfig, TokenCalibration, checkpoint};
+    let stable = TokenCalibration::fit(&trajectories(6, 1.0, 0.0), 3);
+    stable.check().unwrap();
+    assert_eq!(stable.top1.len(), 4);
+    // Every populated bin of a stable target hits (smoothed towards 1/2 only when empty).
+    assert!(
+        stable.top1.iter().flatten().all(|&v| v >= 0.5),
+        "{stable:?}"
+    );
+    assert!(stable.top1.iter().flatten().any(|&v| v > 0.9), "{stable:?}");
+    let unstable = TokenCalibration::fit(&trajectories(6, 0.0, 0.0), 3);
+    let hits = token_hits(&trajectories(6, 0.0, 0.0), 3);
+    assert!(hits.top1_rate(2) < 1.0);
+    assert!(
+        unstable.top1.iter().flatten().any(|&v| v < 0.9),
+        "{unstable:?}"
+    );
+    // Deeper than the table: the last row.
+    assert_eq!(unstable.top1(99, 0.5), unstable.top1(3, 0.5));
+
+    type B = burn_flex::Flex<f32>;
+    let cfg = OrderModelConfig {
+        block_size: 8,
+        d_model: 16,
+        heads: 2,
+        ffn: 32,
+        layers: 1,
+        ..OrderModelConfig::default()
+    };
+    let mut net = OrderModel::<B>::init(cfg, 1, &Default::default());
+    net.set_token_calibration(Some(unstable.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path().join("d.safetensors");
+    checkpoint::save(&net, &w).unwrap();
+    let back = checkpoint::load::<B>(&w, &Default::default()).unwrap();
+    assert_eq!(back.config().token_calibration.as_ref(), Some(&unstable));
+    let json = std::fs::read_to_string(checkpoint::config_path(&w)).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    v["token_calibration"]["top1"][0][0] = 1.5.into();
+    std::fs::write(checkpoint::config_path(&w), v.to_string()).unwrap();
+    let e = checkpoint::load::<B>(&w, &Default::default()).unwrap_err();
+    assert!(
+        matches!(e, DrafterError::Config { .. }) && e.to_string().contains("top1"),
+        "{e}"
+    );
 }
