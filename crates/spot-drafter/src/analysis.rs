@@ -139,7 +139,11 @@ impl TokenCalibration {
     /// Whether the tables are well formed (used when loading a checkpoint).
     pub fn check(&self) -> Result<(), String> {
         let nb = self.edges.len();
-        if nb == 0 || self.edges.windows(2).any(|w| !(w[0] < w[1])) || self.edges[nb - 1] != 1.0 {
+        let ascending = self
+            .edges
+            .windows(2)
+            .all(|w| w[0].partial_cmp(&w[1]) == Some(std::cmp::Ordering::Less));
+        if nb == 0 || !ascending || self.edges[nb - 1] != 1.0 {
             return Err("token_calibration.edges must ascend and end at 1".into());
         }
         for (name, t) in [("top1", &self.top1), ("runner_up", &self.runner_up)] {

@@ -110,7 +110,8 @@ fn graph_file_round_trip_and_errors() {
     assert_eq!(SpiffyGraph::load(&path).unwrap(), g);
     let text = std::fs::read_to_string(&path).unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+    type Edit<'a> = Box<dyn Fn(&mut serde_json::Value) + 'a>;
+    let cases: Vec<(&str, Edit)> = vec![
         ("version", Box::new(|v| v["version"] = 2.into())),
         ("format", Box::new(|v| v["format"] = "other".into())),
         ("unknown field", Box::new(|v| v["extra"] = 1.into())),
