@@ -121,9 +121,18 @@ fn training_learns_the_commit_order() {
     assert!(last.drafter() > before.drafter() + 0.1);
     // On this toy the learned order also beats ranking by stale confidence.
     assert!(last.drafter() > before.confidence(), "{}", last.drafter());
-    // The evaluation of the returned model agrees with the last report.
+    // The returned model is the epoch with the lowest held-out loss: its evaluation agrees
+    // with that epoch's report.
+    let best = reports
+        .iter()
+        .min_by(|a, b| a.heldout.loss.total_cmp(&b.heldout.loss))
+        .unwrap();
     let again = spot_drafter::evaluate_on(&model, held, 7);
-    assert_eq!(again.drafter_hits, last.drafter_hits);
+    assert_eq!(again.drafter_hits, best.heldout.drafter_hits);
+    assert!((again.loss - best.heldout.loss).abs() < 1e-9);
+    // It carries a token calibration fitted on the training trajectories.
+    let cal = model.config().token_calibration.as_ref().unwrap();
+    assert_eq!(cal.top1.len(), 8);
 }
 
 #[test]
