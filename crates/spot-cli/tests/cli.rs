@@ -309,7 +309,7 @@ fn bench_runs_every_method_and_agrees_with_draft_free() {
         "--temperatures",
         "0,1",
         "--protocols",
-        "fixed",
+        "fixed,eos",
         "--out",
         dir.to_str().unwrap(),
     ]);
@@ -321,7 +321,7 @@ fn bench_runs_every_method_and_agrees_with_draft_free() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
     let groups = summary["groups"].as_array().unwrap();
-    assert_eq!(groups.len(), 2, "one group per temperature");
+    assert_eq!(groups.len(), 4, "one group per temperature and protocol");
     for g in groups {
         let rows = g["rows"].as_array().unwrap();
         // df + 6 speculative methods x 2 budgets
@@ -332,7 +332,7 @@ fn bench_runs_every_method_and_agrees_with_draft_free() {
         }
     }
     let lines = std::fs::read_to_string(dir.join("samples.jsonl")).unwrap();
-    assert_eq!(lines.lines().count(), 26);
+    assert_eq!(lines.lines().count(), 52);
     assert!(
         std::fs::read_to_string(dir.join("bench.svg"))
             .unwrap()
