@@ -55,14 +55,9 @@ pub fn token_hits(trajs: &[Trajectory], max_depth: usize) -> TokenHits {
         examples(t, max_depth, |ex| {
             let d = ex.depth;
             h.count[d] += 1;
-            let Ok(i) = ex
-                .stale
-                .positions
-                .binary_search_by_key(&ex.target, |p| p.position as usize)
-            else {
+            let Some(p) = ex.stale.stored(ex.target) else {
                 return;
             };
-            let p = &ex.stale.positions[i];
             h.top1[d] += usize::from(p.token == ex.token);
             h.runner_up[d] += usize::from(p.runner_up == ex.token && p.token != ex.token);
             h.top1_prob_sum[d] += f64::from(p.top_probs.first().copied().unwrap_or(0.0));
@@ -104,15 +99,10 @@ impl TokenCalibration {
         let mut h2 = vec![vec![0u64; nb]; nd];
         for t in trajs {
             examples(t, max_depth, |ex| {
-                let Ok(i) = ex
-                    .stale
-                    .positions
-                    .binary_search_by_key(&ex.target, |p| p.position as usize)
-                else {
+                let Some(p) = ex.stale.stored(ex.target) else {
                     return;
                 };
-                let p = &ex.stale.positions[i];
-                let b = bin(p.confidence);
+                let b = bin(&CALIBRATION_EDGES, p.confidence);
                 n[ex.depth][b] += 1;
                 h1[ex.depth][b] += u64::from(p.token == ex.token);
                 h2[ex.depth][b] += u64::from(p.runner_up == ex.token && p.token != ex.token);
@@ -166,12 +156,7 @@ impl TokenCalibration {
 
     fn lookup(&self, table: &[Vec<f32>], depth: usize, confidence: f32) -> f32 {
         let row = &table[depth.min(table.len() - 1)];
-        let b = self
-            .edges
-            .iter()
-            .position(|&e| confidence <= e)
-            .unwrap_or(row.len() - 1);
-        row[b.min(row.len() - 1)]
+        row[bin(&self.edges, confidence).min(row.len() - 1)]
     }
 
     /// Chance that the stale choice is committed, at `depth` with stale `confidence`.
@@ -185,9 +170,10 @@ impl TokenCalibration {
     }
 }
 
-fn bin(confidence: f32) -> usize {
-    CALIBRATION_EDGES
+/// The first bin whose upper edge is at least `confidence` (the last bin above every edge).
+fn bin(edges: &[f32], confidence: f32) -> usize {
+    edges
         .iter()
         .position(|&e| confidence <= e)
-        .unwrap_or(CALIBRATION_EDGES.len() - 1)
+        .unwrap_or(edges.len().saturating_sub(1))
 }

@@ -2,7 +2,9 @@
 
 use burn_tensor::backend::Backend;
 use spot_core::TokenId;
-use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
+use spot_tree::{
+    NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size, stale_runner_up,
+};
 
 use crate::features::{N_FEATURES, write_features};
 use crate::network::OrderModel;
@@ -50,13 +52,7 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
         out: &mut [f32],
     ) -> Result<(), TreeError> {
         let l = ctx.root.len();
-        let want = self.model.config().block_size;
-        if l != want {
-            return Err(TreeError::Scorer {
-                scorer: "spot".into(),
-                reason: format!("drafter trained for block size {want}, block has {l}"),
-            });
-        }
+        check_block_size("spot", self.model.config().block_size, l)?;
         let n = nodes.len();
         if n == 0 {
             return Ok(());
@@ -94,15 +90,9 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
             return false;
         };
         let (depth, stale) = (nodes.depth(i), ctx.stale);
-        let (tok, conf) = (stale.token(position), stale.confidence(position));
-        out.push((tok, cal.top1(depth, conf)));
-        let (ids, probs) = stale.top(position);
-        if let Some(&id) = ids
-            .iter()
-            .zip(probs)
-            .find(|(id, p)| **id != tok && **id != nodes.mask_id() && **p > 0.0)
-            .map(|(id, _)| id)
-        {
+        let conf = stale.confidence(position);
+        out.push((stale.token(position), cal.top1(depth, conf)));
+        if let Some((id, _)) = stale_runner_up(stale, position, nodes.mask_id()) {
             out.push((id, cal.runner_up(depth, conf)));
         }
         true

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use spot_core::{BlockStats, Commit, TokenId};
-use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
+use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size};
 
 use crate::checkpoint::DrafterError;
 use crate::features::StaleSource;
@@ -271,15 +271,7 @@ impl OrderScorer for SpiffyScorer {
         out: &mut [f32],
     ) -> Result<(), TreeError> {
         let l = ctx.root.len();
-        if l != self.block_size {
-            return Err(TreeError::Scorer {
-                scorer: "spiffy".into(),
-                reason: format!(
-                    "graph calibrated for block size {}, block has {l}",
-                    self.block_size
-                ),
-            });
-        }
+        check_block_size("spiffy", self.block_size, l)?;
         let mask = nodes.mask_id();
         let stale: &BlockStats = ctx.stale;
         let conf = |s: usize| stale.confidence(s);

@@ -119,13 +119,20 @@ pub struct StepRecord {
     pub positions: Vec<StoredPosition>,
 }
 
-impl StaleSource for StepRecord {
-    fn position(&self, s: usize) -> Option<PositionStale<'_>> {
+impl StepRecord {
+    /// The stored statistics of block position `s` (`None` when `s` was not masked).
+    pub fn stored(&self, s: usize) -> Option<&StoredPosition> {
         let i = self
             .positions
             .binary_search_by_key(&s, |p| p.position as usize)
             .ok()?;
-        let p = &self.positions[i];
+        self.positions.get(i)
+    }
+}
+
+impl StaleSource for StepRecord {
+    fn position(&self, s: usize) -> Option<PositionStale<'_>> {
+        let p = self.stored(s)?;
         Some(PositionStale {
             top_probs: &p.top_probs,
             entropy: p.entropy,

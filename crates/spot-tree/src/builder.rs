@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 use spot_core::{Commit, TokenId};
 
 use crate::error::TreeError;
-use crate::scorer::{NodeBatch, OrderScorer, ScoreContext};
+use crate::scorer::{NodeBatch, OrderScorer, ScoreContext, stale_runner_up};
 use crate::tree::{DraftTree, zobrist};
 
 /// Shape limits of a draft tree.
@@ -212,16 +212,11 @@ impl TreeBuilder {
             let h = &mut self.hyps[s];
             h.items[0] = (tok, p);
             h.n = 1;
-            if self.cfg.hedge.is_some_and(|th| p < th) {
-                let (ids, probs) = ctx.stale.top(s);
-                if let Some((&id, &pr)) = ids
-                    .iter()
-                    .zip(probs)
-                    .find(|(id, pr)| **id != tok && **id != mask && **pr > 0.0)
-                {
-                    h.items[1] = (id, pr);
-                    h.n = 2;
-                }
+            if self.cfg.hedge.is_some_and(|th| p < th)
+                && let Some(item) = stale_runner_up(ctx.stale, s, mask)
+            {
+                h.items[1] = item;
+                h.n = 2;
             }
         }
         Ok(())

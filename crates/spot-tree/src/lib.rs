@@ -38,6 +38,6 @@ pub use builder::{TreeBuilder, TreeConfig};
 pub use error::TreeError;
 pub use scorer::{
     NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,
-    fill_normalised,
+    check_block_size, fill_normalised, stale_runner_up,
 };
 pub use tree::{DraftTree, state_hash, zobrist};

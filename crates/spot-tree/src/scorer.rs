@@ -103,6 +103,31 @@ pub trait OrderScorer {
     }
 }
 
+/// The hedge's token at position `s`: the most probable token of the stale top-k other than
+/// the stale choice and the mask, with its stale probability (`None` when there is none with
+/// positive probability). Shared by the builder's default hypotheses and scorers that
+/// re-weight them.
+pub fn stale_runner_up(stale: &BlockStats, s: usize, mask: TokenId) -> Option<(TokenId, f32)> {
+    let tok = stale.token(s);
+    let (ids, probs) = stale.top(s);
+    ids.iter()
+        .zip(probs)
+        .find(|(id, p)| **id != tok && **id != mask && **p > 0.0)
+        .map(|(&id, &p)| (id, p))
+}
+
+/// `Err(TreeError::Scorer)` naming `scorer` when the block size differs from the one it was
+/// built for.
+pub fn check_block_size(scorer: &str, built_for: usize, block: usize) -> Result<(), TreeError> {
+    if built_for == block {
+        return Ok(());
+    }
+    Err(TreeError::Scorer {
+        scorer: scorer.into(),
+        reason: format!("built for block size {built_for}, block has {block}"),
+    })
+}
+
 /// Writes, for every node of `nodes`, `weight(i, s)` at its masked positions normalised to sum
 /// to one (uniform when every weight is zero) and zero at committed positions.
 pub fn fill_normalised(
