@@ -79,7 +79,9 @@ def tokenizer_training_text() -> str:
     return "\n".join(parts)
 
 
-def build_tokenizer():
+def build_tokenizer(special_tokens=None):
+    """The fixture BPE tokenizer plus `special_tokens` (default: SDAR's three) appended in order."""
+    specials = list(SPECIAL_TOKENS if special_tokens is None else special_tokens)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     text = tokenizer_training_text()
@@ -95,9 +97,9 @@ def build_tokenizer():
     lines = text.splitlines(keepends=True)
     tok.train_from_iterator(lines, trainer=trainer)
     assert tok.get_vocab_size() == BPE_VOCAB, tok.get_vocab_size()
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    assert tok.get_vocab_size() == BPE_VOCAB + len(SPECIAL_TOKENS)
+    tok.add_special_tokens(specials)
+    ids = {t: tok.token_to_id(t) for t in specials}
+    assert tok.get_vocab_size() == BPE_VOCAB + len(specials)
     sha = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return tok, ids, sha
 

@@ -156,7 +156,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} decodes {msg} [{elapsed}<{eta}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let block_size = model.config().block_size.unwrap_or(32);
+    let block_size = model.block_size().unwrap_or(32);
     let stop_ids = model.info().stop_ids.clone();
     let mut cells: BTreeMap<Key, Cell> = BTreeMap::new();
     let mut mismatches = 0usize;

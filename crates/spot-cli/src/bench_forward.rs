@@ -96,7 +96,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let mut j = serde_json::json!({
         "model": dir.display().to_string(),
-        "parameters": model.config().parameter_count(),
+        "parameters": model.parameter_count(),
         "backend": std::any::type_name::<Backend>(),
         "prefix": a.prefix,
         "block": a.block_size,

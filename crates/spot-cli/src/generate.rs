@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spot::{
     BlockDiffusionModel, BlockObserver, BlockProgress, DecodeConfig, DecodeOutput, Transition,
 };
-use spot_models::Sdar;
+use spot_models::DiffusionModel;
 
 use crate::methods::{self, Drafters, Method, Settings};
 use crate::{Backend, load, model_dir, prompts};
@@ -161,7 +161,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
 fn run_file(
     a: &GenerateArgs,
     drafter: &Drafters,
-    model: &mut Sdar<Backend>,
+    model: &mut DiffusionModel<Backend>,
     path: &std::path::Path,
 ) -> Result<()> {
     let set = prompts::load_prompts(path, a.field.as_deref(), a.limit)?;
@@ -207,16 +207,16 @@ fn run_file(
     Ok(())
 }
 
-fn encode(model: &Sdar<Backend>, text: &str) -> Result<Vec<u32>> {
+fn encode(model: &DiffusionModel<Backend>, text: &str) -> Result<Vec<u32>> {
     Ok(model
         .tokenizer()
         .context("prompt text needs tokenizer.json in the model folder; use --prompt-ids")?
         .encode(text)?)
 }
 
-fn decode_config(a: &GenerateArgs, model: &Sdar<Backend>) -> DecodeConfig {
+fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeConfig {
     DecodeConfig {
-        block_size: a.block_size.or(model.config().block_size).unwrap_or(32),
+        block_size: a.block_size.or(model.block_size()).unwrap_or(32),
         max_new_tokens: a.max_new_tokens,
         temperature: a.temperature,
         seed: a.seed,
@@ -234,7 +234,7 @@ fn decode_config(a: &GenerateArgs, model: &Sdar<Backend>) -> DecodeConfig {
 fn decode(
     a: &GenerateArgs,
     drafters: &Drafters,
-    model: &mut Sdar<Backend>,
+    model: &mut DiffusionModel<Backend>,
     prompt: &[u32],
     cfg: &DecodeConfig,
     on_block: &mut dyn BlockObserver,
@@ -252,7 +252,7 @@ fn decode(
 
 fn result_json(
     a: &GenerateArgs,
-    model: &Sdar<Backend>,
+    model: &DiffusionModel<Backend>,
     prompt_tokens: usize,
     out: &DecodeOutput,
     wall: f64,

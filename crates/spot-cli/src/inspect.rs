@@ -20,27 +20,14 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     let dir = model_dir::resolve(a.model.as_deref())?;
     let dir = dir.as_path();
     let model = load(dir)?;
-    let c = model.config();
     let info = model.info();
     println!("folder:            {}", dir.display());
-    println!("model_type:        {}", c.model_type);
-    println!("layers:            {}", c.num_hidden_layers);
-    println!(
-        "hidden / mlp:      {} / {}",
-        c.hidden_size, c.intermediate_size
-    );
-    println!(
-        "heads (q / kv):    {} / {} x {}",
-        c.num_attention_heads,
-        c.kv_heads(),
-        c.head_dim()
-    );
-    println!("vocab:             {}", c.vocab_size);
-    println!("rope_theta:        {}", c.rope_theta);
-    println!("tied embeddings:   {}", c.tie_word_embeddings);
+    println!("family:            {}", model.family().name());
+    println!("vocab:             {}", info.vocab_size);
     println!(
         "block_size:        {}",
-        c.block_size
+        model
+            .block_size()
             .map_or("(not set; 32)".to_string(), |b| b.to_string())
     );
     println!("max positions:     {}", info.max_positions);
@@ -53,6 +40,6 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             t.vocab_size()
         ))
     );
-    println!("parameters:        {}", c.parameter_count());
+    println!("parameters:        {}", model.parameter_count());
     Ok(())
 }

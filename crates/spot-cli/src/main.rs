@@ -21,7 +21,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use spot_models::Sdar;
+use spot_models::DiffusionModel;
 
 #[cfg(any(feature = "flex", feature = "ndarray"))]
 type Backend = spot_models::CpuBackend;
@@ -68,10 +68,11 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
-/// Loads an SDAR folder on the default device of the compiled backend.
-fn load(dir: &Path) -> Result<Sdar<Backend>> {
+/// Loads a block-diffusion model folder (any family, by `config.json`'s `model_type`) on the
+/// default device of the compiled backend.
+fn load(dir: &Path) -> Result<DiffusionModel<Backend>> {
     let device = Default::default();
-    Sdar::<Backend>::load(dir, &device)
+    DiffusionModel::<Backend>::load(dir, &device)
         .with_context(|| format!("loading model folder {}", dir.display()))
 }
 

@@ -375,6 +375,7 @@ pub fn run_decode<S: BlockDecoder + ?Sized>(
     let mut model = MeteredModel::new(model);
     let info = model.info().clone();
     let l = cfg.block_size;
+    model.set_generation_end(plan.first_start + plan.blocks * l)?;
     model.reset_prefix(&prompt[..plan.first_start], l)?;
     let mut stats = DecodeStats::default();
     let mut trace = record_trace.then(DecodeTrace::default);

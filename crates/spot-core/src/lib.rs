@@ -10,6 +10,7 @@
 //! - [`Transition`]: the exact commit rule `Φ` and the threshold rule `Φ^τ`;
 //! - [`DraftFreeDecoder`]: the ground truth, and [`run_decode`], the block loop every decoder
 //!   shares (prefill, prompt tail in the first block, stop ids, fixed length, counters);
+//! - [`autoregressive`]: causal targets with a KV cache and their token-by-token decoder;
 //! - [`toy`]: deterministic toy models for tests.
 //!
 //! This crate does not depend on any tensor library.
@@ -32,6 +33,7 @@
 //! # Ok::<(), spot_core::Error>(())
 //! ```
 
+pub mod autoregressive;
 pub mod decode;
 pub mod error;
 pub mod model;
@@ -41,6 +43,7 @@ pub mod stats;
 pub mod toy;
 pub mod transition;
 
+pub use autoregressive::{ArConfig, ArInfo, ArOutput, AutoregressiveModel, decode_autoregressive};
 pub use decode::{
     BlockDecoder, BlockObserver, BlockProgress, BlockRun, BlockTrace, DecodeConfig, DecodeOutput,
     DecodeStats, DecodeTrace, DraftFreeDecoder, run_decode,

@@ -41,6 +41,17 @@ pub trait BlockDiffusionModel {
     /// Static facts: vocabulary, mask id, context limit, stop ids.
     fn info(&self) -> &ModelInfo;
 
+    /// Announces the absolute end of the region a decode will generate (the end of its last
+    /// block), before [`BlockDiffusionModel::reset_prefix`]. Models that attend to future
+    /// masked positions (LLaDA, Dream: the whole region is masks before it is decoded) need
+    /// it; block-causal models ignore it (the default). Every decoder in the workspace calls
+    /// it through [`crate::run_decode`], so draft-free and speculative decoding see the same
+    /// sequences.
+    fn set_generation_end(&mut self, end: usize) -> Result<()> {
+        let _ = end;
+        Ok(())
+    }
+
     /// Drops the cache and makes `prefix` the committed prefix (it may be empty). The prefix is
     /// a whole number of blocks of `block_size` positions; block-causal models attend within
     /// each of those blocks bidirectionally and causally across them.
@@ -59,6 +70,9 @@ pub trait BlockDiffusionModel {
 impl<M: BlockDiffusionModel + ?Sized> BlockDiffusionModel for &mut M {
     fn info(&self) -> &ModelInfo {
         (**self).info()
+    }
+    fn set_generation_end(&mut self, end: usize) -> Result<()> {
+        (**self).set_generation_end(end)
     }
     fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> Result<PrefixUpdate> {
         (**self).reset_prefix(prefix, block_size)
@@ -142,6 +156,11 @@ impl<'m> MeteredModel<'m> {
             self.meter.prefix_forwards += 1;
         }
         self.meter.positions_processed += u.positions as u64;
+    }
+
+    /// Announces the end of the generation region (not a forward).
+    pub fn set_generation_end(&mut self, end: usize) -> Result<()> {
+        self.model.set_generation_end(end)
     }
 
     /// Resets the prefix (counted).

@@ -6,6 +6,13 @@
 //!
 //! - [`Sdar`]: SDAR (Qwen3 with block-causal attention), prefix KV cache, batched verification
 //!   forwards, logits reduced on the device;
+//! - [`Llada`] (LLaDA-8B) and [`Dream`] (Dream-7B): full bidirectional attention, the whole
+//!   sequence recomputed per forward with the future blocks masked ([`FullSequence`]);
+//! - [`Llada2Moe`] (LLaDA2.0-mini): mixture of experts, block-causal with a prefix KV cache
+//!   like SDAR ([`BlockCausal`]);
+//! - [`DiffusionModel`]: any of the above, chosen by `config.json`'s `model_type`;
+//! - [`CausalLm`]: autoregressive Llama / Qwen2 / Qwen3 with a KV cache
+//!   ([`spot_core::AutoregressiveModel`]);
 //! - [`hf`]: `config.json`, (sharded) safetensors with f32/bf16/f16 weights, `tokenizer.json`.
 //!
 //! Backends are Cargo features of the same generic code: `flex` (default, CPU), `ndarray`
@@ -22,12 +29,30 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod any;
+mod autoregressive;
+mod block_causal;
+mod config;
+mod dream;
 mod error;
+mod frame;
+mod full_sequence;
 pub mod hf;
+mod llada;
+mod llada2;
 mod reduce;
 mod sdar;
+mod transformer;
 
+pub use any::{DiffusionModel, Family};
+pub use autoregressive::CausalLm;
+pub use block_causal::BlockCausal;
+pub use config::DecoderConfig;
+pub use dream::{Dream, DreamConfig};
 pub use error::{ModelError, Result};
+pub use full_sequence::FullSequence;
+pub use llada::{Llada, LladaConfig};
+pub use llada2::{Llada2Config, Llada2Moe};
 pub use sdar::{Sdar, SdarConfig};
 
 /// The CPU backend when only the `ndarray` feature is enabled.

@@ -36,19 +36,22 @@ pub(crate) fn noise_rows<B: Backend>(
 
 /// Reduces `logits` `[n_states * len, vocab]` to one [`BlockStats`] per state.
 ///
-/// `mask_bias` is `[1, vocab]`: 0 everywhere and `-inf` at the mask id. `noise` is
-/// `[len, vocab]` (used when `T > 0`).
+/// `mask_bias` is `[1, vocab]`: 0 everywhere and `-inf` at the mask id (none for
+/// autoregressive models). `noise` is `[len, vocab]` (used when `T > 0`).
 pub(crate) fn reduce<B: Backend>(
     logits: Tensor<B, 2>,
     n_states: usize,
     len: usize,
     query: &StatsQuery,
-    mask_bias: &Tensor<B, 2>,
+    mask_bias: Option<&Tensor<B, 2>>,
     noise: Option<&Tensor<B, 2>>,
 ) -> Result<Vec<BlockStats>> {
     let [rows, vocab] = logits.dims();
     let t = query.temperature;
-    let logits = logits + mask_bias.clone();
+    let logits = match mask_bias {
+        Some(b) => logits + b.clone(),
+        None => logits,
+    };
     let tempered = if t > 0.0 {
         logits.clone().div_scalar(t)
     } else {

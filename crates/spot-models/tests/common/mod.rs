@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use spot_models::{CpuBackend, Sdar};
+use spot_models::{CpuBackend, DiffusionModel, Sdar};
 
 pub const FIXTURES: [&str; 2] = ["sdar-tiny", "sdar-tiny-bf16"];
 
@@ -16,6 +16,13 @@ pub fn fixture(name: &str) -> PathBuf {
 
 pub fn load(name: &str) -> Sdar<CpuBackend> {
     Sdar::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
+}
+
+/// The fixtures of the other block-diffusion families (tools/oracle/families_oracle.py).
+pub const FAMILY_FIXTURES: [&str; 3] = ["llada-tiny", "dream-tiny", "llada2-moe-tiny"];
+
+pub fn load_any(name: &str) -> DiffusionModel<CpuBackend> {
+    DiffusionModel::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
 }
 
 #[derive(Deserialize)]
@@ -32,6 +39,9 @@ pub struct LogitsCase {
     pub key: String,
     pub prefix: Vec<u32>,
     pub states: Vec<Vec<u32>>,
+    /// End of the generation region (full-sequence families), else none.
+    #[serde(default)]
+    pub end: Option<usize>,
 }
 
 #[derive(Deserialize)]

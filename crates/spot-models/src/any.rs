@@ -1,0 +1,200 @@
+//! Loading any block-diffusion family by the `model_type` of its `config.json`.
+
+use std::path::Path;
+
+use burn_tensor::backend::Backend;
+use serde::Deserialize;
+use spot_core::{BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId};
+
+use crate::error::{ModelError, Result};
+use crate::hf::{Tokenizer, read_json};
+use crate::{Dream, Llada, Llada2Moe, Sdar};
+
+/// The model families this crate runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// SDAR (`"sdar"`; `"qwen3"` is read as SDAR by [`DiffusionModel`]).
+    Sdar,
+    /// LLaDA (`"llada"`).
+    Llada,
+    /// Dream (`"Dream"`).
+    Dream,
+    /// LLaDA2.0 MoE (`"llada2_moe"`).
+    Llada2Moe,
+    /// Autoregressive Llama (`"llama"`), see [`crate::CausalLm`].
+    Llama,
+    /// Autoregressive Qwen2 (`"qwen2"`), see [`crate::CausalLm`].
+    Qwen2,
+}
+
+#[derive(Deserialize)]
+struct ModelType {
+    model_type: String,
+}
+
+impl Family {
+    /// The family named by `dir/config.json`'s `model_type`.
+    pub fn detect(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let t: ModelType = read_json(&path)?;
+        Ok(match t.model_type.as_str() {
+            "sdar" | "qwen3" => Family::Sdar,
+            "llada" => Family::Llada,
+            "Dream" | "dream" => Family::Dream,
+            "llada2_moe" => Family::Llada2Moe,
+            "llama" => Family::Llama,
+            "qwen2" => Family::Qwen2,
+            other => {
+                return Err(ModelError::InvalidConfig {
+                    path,
+                    field: "model_type",
+                    reason: format!(
+                        "unknown model type {other:?}; supported: sdar, qwen3, llada, Dream, \
+                         llada2_moe, llama, qwen2"
+                    ),
+                });
+            }
+        })
+    }
+
+    /// Whether the family is decoded by block diffusion (else it is autoregressive).
+    pub fn is_diffusion(self) -> bool {
+        !matches!(self, Family::Llama | Family::Qwen2)
+    }
+
+    /// A short lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Sdar => "sdar",
+            Family::Llada => "llada",
+            Family::Dream => "dream",
+            Family::Llada2Moe => "llada2-moe",
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+        }
+    }
+}
+
+/// A block-diffusion model of any family, chosen by `config.json`.
+///
+/// ```no_run
+/// use spot_core::{DecodeConfig, DraftFreeDecoder};
+/// use spot_models::{CpuBackend, DiffusionModel};
+///
+/// let mut model = DiffusionModel::<CpuBackend>::load("LLaDA-8B-Instruct".as_ref(), &Default::default())?;
+/// println!("{:?}, {} parameters", model.family(), model.parameter_count());
+/// let prompt = model.tokenizer().unwrap().encode("Hello")?;
+/// let out = DraftFreeDecoder::new().decode(&mut model, &prompt, &DecodeConfig::default())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DiffusionModel<B: Backend> {
+    /// SDAR.
+    Sdar(Sdar<B>),
+    /// LLaDA.
+    Llada(Llada<B>),
+    /// Dream.
+    Dream(Dream<B>),
+    /// LLaDA2.0 MoE.
+    Llada2Moe(Llada2Moe<B>),
+}
+
+macro_rules! each {
+    ($self:expr, $m:ident => $e:expr) => {
+        match $self {
+            DiffusionModel::Sdar($m) => $e,
+            DiffusionModel::Llada($m) => $e,
+            DiffusionModel::Dream($m) => $e,
+            DiffusionModel::Llada2Moe($m) => $e,
+        }
+    };
+}
+
+impl<B: Backend> DiffusionModel<B> {
+    /// Loads the folder with the loader of its family; an autoregressive or unknown
+    /// `model_type` is an [`ModelError::InvalidConfig`] naming the field.
+    pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        Ok(match Family::detect(dir)? {
+            Family::Sdar => Self::Sdar(Sdar::load(dir, device)?),
+            Family::Llada => Self::Llada(Llada::load(dir, device)?),
+            Family::Dream => Self::Dream(Dream::load(dir, device)?),
+            Family::Llada2Moe => Self::Llada2Moe(Llada2Moe::load(dir, device)?),
+            f @ (Family::Llama | Family::Qwen2) => {
+                return Err(ModelError::InvalidConfig {
+                    path: dir.join("config.json"),
+                    field: "model_type",
+                    reason: format!(
+                        "{} is an autoregressive family, not a block-diffusion model",
+                        f.name()
+                    ),
+                });
+            }
+        })
+    }
+
+    /// The family.
+    pub fn family(&self) -> Family {
+        match self {
+            Self::Sdar(_) => Family::Sdar,
+            Self::Llada(_) => Family::Llada,
+            Self::Dream(_) => Family::Dream,
+            Self::Llada2Moe(_) => Family::Llada2Moe,
+        }
+    }
+
+    /// The tokenizer, when the folder has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        each!(self, m => m.tokenizer())
+    }
+
+    /// The folder the model was loaded from.
+    pub fn dir(&self) -> &Path {
+        each!(self, m => m.dir())
+    }
+
+    /// Number of parameters the weights hold.
+    pub fn parameter_count(&self) -> usize {
+        each!(self, m => m.parameter_count())
+    }
+
+    /// The trained block size, when the config names it (SDAR folders).
+    pub fn block_size(&self) -> Option<usize> {
+        match self {
+            Self::Sdar(m) => m.config().block_size,
+            Self::Llada2Moe(m) => m.config().base.block_size,
+            _ => None,
+        }
+    }
+
+    /// Block logits `[n, len, vocab]` of `states` as host values (tests and tools).
+    pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
+        each!(self, m => m.forward_logits(states))
+    }
+}
+
+impl<B: Backend> BlockDiffusionModel for DiffusionModel<B> {
+    fn info(&self) -> &ModelInfo {
+        each!(self, m => m.info())
+    }
+
+    fn set_generation_end(&mut self, end: usize) -> spot_core::Result<()> {
+        each!(self, m => m.set_generation_end(end))
+    }
+
+    fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> spot_core::Result<PrefixUpdate> {
+        each!(self, m => m.reset_prefix(prefix, block_size))
+    }
+
+    fn append_block(&mut self, block: &[TokenId]) -> spot_core::Result<PrefixUpdate> {
+        each!(self, m => m.append_block(block))
+    }
+
+    fn prefix_len(&self) -> usize {
+        each!(self, m => m.prefix_len())
+    }
+
+    fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> spot_core::Result<Vec<BlockStats>> {
+        each!(self, m => m.forward(states, query))
+    }
+}

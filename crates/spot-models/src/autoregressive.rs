@@ -1,0 +1,170 @@
+//! Autoregressive Llama, Qwen2 and Qwen3 models with a KV cache: the targets of SpecDiff-2.
+//!
+//! Weight map: the standard HF names (`model.embed_tokens`, `model.layers.N.self_attn.{q,k,v,
+//! o}_proj`, q/k/v `.bias` for Qwen2 (and Llama with `attention_bias`), `self_attn.{q,k}_norm`
+//! for Qwen3, `model.layers.N.mlp.{gate,up,down}_proj`, `input_layernorm`,
+//! `post_attention_layernorm`, `model.norm`, `lm_head` (absent when tied)).
+//!
+//! Attention is causal; [`AutoregressiveModel::extend`] appends several tokens in one forward
+//! (prefill, or a drafted run to verify) and [`AutoregressiveModel::truncate`] rolls back.
+
+use std::path::Path;
+
+use burn_tensor::Tensor;
+use burn_tensor::backend::Backend;
+use spot_core::{ArInfo, AutoregressiveModel, BlockStats, StatsQuery, TokenId};
+
+use crate::config::DecoderConfig;
+use crate::error::{ModelError, Result};
+use crate::frame::Frame;
+use crate::hf::{Tokenizer, Weights};
+use crate::sdar::qwen_style_net;
+use crate::transformer::{Attend, Kv, Net};
+
+/// A causal language model (`model_type` `"llama"`, `"qwen2"` or `"qwen3"`) on backend `B`.
+///
+/// ```no_run
+/// use spot_core::{decode_autoregressive, ArConfig};
+/// use spot_models::{CausalLm, CpuBackend};
+/// let mut model = CausalLm::<CpuBackend>::load("SmolLM2-135M-Instruct".as_ref(), &Default::default())?;
+/// let prompt = model.tokenizer().unwrap().encode("The capital of France is")?;
+/// let out = decode_autoregressive(&mut model, &prompt, &ArConfig { max_new_tokens: 8, ..ArConfig::default() })?;
+/// println!("{}", model.tokenizer().unwrap().decode(&out.tokens)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct CausalLm<B: Backend> {
+    cfg: DecoderConfig,
+    net: Net<B>,
+    frame: Frame<B>,
+    info: ArInfo,
+    cache: Vec<Kv<B>>,
+    len: usize,
+}
+
+impl<B: Backend> std::fmt::Debug for CausalLm<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CausalLm")
+            .field("dir", &self.frame.dir)
+            .field("config", &self.cfg)
+            .field("cached_len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> CausalLm<B> {
+    /// Loads a Llama, Qwen2 or Qwen3 folder: `config.json`, `generation_config.json`
+    /// (optional), safetensors (single or sharded), `tokenizer.json` (optional).
+    pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        let (cfg, path) = DecoderConfig::read(dir)?;
+        cfg.check(&path, &["llama", "qwen2", "qwen3"])?;
+        let bias = cfg.model_type == "qwen2" || cfg.attention_bias;
+        let qk_norm = cfg.model_type == "qwen3";
+        let frame = Frame::open(
+            dir,
+            cfg.vocab_size,
+            cfg.max_position_embeddings,
+            None,
+            cfg.eos_token_id.as_ref(),
+            device,
+        )?;
+        let weights = Weights::open(dir)?;
+        let net = qwen_style_net(&cfg, &weights, device, bias, qk_norm)?;
+        let info = ArInfo {
+            vocab_size: cfg.vocab_size,
+            max_positions: cfg.max_position_embeddings,
+            stop_ids: frame.stop_ids.clone(),
+        };
+        Ok(Self {
+            cfg,
+            net,
+            frame,
+            info,
+            cache: Vec::new(),
+            len: 0,
+        })
+    }
+
+    /// The parsed `config.json`.
+    pub fn config(&self) -> &DecoderConfig {
+        &self.cfg
+    }
+
+    /// The tokenizer, when the folder has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.frame.tokenizer.as_ref()
+    }
+
+    /// The folder the model was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.frame.dir
+    }
+
+    /// Number of parameters the weights hold.
+    pub fn parameter_count(&self) -> usize {
+        self.net.parameters()
+    }
+
+    /// Appends `tokens` and returns their logits `[len, vocab]` as host values (for tests and
+    /// tools; decoding uses [`AutoregressiveModel::extend`]).
+    pub fn extend_logits(&mut self, tokens: &[TokenId]) -> Result<Vec<f32>> {
+        let hidden = self.append(tokens)?;
+        Ok(self.net.logits(hidden).into_data().iter::<f32>().collect())
+    }
+
+    fn append(&mut self, tokens: &[TokenId]) -> Result<Tensor<B, 2>> {
+        if tokens.is_empty() {
+            return Err(ModelError::Request("no tokens to append".to_string()));
+        }
+        self.frame.check_end(self.len + tokens.len(), "sequence")?;
+        let mut ids = Vec::with_capacity(tokens.len());
+        self.frame.push_ids(tokens, &mut ids)?;
+        let (hidden, kv) = self
+            .net
+            .run(ids, 1, tokens.len(), self.len, &self.cache, Attend::Causal);
+        Net::extend_cache(&mut self.cache, kv);
+        self.len += tokens.len();
+        Ok(hidden)
+    }
+}
+
+impl<B: Backend> AutoregressiveModel for CausalLm<B> {
+    fn ar_info(&self) -> &ArInfo {
+        &self.info
+    }
+
+    fn cached_len(&self) -> usize {
+        self.len
+    }
+
+    fn truncate(&mut self, len: usize) -> spot_core::Result<()> {
+        if len >= self.len {
+            return Ok(());
+        }
+        self.len = len;
+        if len == 0 {
+            self.cache.clear();
+            self.frame.reset_noise();
+        } else {
+            for c in &mut self.cache {
+                c.k = c.k.clone().narrow(2, 0, len);
+                c.v = c.v.clone().narrow(2, 0, len);
+            }
+        }
+        Ok(())
+    }
+
+    fn extend(
+        &mut self,
+        tokens: &[TokenId],
+        query: &StatsQuery,
+    ) -> spot_core::Result<BlockStats> {
+        query.validate()?;
+        let start = self.len;
+        let hidden = self.append(tokens)?;
+        let logits = self.net.logits(hidden);
+        let mut stats = self
+            .frame
+            .reduce(logits, 1, tokens.len(), start + 1, query)?;
+        Ok(stats.pop().unwrap_or_default())
+    }
+}

@@ -1,0 +1,58 @@
+//! Dream (Dream-org/Dream-v0-Base-7B, -Instruct-7B): Qwen2.5 weights with non-causal attention,
+//! decoded block by block over the whole sequence ([`FullSequence`]).
+//!
+//! Weight map: the Qwen2 names (`model.embed_tokens`, `model.layers.N.self_attn.{q,k,v}_proj`
+//! with `.weight` and `.bias`, `o_proj.weight`, `model.layers.N.mlp.{gate,up,down}_proj`,
+//! `input_layernorm`, `post_attention_layernorm`, `model.norm`, `lm_head`).
+//!
+//! Logits are shifted right by one: token `i` is predicted from position `i - 1` (position 0
+//! keeps its own row). Mask 151666 (`mask_token_id`, else the tokenizer's `<|mask|>`).
+//! Dream's confidence rules (max probability, top-1 minus top-2 margin, negative entropy) are
+//! [`spot_core::ConfidenceRule`]s of the decoders.
+
+use std::path::Path;
+
+use burn_tensor::backend::Backend;
+
+use crate::config::DecoderConfig;
+use crate::error::Result;
+use crate::frame::{Frame, MaskSpec};
+use crate::full_sequence::FullSequence;
+use crate::hf::Weights;
+use crate::sdar::qwen_style_net;
+
+/// `config.json` of a Dream checkpoint: Qwen2 fields, `model_type` `"Dream"`.
+pub type DreamConfig = DecoderConfig;
+
+/// A Dream model on backend `B` (full-sequence block diffusion with shifted logits).
+///
+/// ```no_run
+/// use spot_models::{CpuBackend, Dream};
+/// let model = Dream::<CpuBackend>::load("Dream-v0-Instruct-7B".as_ref(), &Default::default())?;
+/// println!("{} parameters", model.parameter_count());
+/// # Ok::<(), spot_models::ModelError>(())
+/// ```
+pub type Dream<B> = FullSequence<B, DreamConfig>;
+
+impl<B: Backend> FullSequence<B, DreamConfig> {
+    /// Loads a Dream folder: `config.json`, `generation_config.json` (optional), safetensors
+    /// (single or sharded), `tokenizer.json` (optional).
+    pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        let (cfg, path) = DecoderConfig::read(dir)?;
+        cfg.check(&path, &["Dream", "dream"])?;
+        let frame = Frame::open(
+            dir,
+            cfg.vocab_size,
+            cfg.max_position_embeddings,
+            Some(MaskSpec {
+                configured: cfg.mask_token_id,
+                tokens: &["<|mask|>"],
+            }),
+            cfg.eos_token_id.as_ref(),
+            device,
+        )?;
+        let weights = Weights::open(dir)?;
+        let net = qwen_style_net(&cfg, &weights, device, true, false)?;
+        Ok(Self::assemble(cfg, net, frame, true))
+    }
+}

@@ -1,0 +1,201 @@
+//! What every loaded model carries besides its network: the folder, tokenizer, mask and stop
+//! ids, the mask's logit bias, the Gumbel rows of the current block, and request checks.
+
+use std::path::{Path, PathBuf};
+
+use burn_tensor::backend::Backend;
+use burn_tensor::{Tensor, TensorData};
+use spot_core::{BlockState, BlockStats, StatsQuery, TokenId};
+
+use crate::error::{ModelError, Result};
+use crate::hf::{Tokenizer, generation_stop_ids, token_ids};
+use crate::reduce::{noise_rows, reduce};
+
+/// Folder-level facts and per-request state shared by the model wrappers.
+pub(crate) struct Frame<B: Backend> {
+    pub dir: PathBuf,
+    pub tokenizer: Option<Tokenizer>,
+    pub vocab_size: usize,
+    pub max_positions: usize,
+    pub mask_id: Option<TokenId>,
+    pub stop_ids: Vec<TokenId>,
+    pub device: B::Device,
+    /// `[1, vocab]`: 0, and `-inf` at the mask id (block-diffusion models never predict it).
+    mask_bias: Option<Tensor<B, 2>>,
+    /// (seed, first position, rows) and the Gumbel rows uploaded for them.
+    noise: Option<(u64, usize, usize, Tensor<B, 2>)>,
+}
+
+/// How a family names its mask token.
+pub(crate) struct MaskSpec<'a> {
+    /// `mask_token_id` from `config.json`, if the family writes it there.
+    pub configured: Option<u32>,
+    /// Token strings to look up in `tokenizer.json` otherwise.
+    pub tokens: &'a [&'a str],
+}
+
+impl<B: Backend> Frame<B> {
+    /// Opens the folder-level files: `tokenizer.json` (optional), `generation_config.json`
+    /// (optional; `eos` from `config.json` is the fallback), and resolves the mask id when
+    /// `mask` is given (block-diffusion families).
+    pub fn open(
+        dir: &Path,
+        vocab_size: usize,
+        max_positions: usize,
+        mask: Option<MaskSpec<'_>>,
+        eos: Option<&serde_json::Value>,
+        device: &B::Device,
+    ) -> Result<Self> {
+        let tokenizer = if dir.join("tokenizer.json").exists() {
+            Some(Tokenizer::open(dir)?)
+        } else {
+            None
+        };
+        let config = dir.join("config.json");
+        let mask_id = match mask {
+            None => None,
+            Some(spec) => Some(resolve_mask(&config, &spec, tokenizer.as_ref(), vocab_size)?),
+        };
+        let mut stop_ids = generation_stop_ids(dir)?;
+        if stop_ids.is_empty() {
+            stop_ids = token_ids(eos);
+        }
+        let mask_bias = mask_id.map(|m| {
+            let mut bias = vec![0.0f32; vocab_size];
+            bias[m as usize] = f32::NEG_INFINITY;
+            Tensor::from_data(TensorData::new(bias, [1, vocab_size]), device)
+        });
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            tokenizer,
+            vocab_size,
+            max_positions,
+            mask_id,
+            stop_ids,
+            device: device.clone(),
+            mask_bias,
+            noise: None,
+        })
+    }
+
+    /// Forgets the Gumbel rows (a new request).
+    pub fn reset_noise(&mut self) {
+        self.noise = None;
+    }
+
+    /// Checks token ids and appends them to `out`.
+    pub fn push_ids(&self, tokens: &[TokenId], out: &mut Vec<i64>) -> Result<()> {
+        for &t in tokens {
+            if t as usize >= self.vocab_size {
+                return Err(ModelError::Request(format!(
+                    "token id {t} is outside the vocabulary of {}",
+                    self.vocab_size
+                )));
+            }
+            out.push(i64::from(t));
+        }
+        Ok(())
+    }
+
+    /// Fails when positions up to `end` do not fit the context.
+    pub fn check_end(&self, end: usize, what: &str) -> Result<()> {
+        if end > self.max_positions {
+            return Err(ModelError::Request(format!(
+                "{what} ends at position {end}, past max_position_embeddings {}",
+                self.max_positions
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a batch of equally long states after a prefix of `prefix_len` positions and
+    /// returns their ids, count and length.
+    pub fn check_states(
+        &self,
+        states: &[BlockState],
+        prefix_len: usize,
+    ) -> Result<(Vec<i64>, usize, usize)> {
+        let len = states.first().map_or(0, BlockState::len);
+        self.check_end(prefix_len + len, "block")?;
+        let mut ids = Vec::with_capacity(states.len() * len);
+        for s in states {
+            if s.len() != len {
+                return Err(ModelError::Request(
+                    "block states of different lengths".to_string(),
+                ));
+            }
+            self.push_ids(s.tokens(), &mut ids)?;
+        }
+        Ok((ids, states.len(), len))
+    }
+
+    /// Reduces logits `[n * len, vocab]` of `n` states whose first position is `start` to
+    /// their statistics, with the Gumbel rows of positions `start..start + len` at `T > 0`
+    /// (uploaded once per block and reused by every forward on it).
+    pub fn reduce(
+        &mut self,
+        logits: Tensor<B, 2>,
+        n: usize,
+        len: usize,
+        start: usize,
+        query: &StatsQuery,
+    ) -> Result<Vec<BlockStats>> {
+        let noise = if query.temperature > 0.0 {
+            let seed = query.noise.seed();
+            let fresh = !matches!(&self.noise, Some((s, a, l, _)) if *s == seed && *a == start && *l == len);
+            if fresh {
+                let rows = noise_rows::<B>(query, start, len, self.vocab_size, &self.device);
+                self.noise = Some((seed, start, len, rows));
+            }
+            self.noise.as_ref().map(|(_, _, _, t)| t.clone())
+        } else {
+            None
+        };
+        reduce(
+            logits,
+            n,
+            len,
+            query,
+            self.mask_bias.as_ref(),
+            noise.as_ref(),
+        )
+    }
+}
+
+fn resolve_mask(
+    config: &Path,
+    spec: &MaskSpec<'_>,
+    tokenizer: Option<&Tokenizer>,
+    vocab_size: usize,
+) -> Result<u32> {
+    let bad = |reason: String| ModelError::InvalidConfig {
+        path: config.to_path_buf(),
+        field: "mask_token_id",
+        reason,
+    };
+    let id = match (spec.configured, tokenizer) {
+        (Some(id), _) => id,
+        (None, Some(t)) => spec
+            .tokens
+            .iter()
+            .find_map(|s| t.token_id(s))
+            .ok_or_else(|| {
+                bad(format!(
+                    "absent, and tokenizer.json has none of the tokens {:?}",
+                    spec.tokens
+                ))
+            })?,
+        (None, None) => {
+            return Err(bad(format!(
+                "absent, and there is no tokenizer.json to resolve {:?}",
+                spec.tokens
+            )));
+        }
+    };
+    if id as usize >= vocab_size {
+        return Err(bad(format!(
+            "{id} is outside the vocabulary of {vocab_size}"
+        )));
+    }
+    Ok(id)
+}

@@ -1,0 +1,180 @@
+//! Block diffusion over the whole sequence, without a cache (LLaDA, Dream).
+//!
+//! These models were trained with full bidirectional attention, so a committed prefix's keys
+//! and values change with every token after it: there is no exact prefix cache. Every forward
+//! runs `prefix ; block state ; masks up to the end of the generation region` (future blocks
+//! all masks, as the official semi-autoregressive samplers do) and keeps the block's rows. The
+//! end of the region comes from [`BlockDiffusionModel::set_generation_end`], which every
+//! decoder of the workspace calls with the end of its last block.
+//!
+//! Dream predicts token `i` from position `i - 1` (logits shifted right by one, position 0
+//! keeps its own row); LLaDA has no shift.
+
+use std::path::Path;
+
+use burn_tensor::backend::Backend;
+use burn_tensor::{Int, Tensor, TensorData};
+use spot_core::{
+    BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId,
+};
+
+use crate::block_causal::diffusion_info;
+use crate::error::Result;
+use crate::frame::Frame;
+use crate::hf::Tokenizer;
+use crate::transformer::{Attend, Net};
+
+/// A full-sequence block-diffusion model on backend `B` with family config `C`.
+/// The families name it: [`crate::Llada`], [`crate::Dream`].
+pub struct FullSequence<B: Backend, C> {
+    cfg: C,
+    net: Net<B>,
+    frame: Frame<B>,
+    info: ModelInfo,
+    prefix: Vec<TokenId>,
+    /// End of the generation region (absolute position); 0 until a decoder sets it.
+    end: usize,
+    /// Logits of position `i` come from row `i - 1` (Dream).
+    shift: bool,
+}
+
+impl<B: Backend, C: std::fmt::Debug> std::fmt::Debug for FullSequence<B, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FullSequence")
+            .field("dir", &self.frame.dir)
+            .field("config", &self.cfg)
+            .field("prefix_len", &self.prefix.len())
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend, C> FullSequence<B, C> {
+    pub(crate) fn assemble(cfg: C, net: Net<B>, frame: Frame<B>, shift: bool) -> Self {
+        Self {
+            info: diffusion_info(&frame),
+            cfg,
+            net,
+            frame,
+            prefix: Vec::new(),
+            end: 0,
+            shift,
+        }
+    }
+
+    /// The parsed `config.json`.
+    pub fn config(&self) -> &C {
+        &self.cfg
+    }
+
+    /// The tokenizer, when the folder has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.frame.tokenizer.as_ref()
+    }
+
+    /// The folder the model was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.frame.dir
+    }
+
+    /// Number of parameters the weights hold.
+    pub fn parameter_count(&self) -> usize {
+        self.net.parameters()
+    }
+
+    /// Logits `[n, len, vocab]` of `states` after the prefix, with masks up to the generation
+    /// end, as host values (for tests and tools).
+    pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
+        let (logits, _, _) = self.block_logits(states)?;
+        Ok(logits.into_data().iter::<f32>().collect())
+    }
+
+    /// The block rows' logits `[n * len, vocab]`, `n` and `len`.
+    fn block_logits(&self, states: &[BlockState]) -> Result<(Tensor<B, 2>, usize, usize)> {
+        let start = self.prefix.len();
+        let (block, n, len) = self.frame.check_states(states, start)?;
+        let total = self.end.max(start + len);
+        self.frame.check_end(total, "generation region")?;
+        let mask = i64::from(self.info.mask_id);
+        let mut ids = Vec::with_capacity(n * total);
+        for state in block.chunks(len.max(1)).take(n) {
+            ids.extend(self.prefix.iter().map(|&t| i64::from(t)));
+            ids.extend_from_slice(state);
+            ids.resize(ids.len() + total - start - len, mask);
+        }
+        let (hidden, _) = self.net.run(ids, n, total, 0, &[], Attend::Bidirectional);
+        let rows: Vec<i64> = (0..n)
+            .flat_map(|b| {
+                (start..start + len).map(move |p| {
+                    let src = if self.shift { p.saturating_sub(1) } else { p };
+                    (b * total + src) as i64
+                })
+            })
+            .collect();
+        let rows =
+            Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n * len]), &self.frame.device);
+        Ok((self.net.logits(hidden.select(0, rows)), n, len))
+    }
+
+    fn store(&mut self, tokens: &[TokenId]) -> Result<PrefixUpdate> {
+        self.frame
+            .check_end(self.prefix.len() + tokens.len(), "prefix")?;
+        self.frame.push_ids(tokens, &mut Vec::new())?;
+        self.prefix.extend_from_slice(tokens);
+        // No forward: the prefix is recomputed with every block forward.
+        Ok(PrefixUpdate {
+            ran_forward: false,
+            positions: 0,
+        })
+    }
+}
+
+impl<B: Backend, C> BlockDiffusionModel for FullSequence<B, C> {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn set_generation_end(&mut self, end: usize) -> spot_core::Result<()> {
+        self.frame.check_end(end, "generation region")?;
+        self.end = end;
+        Ok(())
+    }
+
+    fn reset_prefix(
+        &mut self,
+        prefix: &[TokenId],
+        block_size: usize,
+    ) -> spot_core::Result<PrefixUpdate> {
+        self.prefix.clear();
+        self.frame.reset_noise();
+        if block_size == 0 {
+            return Err(spot_core::Error::config(
+                "block_size",
+                "must be at least 1, got 0",
+            ));
+        }
+        Ok(self.store(prefix)?)
+    }
+
+    fn append_block(&mut self, block: &[TokenId]) -> spot_core::Result<PrefixUpdate> {
+        Ok(self.store(block)?)
+    }
+
+    fn prefix_len(&self) -> usize {
+        self.prefix.len()
+    }
+
+    fn forward(
+        &mut self,
+        states: &[BlockState],
+        query: &StatsQuery,
+    ) -> spot_core::Result<Vec<BlockStats>> {
+        query.validate()?;
+        if states.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (logits, n, len) = self.block_logits(states)?;
+        let start = self.prefix.len();
+        Ok(self.frame.reduce(logits, n, len, start, query)?)
+    }
+}

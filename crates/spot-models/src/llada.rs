@@ -1,0 +1,257 @@
+//! LLaDA (GSAI-ML/LLaDA-8B-Base, -Instruct): a Llama-style masked diffusion model with full
+//! bidirectional attention, decoded block by block over the whole sequence ([`FullSequence`]).
+//!
+//! Weight map (HF names, all `.weight`): `model.transformer.wte` (embedding),
+//! `model.transformer.blocks.N.{attn_norm, q_proj, k_proj, v_proj, attn_out, ff_norm,
+//! ff_proj (gate, SiLU applied), up_proj (up), ff_out (down)}`, `model.transformer.ln_f`,
+//! `model.transformer.ff_out` (head; the embedding when `weight_tying`).
+//!
+//! RoPE theta 500000 with angles in f32, RMSNorm, no bias, no logit shift, mask 126336
+//! (`mask_token_id`, else the tokenizer's `<|mdm_mask|>`). There is no exact prefix cache:
+//! every forward recomputes the prompt, the committed blocks, the block state and the masked
+//! future blocks.
+
+use std::path::Path;
+
+use burn_tensor::backend::Backend;
+use serde::Deserialize;
+
+use crate::config::Checker;
+use crate::error::Result;
+use crate::frame::{Frame, MaskSpec};
+use crate::full_sequence::FullSequence;
+use crate::hf::{Weights, read_json};
+use crate::transformer::{Attention, Geometry, Layer, Loader, Mlp, Net};
+
+fn default_theta() -> f64 {
+    10_000.0
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `config.json` of a LLaDA checkpoint (OLMo-style field names). Unknown fields are ignored;
+/// fields that would change the arithmetic are checked.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct LladaConfig {
+    /// `"llada"`.
+    pub model_type: String,
+    /// Model width.
+    pub d_model: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads; defaults to the query heads (LLaDA-8B has no GQA).
+    #[serde(default)]
+    pub n_kv_heads: Option<usize>,
+    /// Transformer layers.
+    pub n_layers: usize,
+    /// MLP width.
+    pub mlp_hidden_size: usize,
+    /// Vocabulary size (tokenizer).
+    pub vocab_size: usize,
+    /// Rows of the embedding and head; defaults to `vocab_size`.
+    #[serde(default)]
+    pub embedding_size: Option<usize>,
+    /// Context limit.
+    pub max_sequence_length: usize,
+    /// RoPE base.
+    #[serde(default = "default_theta")]
+    pub rope_theta: f64,
+    /// RMSNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// The mask token (126336 for LLaDA-8B).
+    #[serde(default)]
+    pub mask_token_id: Option<u32>,
+    /// EOS id, used when `generation_config.json` has none.
+    #[serde(default)]
+    pub eos_token_id: Option<serde_json::Value>,
+    /// Head = embedding.
+    #[serde(default)]
+    pub weight_tying: bool,
+    /// Must be false: biases on every linear layer.
+    #[serde(default)]
+    pub include_bias: bool,
+    /// Must be false: q/k/v biases.
+    #[serde(default)]
+    pub include_qkv_bias: bool,
+    /// Must be `"llama"` (SwiGLU blocks with separate q/k/v).
+    #[serde(default)]
+    pub block_type: Option<String>,
+    /// Must be `"silu"`.
+    #[serde(default)]
+    pub activation_type: Option<String>,
+    /// Must be `"rms"`.
+    #[serde(default)]
+    pub layer_norm_type: Option<String>,
+    /// Must be true (RoPE positions).
+    #[serde(default = "yes")]
+    pub rope: bool,
+    /// Must be false.
+    #[serde(default)]
+    pub alibi: bool,
+    /// Must be false (no per-head norms).
+    #[serde(default)]
+    pub attention_layer_norm: bool,
+    /// Must be false.
+    #[serde(default)]
+    pub input_emb_norm: bool,
+    /// Must be false or absent.
+    #[serde(default)]
+    pub scale_logits: bool,
+}
+
+impl LladaConfig {
+    /// Key/value heads.
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
+    /// Rows of the embedding and head.
+    pub fn embedding_rows(&self) -> usize {
+        self.embedding_size.unwrap_or(self.vocab_size)
+    }
+
+    /// Reads and checks `dir/config.json`.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let cfg: Self = read_json(&path)?;
+        cfg.check(&path)?;
+        Ok(cfg)
+    }
+
+    fn check(&self, path: &Path) -> Result<()> {
+        let c = Checker { path };
+        c.model_type(&self.model_type, &["llada"])?;
+        c.shape(&[
+            ("d_model", self.d_model),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.kv_heads()),
+            ("n_layers", self.n_layers),
+            ("mlp_hidden_size", self.mlp_hidden_size),
+            ("vocab_size", self.vocab_size),
+            ("embedding_size", self.embedding_rows()),
+            ("max_sequence_length", self.max_sequence_length),
+        ])?;
+        c.heads("n_kv_heads", self.n_heads, self.kv_heads())?;
+        if !self.d_model.is_multiple_of(self.n_heads) {
+            return Err(c.fail(
+                "n_heads",
+                format!("d_model {} is not a multiple of {} heads", self.d_model, self.n_heads),
+            ));
+        }
+        c.even("d_model", self.d_model / self.n_heads)?;
+        if self.embedding_rows() < self.vocab_size {
+            return Err(c.fail(
+                "embedding_size",
+                format!(
+                    "{} rows cannot hold the vocabulary of {}",
+                    self.embedding_rows(),
+                    self.vocab_size
+                ),
+            ));
+        }
+        for (field, value, want) in [
+            ("block_type", &self.block_type, "llama"),
+            ("activation_type", &self.activation_type, "silu"),
+            ("layer_norm_type", &self.layer_norm_type, "rms"),
+        ] {
+            if let Some(v) = value
+                && v != want
+            {
+                return Err(c.fail(field, format!("only {want:?} is supported, found {v:?}")));
+            }
+        }
+        c.unsupported("include_bias", self.include_bias, "biases are not supported")?;
+        c.unsupported("include_qkv_bias", self.include_qkv_bias, "q/k/v biases are not supported")?;
+        c.unsupported("rope", !self.rope, "only RoPE positions are supported")?;
+        c.unsupported("alibi", self.alibi, "ALiBi is not supported")?;
+        c.unsupported(
+            "attention_layer_norm",
+            self.attention_layer_norm,
+            "q/k layer norms are not supported",
+        )?;
+        c.unsupported("input_emb_norm", self.input_emb_norm, "an embedding norm is not supported")?;
+        c.unsupported("scale_logits", self.scale_logits, "logit scaling is not supported")?;
+        c.positive("rms_norm_eps", self.rms_norm_eps)?;
+        c.positive("rope_theta", self.rope_theta)
+    }
+}
+
+/// A LLaDA model on backend `B` (full-sequence block diffusion, no cache).
+///
+/// ```no_run
+/// use spot_models::{CpuBackend, Llada};
+/// let model = Llada::<CpuBackend>::load("LLaDA-8B-Instruct".as_ref(), &Default::default())?;
+/// println!("{} parameters", model.parameter_count());
+/// # Ok::<(), spot_models::ModelError>(())
+/// ```
+pub type Llada<B> = FullSequence<B, LladaConfig>;
+
+impl<B: Backend> FullSequence<B, LladaConfig> {
+    /// Loads a LLaDA folder: `config.json`, `generation_config.json` (optional), safetensors
+    /// (single or sharded), `tokenizer.json` (optional).
+    pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        let cfg = LladaConfig::load(dir)?;
+        let v = cfg.embedding_rows();
+        let frame = Frame::open(
+            dir,
+            v,
+            cfg.max_sequence_length,
+            Some(MaskSpec {
+                configured: cfg.mask_token_id,
+                tokens: &["<|mdm_mask|>"],
+            }),
+            cfg.eos_token_id.as_ref(),
+            device,
+        )?;
+        let weights = Weights::open(dir)?;
+        let ld = Loader::<B> {
+            weights: &weights,
+            device: device.clone(),
+        };
+        let (h, i) = (cfg.d_model, cfg.mlp_hidden_size);
+        let (nh, kvh) = (cfg.n_heads, cfg.kv_heads());
+        let d = h / nh;
+        let head = ld.embedding_and_head(
+            "model.transformer.wte.weight",
+            "model.transformer.ff_out.weight",
+            cfg.weight_tying,
+            v,
+            h,
+        )?;
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for n in 0..cfg.n_layers {
+            let w = |s: &str| format!("model.transformer.blocks.{n}.{s}.weight");
+            layers.push(Layer {
+                input_norm: ld.row(&w("attn_norm"), h)?,
+                attn: Attention {
+                    q: ld.linear(&w("q_proj"), nh * d, h)?,
+                    k: ld.linear(&w("k_proj"), kvh * d, h)?,
+                    v: ld.linear(&w("v_proj"), kvh * d, h)?,
+                    o: ld.linear(&w("attn_out"), h, nh * d)?,
+                    bias: None,
+                    qk_norm: None,
+                },
+                post_norm: ld.row(&w("ff_norm"), h)?,
+                mlp: Mlp::Dense(ld.dense([&w("ff_proj"), &w("up_proj"), &w("ff_out")], i, h)?),
+            });
+        }
+        let norm = ld.row("model.transformer.ln_f.weight", h)?;
+        let geo = Geometry {
+            heads: nh,
+            kv_heads: kvh,
+            head_dim: d,
+            rotary_dim: d,
+            rope_theta: cfg.rope_theta,
+            eps: cfg.rms_norm_eps,
+        };
+        let net = Net::new(geo, device.clone(), head, layers, norm);
+        Ok(Self::assemble(cfg, net, frame, false))
+    }
+}

@@ -1,0 +1,174 @@
+//! LLaDA, Dream and LLaDA2.0-MoE in burn against the transformers oracle (fixtures made by
+//! tools/oracle/families_oracle.py), and their floating-point exactness: batch invariance and
+//! speculative == draft-free.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use spot::{
+    BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
+    StaleConfidenceScorer, StatsQuery,
+};
+use spot_models::Family;
+
+#[test]
+fn families_are_detected_from_config() {
+    let want = [Family::Llada, Family::Dream, Family::Llada2Moe];
+    for (name, family) in FAMILY_FIXTURES.iter().zip(want) {
+        assert_eq!(Family::detect(&fixture(name)).unwrap(), family);
+        assert_eq!(load_any(name).family(), family);
+    }
+}
+
+/// Logits of every golden case within 1e-4 (max abs) of the transformers oracle in f32: the
+/// future masks up to `end` for LLaDA and Dream, Dream's shift, the MoE routing and the cached
+/// prefix of LLaDA2.
+#[test]
+fn logits_match_transformers() {
+    for name in FAMILY_FIXTURES {
+        let g = golden(name);
+        let mut m = load_any(name);
+        assert_eq!(m.info().mask_id, g.mask_id, "{name}");
+        assert_eq!(m.info().vocab_size, g.vocab_size, "{name}");
+        for case in &g.logits_cases {
+            m.set_generation_end(case.end.unwrap_or(0)).unwrap();
+            m.reset_prefix(&case.prefix, g.block_size).unwrap();
+            let states: Vec<BlockState> = case
+                .states
+                .iter()
+                .map(|s| BlockState::from_tokens(s.clone(), g.mask_id))
+                .collect();
+            let ours = m.forward_logits(&states).unwrap();
+            let want = golden_logits(name, &case.key);
+            assert_eq!(ours.len(), want.len(), "{name} {}", case.key);
+            let diff = ours
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            eprintln!("{name} {}: max |diff| = {diff:e}", case.key);
+            assert!(diff <= 1e-4, "{name} {}: max abs diff {diff}", case.key);
+        }
+    }
+}
+
+/// Draft-free decoding at T = 0 returns exactly the oracle's tokens, commits and forwards.
+#[test]
+fn draft_free_tokens_match_transformers() {
+    for name in FAMILY_FIXTURES {
+        let g = golden(name);
+        let mut m = load_any(name);
+        for (i, case) in g.decode_cases.iter().enumerate() {
+            let cfg = decode_config(&g, case);
+            let out = DraftFreeDecoder::new()
+                .decode(&mut m, &case.prompt, &cfg)
+                .unwrap();
+            assert_eq!(out.tokens, case.tokens, "{name} case {i}");
+            assert_eq!(out.generated, case.generated, "{name} case {i}");
+            assert_eq!(out.stopped, case.stopped, "{name} case {i}");
+            assert_eq!(
+                out.stats.block_forwards, case.block_forwards,
+                "{name} case {i}"
+            );
+        }
+    }
+}
+
+fn varied_states(mask: u32, n: usize, len: usize, seed: u64) -> Vec<BlockState> {
+    (0..n)
+        .map(|i| {
+            let tokens = (0..len)
+                .map(|s| {
+                    let h = spot::toy::mix64(seed ^ (i * 131 + s) as u64);
+                    if h.is_multiple_of(3) {
+                        (h >> 8) as u32 % 300
+                    } else {
+                        mask
+                    }
+                })
+                .collect();
+            BlockState::from_tokens(tokens, mask)
+        })
+        .collect()
+}
+
+/// A state's statistics are bit-identical alone and inside a batch of 13 states, at T = 0 and
+/// T = 1, with and without a prefix (for the MoE, the experts see other row counts).
+#[test]
+fn statistics_are_batch_invariant() {
+    for name in FAMILY_FIXTURES {
+        let mut m = load_any(name);
+        let mask = m.info().mask_id;
+        for prefix_len in [0usize, 16] {
+            let prefix: Vec<u32> = (0..prefix_len as u32).map(|i| (i * 7) % 300).collect();
+            m.set_generation_end(prefix_len + 24).unwrap();
+            m.reset_prefix(&prefix, 8).unwrap();
+            for t in [0.0f32, 1.0] {
+                let q = StatsQuery::new(t, 11);
+                let batch = varied_states(mask, 13, 8, prefix_len as u64);
+                let together = m.forward(&batch, &q).unwrap();
+                for (i, s) in batch.iter().enumerate() {
+                    let alone = m.forward(std::slice::from_ref(s), &q).unwrap();
+                    assert_eq!(
+                        alone[0], together[i],
+                        "{name} prefix {prefix_len} T {t} state {i}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Speculative decoding (tree and chain, several budgets) returns exactly the draft-free
+/// tokens for every family at T = 0 and T = 1, with no more forwards.
+#[test]
+fn speculative_equals_draft_free_for_every_family() {
+    let mut cases = 0;
+    for name in FAMILY_FIXTURES {
+        let mut m = load_any(name);
+        let stop = m.info().stop_ids.clone();
+        for i in 0..6u64 {
+            let len = 1 + (i as usize * 7) % 19;
+            let prompt: Vec<u32> = (0..len)
+                .map(|j| (spot::toy::mix64(i * 97 + j as u64) % 360) as u32)
+                .collect();
+            for t in [0.0f32, 1.0] {
+                let cfg = DecodeConfig {
+                    block_size: 8,
+                    max_new_tokens: 20,
+                    temperature: t,
+                    seed: i,
+                    stop_ids: stop.clone(),
+                    early_stop: i % 2 == 0,
+                    ..DecodeConfig::default()
+                };
+                let reference = DraftFreeDecoder::new()
+                    .decode(&mut m, &prompt, &cfg)
+                    .unwrap();
+                let budget = [2usize, 6, 12][i as usize % 3];
+                let tree = SpotDecoder::builder()
+                    .budget(budget)
+                    .scorer(StaleConfidenceScorer)
+                    .build()
+                    .unwrap();
+                let chain = SpotDecoder::builder()
+                    .budget(budget)
+                    .chain()
+                    .build()
+                    .unwrap();
+                for mut d in [tree, chain] {
+                    let out = d.decode(&mut m, &prompt, &cfg).unwrap();
+                    assert_eq!(out.tokens, reference.tokens, "{name} prompt {i} T {t}");
+                    assert_eq!(
+                        out.generated, reference.generated,
+                        "{name} prompt {i} T {t}"
+                    );
+                    assert!(out.stats.nfe <= reference.stats.nfe, "{name} prompt {i} T {t}");
+                    cases += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{cases} speculative decodes equal to draft-free");
+}
