@@ -4,7 +4,9 @@ use std::path::Path;
 
 use burn_tensor::backend::Backend;
 use serde::Deserialize;
-use spot_core::{BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId};
+use spot_core::{
+    BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId,
+};
 
 use crate::error::{ModelError, Result};
 use crate::hf::{Tokenizer, read_json};
@@ -182,7 +184,11 @@ impl<B: Backend> BlockDiffusionModel for DiffusionModel<B> {
         each!(self, m => m.set_generation_end(end))
     }
 
-    fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> spot_core::Result<PrefixUpdate> {
+    fn reset_prefix(
+        &mut self,
+        prefix: &[TokenId],
+        block_size: usize,
+    ) -> spot_core::Result<PrefixUpdate> {
         each!(self, m => m.reset_prefix(prefix, block_size))
     }
 
@@ -194,7 +200,11 @@ impl<B: Backend> BlockDiffusionModel for DiffusionModel<B> {
         each!(self, m => m.prefix_len())
     }
 
-    fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> spot_core::Result<Vec<BlockStats>> {
+    fn forward(
+        &mut self,
+        states: &[BlockState],
+        query: &StatsQuery,
+    ) -> spot_core::Result<Vec<BlockStats>> {
         each!(self, m => m.forward(states, query))
     }
 }

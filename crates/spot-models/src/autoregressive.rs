@@ -118,9 +118,9 @@ impl<B: Backend> CausalLm<B> {
         self.frame.check_end(self.len + tokens.len(), "sequence")?;
         let mut ids = Vec::with_capacity(tokens.len());
         self.frame.push_ids(tokens, &mut ids)?;
-        let (hidden, kv) = self
-            .net
-            .run(ids, 1, tokens.len(), self.len, &self.cache, Attend::Causal);
+        let (hidden, kv) =
+            self.net
+                .run(ids, 1, tokens.len(), self.len, &self.cache, Attend::Causal);
         Net::extend_cache(&mut self.cache, kv);
         self.len += tokens.len();
         Ok(hidden)
@@ -153,11 +153,7 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
         Ok(())
     }
 
-    fn extend(
-        &mut self,
-        tokens: &[TokenId],
-        query: &StatsQuery,
-    ) -> spot_core::Result<BlockStats> {
+    fn extend(&mut self, tokens: &[TokenId], query: &StatsQuery) -> spot_core::Result<BlockStats> {
         query.validate()?;
         let start = self.len;
         let hidden = self.append(tokens)?;

@@ -177,10 +177,9 @@ impl Checker<'_> {
 
     pub fn silu(&self, field: &'static str, act: Option<&str>) -> Result<()> {
         match act {
-            Some(a) if a != "silu" => Err(self.fail(
-                field,
-                format!("only \"silu\" is supported, found {a:?}"),
-            )),
+            Some(a) if a != "silu" => {
+                Err(self.fail(field, format!("only \"silu\" is supported, found {a:?}")))
+            }
             _ => Ok(()),
         }
     }

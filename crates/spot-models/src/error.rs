@@ -75,6 +75,14 @@ pub enum ModelError {
         /// What went wrong.
         message: String,
     },
+    /// A chat template could not be parsed or rendered.
+    #[error("chat template {path}: {message}")]
+    ChatTemplate {
+        /// The file the template came from.
+        path: PathBuf,
+        /// minijinja's message (with the line).
+        message: String,
+    },
     /// A request the model cannot serve (block past the context, bad token id, ...).
     #[error("{0}")]
     Request(String),

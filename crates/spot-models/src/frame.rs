@@ -54,7 +54,12 @@ impl<B: Backend> Frame<B> {
         let config = dir.join("config.json");
         let mask_id = match mask {
             None => None,
-            Some(spec) => Some(resolve_mask(&config, &spec, tokenizer.as_ref(), vocab_size)?),
+            Some(spec) => Some(resolve_mask(
+                &config,
+                &spec,
+                tokenizer.as_ref(),
+                vocab_size,
+            )?),
         };
         let mut stop_ids = generation_stop_ids(dir)?;
         if stop_ids.is_empty() {

@@ -13,6 +13,7 @@
 //! - [`DiffusionModel`]: any of the above, chosen by `config.json`'s `model_type`;
 //! - [`CausalLm`]: autoregressive Llama / Qwen2 / Qwen3 with a KV cache
 //!   ([`spot_core::AutoregressiveModel`]);
+//! - [`chat`]: the folder's Jinja chat template rendered as transformers renders it;
 //! - [`hf`]: `config.json`, (sharded) safetensors with f32/bf16/f16 weights, `tokenizer.json`.
 //!
 //! Backends are Cargo features of the same generic code: `flex` (default, CPU), `ndarray`
@@ -32,6 +33,7 @@
 mod any;
 mod autoregressive;
 mod block_causal;
+pub mod chat;
 mod config;
 mod dream;
 mod error;

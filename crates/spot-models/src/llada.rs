@@ -142,7 +142,10 @@ impl LladaConfig {
         if !self.d_model.is_multiple_of(self.n_heads) {
             return Err(c.fail(
                 "n_heads",
-                format!("d_model {} is not a multiple of {} heads", self.d_model, self.n_heads),
+                format!(
+                    "d_model {} is not a multiple of {} heads",
+                    self.d_model, self.n_heads
+                ),
             ));
         }
         c.even("d_model", self.d_model / self.n_heads)?;
@@ -167,8 +170,16 @@ impl LladaConfig {
                 return Err(c.fail(field, format!("only {want:?} is supported, found {v:?}")));
             }
         }
-        c.unsupported("include_bias", self.include_bias, "biases are not supported")?;
-        c.unsupported("include_qkv_bias", self.include_qkv_bias, "q/k/v biases are not supported")?;
+        c.unsupported(
+            "include_bias",
+            self.include_bias,
+            "biases are not supported",
+        )?;
+        c.unsupported(
+            "include_qkv_bias",
+            self.include_qkv_bias,
+            "q/k/v biases are not supported",
+        )?;
         c.unsupported("rope", !self.rope, "only RoPE positions are supported")?;
         c.unsupported("alibi", self.alibi, "ALiBi is not supported")?;
         c.unsupported(
@@ -176,8 +187,16 @@ impl LladaConfig {
             self.attention_layer_norm,
             "q/k layer norms are not supported",
         )?;
-        c.unsupported("input_emb_norm", self.input_emb_norm, "an embedding norm is not supported")?;
-        c.unsupported("scale_logits", self.scale_logits, "logit scaling is not supported")?;
+        c.unsupported(
+            "input_emb_norm",
+            self.input_emb_norm,
+            "an embedding norm is not supported",
+        )?;
+        c.unsupported(
+            "scale_logits",
+            self.scale_logits,
+            "logit scaling is not supported",
+        )?;
         c.positive("rms_norm_eps", self.rms_norm_eps)?;
         c.positive("rope_theta", self.rope_theta)
     }

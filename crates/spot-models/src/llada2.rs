@@ -132,7 +132,10 @@ impl Llada2Config {
         if !self.num_experts.is_multiple_of(self.n_group) {
             return Err(c.fail(
                 "n_group",
-                format!("{} experts do not split into {} groups", self.num_experts, self.n_group),
+                format!(
+                    "{} experts do not split into {} groups",
+                    self.num_experts, self.n_group
+                ),
             ));
         }
         if self.topk_group > self.n_group {
@@ -145,30 +148,47 @@ impl Llada2Config {
         if self.num_experts_per_tok > reachable {
             return Err(c.fail(
                 "num_experts_per_tok",
-                format!("{} experts per token, but the kept groups hold {reachable}", self.num_experts_per_tok),
+                format!(
+                    "{} experts per token, but the kept groups hold {reachable}",
+                    self.num_experts_per_tok
+                ),
             ));
         }
         if self.first_k_dense_replace > self.base.num_hidden_layers {
             return Err(c.fail(
                 "first_k_dense_replace",
-                format!("{} dense layers of {}", self.first_k_dense_replace, self.base.num_hidden_layers),
+                format!(
+                    "{} dense layers of {}",
+                    self.first_k_dense_replace, self.base.num_hidden_layers
+                ),
             ));
         }
         if let Some(f) = &self.score_function
             && f != "sigmoid"
         {
-            return Err(c.fail("score_function", format!("only \"sigmoid\" is supported, found {f:?}")));
+            return Err(c.fail(
+                "score_function",
+                format!("only \"sigmoid\" is supported, found {f:?}"),
+            ));
         }
         let r = self.rotary_dim();
         if !(self.partial_rotary_factor > 0.0 && r > 0 && r <= self.base.head_dim()) {
             return Err(c.fail(
                 "partial_rotary_factor",
-                format!("{} of head_dim {} rotates {r} dimensions", self.partial_rotary_factor, self.base.head_dim()),
+                format!(
+                    "{} of head_dim {} rotates {r} dimensions",
+                    self.partial_rotary_factor,
+                    self.base.head_dim()
+                ),
             ));
         }
         c.even("partial_rotary_factor", r)?;
         c.positive("routed_scaling_factor", self.routed_scaling_factor)?;
-        c.unsupported("use_qkv_bias", self.use_qkv_bias, "q/k/v biases are not supported")?;
+        c.unsupported(
+            "use_qkv_bias",
+            self.use_qkv_bias,
+            "q/k/v biases are not supported",
+        )?;
         c.unsupported("use_bias", self.use_bias, "biases are not supported")
     }
 }
@@ -225,10 +245,14 @@ impl<B: Backend> BlockCausal<B, Llada2Config> {
         for n in 0..b.num_hidden_layers {
             let w = |s: &str| format!("model.layers.{n}.{s}.weight");
             let mlp = |s: &str| w(&format!("mlp.{s}"));
-            let qkv = ld.fused(&w("attention.query_key_value"), &[nh * d, kvh * d, kvh * d], h)?;
-            let [q, k, v]: [_; 3] = qkv.try_into().map_err(|_| {
-                crate::ModelError::Request("internal: fused QKV split".to_string())
-            })?;
+            let qkv = ld.fused(
+                &w("attention.query_key_value"),
+                &[nh * d, kvh * d, kvh * d],
+                h,
+            )?;
+            let [q, k, v]: [_; 3] = qkv
+                .try_into()
+                .map_err(|_| crate::ModelError::Request("internal: fused QKV split".to_string()))?;
             let norms = if cfg.use_qk_norm {
                 Some([
                     ld.head_norm(&w("attention.query_layernorm"), d)?,
@@ -254,20 +278,22 @@ impl<B: Backend> BlockCausal<B, Llada2Config> {
                         cfg.shared_width(),
                     )
                 });
-                Mlp::Moe(ld.moe(
-                    MoeParts {
-                        router: mlp("gate"),
-                        bias: cfg
-                            .moe_router_enable_expert_bias
-                            .then(|| format!("model.layers.{n}.mlp.gate.expert_bias")),
-                        experts: cfg.num_experts,
-                        width: cfg.moe_intermediate_size,
-                        expert: &expert,
-                        shared,
-                        routing: routing.clone(),
-                    },
-                    h,
-                )?)
+                Mlp::Moe(
+                    ld.moe(
+                        MoeParts {
+                            router: mlp("gate"),
+                            bias: cfg
+                                .moe_router_enable_expert_bias
+                                .then(|| format!("model.layers.{n}.mlp.gate.expert_bias")),
+                            experts: cfg.num_experts,
+                            width: cfg.moe_intermediate_size,
+                            expert: &expert,
+                            shared,
+                            routing: routing.clone(),
+                        },
+                        h,
+                    )?,
+                )
             };
             layers.push(Layer {
                 input_norm: ld.row(&w("input_layernorm"), h)?,

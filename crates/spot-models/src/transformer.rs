@@ -164,7 +164,10 @@ impl<B: Backend> Moe<B> {
                 Tensor::<B, 1, Int>::from_data(TensorData::new(gathered, [rows_in]), &device);
             let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [m]), &device);
             let w = Tensor::<B, 2>::from_data(TensorData::new(w, [m, 1]), &device);
-            let y = expert.forward(x.clone().select(0, gathered)).narrow(0, 0, m) * w;
+            let y = expert
+                .forward(x.clone().select(0, gathered))
+                .narrow(0, 0, m)
+                * w;
             out = out.select_assign(0, idx, y, IndexingUpdateOp::Add);
         }
         match &self.shared {
@@ -265,7 +268,10 @@ impl<B: Backend> Loader<'_, B> {
     /// A per-head norm weight as `[1, 1, 1, d]`.
     pub fn head_norm(&self, name: &str, d: usize) -> Result<Tensor<B, 4>> {
         let w = self.weights.load_f32(name, &[d])?;
-        Ok(Tensor::from_data(TensorData::new(w, [1, 1, 1, d]), &self.device))
+        Ok(Tensor::from_data(
+            TensorData::new(w, [1, 1, 1, d]),
+            &self.device,
+        ))
     }
 
     /// A SwiGLU MLP `prefix.{gate,up,down}` with names `names` and width `i`.
@@ -369,7 +375,10 @@ impl<B: Backend> Dense<B> {
 impl<B: Backend> Layer<B> {
     fn parameters(&self) -> usize {
         let a = &self.attn;
-        let attn = [&a.q, &a.k, &a.v, &a.o].iter().map(|t| numel(*t)).sum::<usize>()
+        let attn = [&a.q, &a.k, &a.v, &a.o]
+            .iter()
+            .map(|t| numel(*t))
+            .sum::<usize>()
             + a.bias.iter().flatten().map(numel).sum::<usize>()
             + a.qk_norm.iter().flatten().map(numel).sum::<usize>();
         let mlp = match &self.mlp {
@@ -529,9 +538,7 @@ impl<B: Backend> Net<B> {
             let out = match cache.get(li) {
                 Some(kv) if start > 0 => {
                     let p = kv.k.dims()[2];
-                    let s_pre = q
-                        .matmul(kv.k.clone().swap_dims(2, 3))
-                        .mul_scalar(scale);
+                    let s_pre = q.matmul(kv.k.clone().swap_dims(2, 3)).mul_scalar(scale);
                     let w = softmax(Tensor::cat(vec![s_pre, s_blk], 3), 3);
                     let o_pre = w.clone().narrow(3, 0, p).matmul(kv.v.clone());
                     o_pre + w.narrow(3, p, len).matmul(v.clone())

@@ -164,7 +164,10 @@ fn speculative_equals_draft_free_for_every_family() {
                         out.generated, reference.generated,
                         "{name} prompt {i} T {t}"
                     );
-                    assert!(out.stats.nfe <= reference.stats.nfe, "{name} prompt {i} T {t}");
+                    assert!(
+                        out.stats.nfe <= reference.stats.nfe,
+                        "{name} prompt {i} T {t}"
+                    );
                     cases += 1;
                 }
             }
