@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spot::{
     BlockDiffusionModel, BlockObserver, BlockProgress, DecodeConfig, DecodeOutput, Transition,
 };
-use spot_models::DiffusionModel;
+use spot_models::{DiffusionModel, Family};
 
 use crate::methods::{self, Drafters, Method, Settings};
 use crate::{Backend, load, model_dir, prompts};
@@ -20,7 +20,7 @@ pub struct GenerateArgs {
     /// Hugging Face model folder (config.json, model.safetensors, tokenizer.json). Default:
     /// `SPOT_MODEL`, else the shipped `models/sdar-tiny-code`.
     #[arg(long)]
-    model: Option<PathBuf>,
+    pub(crate) model: Option<PathBuf>,
     /// Prompt text (tokenised with the folder's tokenizer.json).
     #[arg(long, conflicts_with_all = ["prompt_ids", "prompts"], required_unless_present_any = ["prompt_ids", "prompts"])]
     prompt: Option<String>,
@@ -30,7 +30,7 @@ pub struct GenerateArgs {
     /// JSONL file of prompts (e.g. `data/humaneval.jsonl`): decode each, print one JSON line
     /// per prompt and a summary on stderr.
     #[arg(long)]
-    prompts: Option<PathBuf>,
+    pub(crate) prompts: Option<PathBuf>,
     /// Field of each JSONL record holding the prompt (default: the first of prompt, question,
     /// text, input, problem).
     #[arg(long)]
@@ -40,19 +40,19 @@ pub struct GenerateArgs {
     limit: Option<usize>,
     /// Tokens to generate.
     #[arg(long, default_value_t = 256)]
-    max_new_tokens: usize,
+    pub(crate) max_new_tokens: usize,
     /// Block size (default: the config's `block_size`, else 32).
     #[arg(long)]
     block_size: Option<usize>,
     /// Sampling temperature (0 = argmax).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    temperature: f32,
+    pub(crate) temperature: f32,
     /// Seed of the coupled noise table.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Decoding method.
     #[arg(long, value_enum, default_value_t = Method::Blockspec)]
-    method: Method,
+    pub(crate) method: Method,
     /// Threshold for `--method threshold`.
     #[arg(long, default_value_t = 0.9)]
     threshold: f32,
@@ -74,10 +74,63 @@ pub struct GenerateArgs {
     spot_gamma: f32,
     /// Decode all blocks even after a stop id (fixed-length protocol).
     #[arg(long)]
-    no_early_stop: bool,
+    pub(crate) no_early_stop: bool,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+    /// Wrap each prompt as a user message in the folder's chat template
+    /// (`tokenizer_config.json` or `chat_template.jinja`), ending with the assistant header.
+    #[arg(long)]
+    chat: bool,
+    /// System message for `--chat`.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+}
+
+impl GenerateArgs {
+    /// The text to tokenise for `text`: itself, or with `--chat` the rendered conversation.
+    pub(crate) fn prompt_text(&self, dir: &std::path::Path, text: &str) -> Result<String> {
+        if !self.chat {
+            return Ok(text.to_string());
+        }
+        let template = spot_models::chat::ChatTemplate::from_dir(dir)?;
+        let mut messages = Vec::new();
+        if let Some(s) = &self.system {
+            messages.push(spot_models::chat::Message::system(s.clone()));
+        }
+        messages.push(spot_models::chat::Message::user(text));
+        Ok(template.render(&messages, true)?)
+    }
+
+    /// The prompt ids of a single-prompt run (`--prompt` or `--prompt-ids`).
+    pub(crate) fn single_prompt(
+        &self,
+        dir: &std::path::Path,
+        tokenizer: Option<&spot_models::hf::Tokenizer>,
+    ) -> Result<Vec<u32>> {
+        match (&self.prompt, &self.prompt_ids) {
+            (_, Some(ids)) => Ok(ids.clone()),
+            (Some(text), None) => encode(tokenizer, &self.prompt_text(dir, text)?),
+            (None, None) => bail!("give --prompt, --prompt-ids or --prompts"),
+        }
+    }
+
+    /// The prompts of `--prompts FILE` as (id, token ids).
+    pub(crate) fn file_prompts(
+        &self,
+        dir: &std::path::Path,
+        tokenizer: Option<&spot_models::hf::Tokenizer>,
+        path: &std::path::Path,
+    ) -> Result<Vec<(String, Vec<u32>)>> {
+        let set = prompts::load_prompts(path, self.field.as_deref(), self.limit)?;
+        set.iter()
+            .map(|p| {
+                let ids = encode(tokenizer, &self.prompt_text(dir, &p.text)?)
+                    .with_context(|| format!("prompt {}", p.id))?;
+                Ok((p.id.clone(), ids))
+            })
+            .collect()
+    }
 }
 
 /// Runs `spot generate`.
@@ -86,16 +139,15 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         bail!("--field and --limit apply to --prompts FILE.jsonl only");
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
+    if !Family::detect(&dir)?.is_diffusion() {
+        return crate::generate_ar::run(a, &dir);
+    }
     let mut model = load(&dir)?;
     let drafter = Drafters::load(&[a.method], &dir, a.drafter.as_deref(), a.spiffy.as_deref())?;
     if let Some(path) = &a.prompts {
         return run_file(a, &drafter, &mut model, path);
     }
-    let prompt = match (&a.prompt, &a.prompt_ids) {
-        (_, Some(ids)) => ids.clone(),
-        (Some(text), None) => encode(&model, text)?,
-        (None, None) => bail!("give --prompt, --prompt-ids or --prompts"),
-    };
+    let prompt = a.single_prompt(&dir, model.tokenizer())?;
     let cfg = decode_config(a, &model);
     let blocks = prompt
         .len()
@@ -164,7 +216,7 @@ fn run_file(
     model: &mut DiffusionModel<Backend>,
     path: &std::path::Path,
 ) -> Result<()> {
-    let set = prompts::load_prompts(path, a.field.as_deref(), a.limit)?;
+    let set = a.file_prompts(&model.dir().to_path_buf(), model.tokenizer(), path)?;
     let cfg = decode_config(a, model);
     let bar = ProgressBar::new(set.len() as u64);
     bar.set_style(
@@ -172,15 +224,14 @@ fn run_file(
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let (mut nfe, mut tokens, mut forwards, mut wall_total) = (0u64, 0usize, 0u64, 0f64);
-    for p in &set {
-        let ids = encode(model, &p.text).with_context(|| format!("prompt {}", p.id))?;
+    for (id, ids) in &set {
         let start = Instant::now();
-        let out = decode(a, drafter, model, &ids, &cfg, &mut ())
-            .with_context(|| format!("prompt {}", p.id))?;
+        let out = decode(a, drafter, model, ids, &cfg, &mut ())
+            .with_context(|| format!("prompt {id}"))?;
         let wall = start.elapsed().as_secs_f64();
         let mut j = result_json(a, model, ids.len(), &out, wall)?;
         if let Some(obj) = j.as_object_mut() {
-            obj.insert("id".into(), p.id.clone().into());
+            obj.insert("id".into(), id.clone().into());
         }
         bar.suspend(|| println!("{j}"));
         nfe += out.stats.nfe;
@@ -207,9 +258,11 @@ fn run_file(
     Ok(())
 }
 
-fn encode(model: &DiffusionModel<Backend>, text: &str) -> Result<Vec<u32>> {
-    Ok(model
-        .tokenizer()
+pub(crate) fn encode(
+    tokenizer: Option<&spot_models::hf::Tokenizer>,
+    text: &str,
+) -> Result<Vec<u32>> {
+    Ok(tokenizer
         .context("prompt text needs tokenizer.json in the model folder; use --prompt-ids")?
         .encode(text)?)
 }

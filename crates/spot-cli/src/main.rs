@@ -10,6 +10,7 @@ mod calibrate;
 mod collect;
 mod eval_drafter;
 mod generate;
+mod generate_ar;
 mod inspect;
 mod methods;
 mod model_dir;

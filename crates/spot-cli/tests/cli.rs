@@ -30,11 +30,18 @@ fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
-/// `spot generate --json` returns the transformers oracle's tokens for every golden case, with
-/// every method that is exact.
+/// `spot generate --json` returns the transformers oracle's tokens for every golden case of
+/// every block-diffusion family (SDAR, LLaDA, Dream, LLaDA2.0-MoE), with every method that is
+/// exact.
 #[test]
 fn generate_matches_the_oracle() {
-    for name in ["sdar-tiny", "sdar-tiny-bf16"] {
+    for name in [
+        "sdar-tiny",
+        "sdar-tiny-bf16",
+        "llada-tiny",
+        "dream-tiny",
+        "llada2-moe-tiny",
+    ] {
         let dir = fixture(name);
         let golden: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())
@@ -77,6 +84,112 @@ fn generate_matches_the_oracle() {
             }
         }
     }
+}
+
+/// Autoregressive folders (Llama, Qwen2) decode token by token through `spot generate` with
+/// the oracle's greedy tokens; speculative methods are refused with a message.
+#[test]
+fn generate_autoregressive_matches_the_oracle() {
+    for name in ["llama-tiny", "qwen2-tiny"] {
+        let dir = fixture(name);
+        let golden: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())
+                .unwrap();
+        for case in golden["decode_cases"].as_array().unwrap() {
+            let ids: Vec<String> = case["prompt"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_string())
+                .collect();
+            let ids = ids.join(",");
+            let n = case["max_new_tokens"].to_string();
+            let mut args = vec![
+                "generate",
+                "--model",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                &ids,
+                "--max-new-tokens",
+                &n,
+                "--method",
+                "df",
+                "--json",
+            ];
+            if case["early_stop"] == false {
+                args.push("--no-early-stop");
+            }
+            let j = json(&spot(&args));
+            assert_eq!(j["tokens"], case["tokens"], "{name} prompt {ids}");
+            assert_eq!(j["stopped"], case["stopped"], "{name} prompt {ids}");
+        }
+        let out = spot(&[
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "5,6",
+            "--method",
+            "blockspec",
+        ]);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("autoregressive"), "{err}");
+    }
+}
+
+/// `--chat` renders the folder's chat template (here LLaDA's, written into a copy of the
+/// fixture) around the prompt before tokenising; a folder without a template is an error
+/// naming the field.
+#[test]
+fn generate_with_a_chat_template() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let src = fixture("llada-tiny");
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+    }
+    let d = dir.to_str().unwrap();
+    let base = [
+        "generate",
+        "--model",
+        d,
+        "--prompt",
+        "def f(x):",
+        "--max-new-tokens",
+        "8",
+        "--block-size",
+        "8",
+        "--json",
+    ];
+    let plain = json(&spot(&base));
+    let out = spot(&[&base[..], &["--chat"]].concat());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("chat_template"));
+    let templates: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("chat_templates.json")).unwrap())
+            .unwrap();
+    let llada = templates["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["family"] == "llada")
+        .unwrap();
+    let cfg = serde_json::json!({
+        "chat_template": llada["template"],
+        "bos_token": llada["bos_token"],
+        "eos_token": llada["eos_token"],
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    let chat = json(&spot(
+        &[&base[..], &["--chat", "--system", "Be brief."]].concat(),
+    ));
+    let (p, c) = (
+        plain["prompt_tokens"].as_u64().unwrap(),
+        chat["prompt_tokens"].as_u64().unwrap(),
+    );
+    assert!(c > p + 10, "chat prompt {c} tokens vs plain {p}");
 }
 
 #[test]

@@ -33,10 +33,11 @@
 use std::time::Instant;
 
 pub use spot_core::{
-    self as core, BlockDecoder, BlockDiffusionModel, BlockObserver, BlockProgress, BlockRun,
-    BlockState, BlockStats, Commit, ConfidenceRule, DecodeConfig, DecodeOutput, DecodeStats,
-    DecodeTrace, DraftFreeDecoder, GumbelNoise, MeteredModel, ModelInfo, StatsQuery, TokenId,
-    Transition, exact_commit, run_decode, toy,
+    self as core, ArConfig, ArInfo, ArOutput, AutoregressiveModel, BlockDecoder,
+    BlockDiffusionModel, BlockObserver, BlockProgress, BlockRun, BlockState, BlockStats, Commit,
+    ConfidenceRule, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder,
+    GumbelNoise, MeteredModel, ModelInfo, StatsQuery, TokenId, Transition, decode_autoregressive,
+    exact_commit, run_decode, toy,
 };
 pub use spot_tree::{
     self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
