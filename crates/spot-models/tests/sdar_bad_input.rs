@@ -4,58 +4,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 use spot::{BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder};
 use spot_models::{CpuBackend, ModelError, Sdar};
 
-/// A scratch copy of a fixture folder.
-fn copy(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join(name);
-    std::fs::create_dir(&dir).unwrap();
-    for e in std::fs::read_dir(fixture(name)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
-    }
-    (tmp, dir)
-}
-
 fn try_load(dir: &Path) -> Result<Sdar<CpuBackend>, ModelError> {
     Sdar::<CpuBackend>::load(dir, &Default::default())
-}
-
-fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
-    let p = dir.join("config.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
-    f(v.as_object_mut().unwrap());
-    std::fs::write(p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
-}
-
-/// Tensors of a safetensors file as (dtype, shape, bytes).
-fn tensors(path: &Path) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
-    let bytes = std::fs::read(path).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
-        .collect()
-}
-
-fn write(path: &Path, t: &BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>) {
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = t
-        .iter()
-        .map(|(n, (d, s, b))| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
 fn err_string(r: Result<Sdar<CpuBackend>, ModelError>) -> (ModelError, String) {

@@ -1,7 +1,10 @@
 //! Fixture access shared by the model tests.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors};
 
 use serde::Deserialize;
 use spot_models::{CpuBackend, DiffusionModel, Sdar};
@@ -83,4 +86,47 @@ pub fn decode_config(g: &Golden, c: &DecodeCase) -> spot::DecodeConfig {
         early_stop: c.early_stop,
         ..spot::DecodeConfig::default()
     }
+}
+
+/// A scratch copy of a fixture folder.
+pub fn copy(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(name);
+    std::fs::create_dir(&dir).unwrap();
+    for e in std::fs::read_dir(fixture(name)).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    (tmp, dir)
+}
+
+pub fn edit_config(dir: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(v.as_object_mut().unwrap());
+    std::fs::write(p, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+/// Tensors of a safetensors file as (dtype, shape, bytes).
+pub fn tensors(path: &Path) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
+        .collect()
+}
+
+pub fn write(path: &Path, t: &BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>) {
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = t
+        .iter()
+        .map(|(n, (d, s, b))| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, path).unwrap();
 }
