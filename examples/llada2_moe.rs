@@ -1,0 +1,24 @@
+//! Decode one prompt with a LLaDA2.0-mini (inclusionAI, mixture of experts) folder, draft-free and speculatively.
+//!
+//! ```text
+//! cargo run --release --example llada2_moe -- [MODEL_DIR] ["prompt text"] [--budget 8] [--max-new-tokens 64] [--block-size L] [--chat]
+//! cargo run --release --example llada2_moe            # the committed fixture llada2-moe-tiny
+//! ```
+//!
+//! Prints both texts, their NFE and the reduction, and fails if the outputs differ.
+
+#[path = "common/mod.rs"]
+mod common;
+
+fn main() -> std::process::ExitCode {
+    common::exit(|| {
+        let a = common::args(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/crates/spot-models/tests/fixtures/llada2-moe-tiny"
+            ),
+            "def f(x):",
+        )?;
+        common::diffusion(&a)
+    })
+}
