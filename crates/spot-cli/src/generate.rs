@@ -216,7 +216,7 @@ fn run_file(
     model: &mut DiffusionModel<Backend>,
     path: &std::path::Path,
 ) -> Result<()> {
-    let set = a.file_prompts(&model.dir().to_path_buf(), model.tokenizer(), path)?;
+    let set = a.file_prompts(model.dir(), model.tokenizer(), path)?;
     let cfg = decode_config(a, model);
     let bar = ProgressBar::new(set.len() as u64);
     bar.set_style(
