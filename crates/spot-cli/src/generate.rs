@@ -7,7 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot::{
-    BlockDiffusionModel, BlockObserver, BlockProgress, DecodeConfig, DecodeOutput, Transition,
+    BlockDiffusionModel, BlockObserver, BlockProgress, ConfidenceRule, DecodeConfig, DecodeOutput,
+    Transition,
 };
 use spot_models::{DiffusionModel, Family};
 
@@ -78,6 +79,10 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Confidence rule that ranks positions: `probability` (SDAR, default), `raw-probability`
+    /// (LLaDA's sampler at T > 0), `margin` or `negative-entropy` (Dream's rules).
+    #[arg(long, value_enum, default_value_t = Confidence::Probability)]
+    confidence: Confidence,
     /// Wrap each prompt as a user message in the folder's chat template
     /// (`tokenizer_config.json` or `chat_template.jinja`), ending with the assistant header.
     #[arg(long)]
@@ -85,6 +90,30 @@ pub struct GenerateArgs {
     /// System message for `--chat`.
     #[arg(long, requires = "chat")]
     system: Option<String>,
+}
+
+/// `--confidence` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Confidence {
+    /// Probability of the chosen token under the tempered distribution.
+    Probability,
+    /// Probability under the un-tempered distribution.
+    RawProbability,
+    /// Top-1 minus top-2 probability.
+    Margin,
+    /// Negative entropy.
+    NegativeEntropy,
+}
+
+impl From<Confidence> for ConfidenceRule {
+    fn from(c: Confidence) -> Self {
+        match c {
+            Confidence::Probability => ConfidenceRule::Probability,
+            Confidence::RawProbability => ConfidenceRule::RawProbability,
+            Confidence::Margin => ConfidenceRule::Margin,
+            Confidence::NegativeEntropy => ConfidenceRule::NegativeEntropy,
+        }
+    }
 }
 
 impl GenerateArgs {
@@ -280,6 +309,7 @@ fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeCon
         },
         stop_ids: model.info().stop_ids.clone(),
         early_stop: !a.no_early_stop,
+        confidence: a.confidence.into(),
         ..DecodeConfig::default()
     }
 }

@@ -86,6 +86,46 @@ fn generate_matches_the_oracle() {
     }
 }
 
+/// Dream's confidence rules: every speculative method returns the draft-free tokens under
+/// `--confidence margin` and `negative-entropy`, at T = 0 and T = 1.
+#[test]
+fn generate_with_dream_confidence_rules() {
+    let dir = fixture("dream-tiny");
+    for rule in ["margin", "negative-entropy", "raw-probability"] {
+        for t in ["0", "1"] {
+            let run = |method: &str| {
+                json(&spot(&[
+                    "generate",
+                    "--model",
+                    dir.to_str().unwrap(),
+                    "--prompt-ids",
+                    "5,17,33",
+                    "--max-new-tokens",
+                    "20",
+                    "--block-size",
+                    "8",
+                    "--method",
+                    method,
+                    "--confidence",
+                    rule,
+                    "--temperature",
+                    t,
+                    "--seed",
+                    "3",
+                    "--json",
+                    "--no-early-stop",
+                ]))
+            };
+            let df = run("df");
+            for method in ["blockspec", "ssd"] {
+                let sp = run(method);
+                assert_eq!(sp["tokens"], df["tokens"], "{rule} T {t} {method}");
+                assert!(sp["nfe"].as_u64() <= df["nfe"].as_u64());
+            }
+        }
+    }
+}
+
 /// Autoregressive folders (Llama, Qwen2) decode token by token through `spot generate` with
 /// the oracle's greedy tokens; speculative methods are refused with a message.
 #[test]
