@@ -19,12 +19,14 @@ Needs: gguf (numpy only) for the conversion; torch + transformers for --cross-ch
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle"))
+import oracle_common as oc  # noqa: E402  (standard library and numpy only)
 
 # GGUF tensor name (after "blk.N.") -> HF name (after "model.layers.N.")
 LAYER_NAMES = {
@@ -255,20 +257,6 @@ def tokenizer_config(meta: dict, cfg: dict, added_ids: list[int]) -> dict:
     return out
 
 
-def write_json(path: str, obj) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def convert(gguf_path: str, out_dir: str) -> dict:
     from safetensors.numpy import save_file
 
@@ -279,19 +267,19 @@ def convert(gguf_path: str, out_dir: str) -> dict:
     tensors = convert_tensors(reader, cfg)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     os.chmod(os.path.join(out_dir, "model.safetensors"), 0o644)
-    write_json(os.path.join(out_dir, "config.json"), cfg)
+    oc.write_json(os.path.join(out_dir, "config.json"), cfg, ensure_ascii=False)
     gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg[k] is not None}
-    write_json(os.path.join(out_dir, "generation_config.json"), gen)
+    oc.write_json(os.path.join(out_dir, "generation_config.json"), gen, ensure_ascii=False)
     tok, added = build_tokenizer(meta)
     tok.save(os.path.join(out_dir, "tokenizer.json"))
-    write_json(os.path.join(out_dir, "tokenizer_config.json"), tokenizer_config(meta, cfg, added))
+    oc.write_json(os.path.join(out_dir, "tokenizer_config.json"), tokenizer_config(meta, cfg, added), ensure_ascii=False)
     types: dict[str, int] = {}
     for t in reader.tensors:
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
     prov = {
         "tool": "tools/convert_gguf.py",
         "gguf_file": os.path.basename(gguf_path),
-        "gguf_sha256": sha256_file(gguf_path),
+        "gguf_sha256": oc.sha256_file(gguf_path),
         "general.name": meta.get("general.name"),
         "general.license": meta.get("general.license"),
         "tokenizer.ggml.pre": meta.get("tokenizer.ggml.pre"),
@@ -299,7 +287,7 @@ def convert(gguf_path: str, out_dir: str) -> dict:
         "parameters": int(sum(a.size for a in tensors.values())),
         "stored_dtype": "float32 (dequantized)",
     }
-    write_json(os.path.join(out_dir, "conversion.json"), prov)
+    oc.write_json(os.path.join(out_dir, "conversion.json"), prov, ensure_ascii=False)
     print(f"wrote {out_dir}: {len(tensors)} tensors, {prov['parameters']} parameters, tensor types {types}")
     return cfg
 
@@ -328,12 +316,7 @@ def cross_check(gguf_path: str, out_dir: str) -> int:
     torch.set_num_threads(1)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    failures = 0
-
-    def check(cond, msg):
-        nonlocal failures
-        print(("ok   " if cond else "FAIL ") + msg)
-        failures += 0 if cond else 1
+    check = oc.Checker()
 
     gdir, gname = os.path.dirname(os.path.abspath(gguf_path)), os.path.basename(gguf_path)
     ours = load_file(os.path.join(out_dir, "model.safetensors"))
@@ -392,8 +375,8 @@ def cross_check(gguf_path: str, out_dir: str) -> int:
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     t1 = hf_dir_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     check(t1.startswith("<|im_start|>system\n") and t1.endswith("<|im_start|>assistant\n"), "chat template renders")
-    print(f"{'all checks passed' if not failures else f'{failures} check(s) failed'}")
-    return failures
+    print(f"{'all checks passed' if not check.failures else f'{check.failures} check(s) failed'}")
+    return check.failures
 
 
 def main(argv=None):

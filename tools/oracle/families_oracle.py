@@ -27,7 +27,6 @@ sdar_oracle.py; see tools/oracle/README.md for the conventions.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_common as oc  # noqa: E402
 import sdar_oracle as so  # noqa: E402  (sets torch to one thread)
 
 torch.set_num_threads(1)
@@ -55,49 +55,28 @@ LLADA2_IDS_IN_CONFIG = False
 # Families
 # --------------------------------------------------------------------------------------------
 
+# Each family's fields, in the order of the rows below:
+#   kind       llada | dream | llada2
+#   specials   special tokens, appended to the BPE vocabulary in this order
+#   mask, bos  the mask and BOS tokens
+#   eos        the EOS token, also the pad token
+#   stops      generation_config's eos_token_id: a list, or a plain int when there is one stop
+#   eos_align  the stop token whose output row align_eos_row raises, by `align`
+#   wseed, cseed  weight seed, case seed
+#   head_std   std of the output matrix
+#   qk_gain    gain of the q/k projections (LLaDA2: of the q/k RMSNorm weights, as QK-norm makes
+#              a projection gain moot)
+FAMILY_FIELDS = ("kind", "specials", "mask", "bos", "eos", "stops", "eos_align", "align", "wseed", "cseed", "head_std", "qk_gain")
 FAMILIES = {
-    "llada-tiny": dict(
-        kind="llada",
-        specials=["<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"],
-        mask="<|mdm_mask|>",
-        bos="<|startoftext|>",
-        eos="<|endoftext|>",  # also pad
-        stops=["<|endoftext|>", "<|eot_id|>"],  # generation_config eos_token_id (list)
-        eos_align="<|eot_id|>",
-        wseed=20250701,
-        cseed=8101,
-        align=1.45,
-        head_std=0.55,
-        qk_gain=3.0,
-    ),
-    "dream-tiny": dict(
-        kind="dream",
-        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|beginoftext|>", "<|mask|>"],
-        mask="<|mask|>",
-        bos="<|beginoftext|>",
-        eos="<|endoftext|>",  # also pad
-        stops=["<|endoftext|>", "<|im_end|>"],
-        eos_align="<|im_end|>",
-        wseed=20250702,
-        cseed=8102,
-        align=1.3,
-        head_std=0.55,
-        qk_gain=3.0,
-    ),
-    "llada2-moe-tiny": dict(
-        kind="llada2",
-        specials=["<|startoftext|>", "<|endoftext|>", "<|mask|>"],
-        mask="<|mask|>",
-        bos="<|startoftext|>",
-        eos="<|endoftext|>",  # also pad
-        stops=["<|endoftext|>"],  # generation_config eos_token_id is a plain int here
-        eos_align="<|endoftext|>",
-        wseed=20250703,
-        cseed=8103,
-        align=1.0,
-        head_std=0.55,
-        qk_gain=2.0,  # on the q/k RMSNorm weights (QK-norm makes a projection gain moot)
-    ),
+    name: dict(zip(FAMILY_FIELDS, row))
+    for name, *row in [
+        ("llada-tiny", "llada", ["<|startoftext|>", "<|endoftext|>", "<|eot_id|>", "<|mdm_mask|>"], "<|mdm_mask|>",
+         "<|startoftext|>", "<|endoftext|>", ["<|endoftext|>", "<|eot_id|>"], "<|eot_id|>", 1.45, 20250701, 8101, 0.55, 3.0),
+        ("dream-tiny", "dream", ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|beginoftext|>", "<|mask|>"], "<|mask|>",
+         "<|beginoftext|>", "<|endoftext|>", ["<|endoftext|>", "<|im_end|>"], "<|im_end|>", 1.3, 20250702, 8102, 0.55, 3.0),
+        ("llada2-moe-tiny", "llada2", ["<|startoftext|>", "<|endoftext|>", "<|mask|>"], "<|mask|>",
+         "<|startoftext|>", "<|endoftext|>", ["<|endoftext|>"], "<|endoftext|>", 1.0, 20250703, 8103, 0.55, 2.0),
+    ]
 }
 
 V, H, NH, NKV, D = 384, 64, 4, 2, 16
@@ -107,6 +86,12 @@ LLADA = dict(layers=2, mlp=128, theta=500000.0, eps=1e-5)
 DREAM = dict(layers=2, mlp=128, theta=1000000.0, eps=1e-6)
 LLADA2 = dict(layers=3, mlp=128, theta=600000.0, eps=1e-6, experts=16, moe_mlp=32, top_k=4,
               n_group=4, topk_group=2, shared=1, scaling=2.5, first_dense=1, partial=0.5)
+
+
+def hf_fields(c: dict) -> dict:
+    """The HF config fields of the LLaDA or Dream shapes (for oracle_common's weights and numpy forward)."""
+    return dict(vocab_size=V, hidden_size=H, intermediate_size=c["mlp"], num_hidden_layers=c["layers"], num_attention_heads=NH,
+                num_key_value_heads=NKV, head_dim=D, rms_norm_eps=c["eps"], rope_theta=c["theta"], tie_word_embeddings=False)
 
 
 def family_config(name: str, ids: dict) -> dict:
@@ -283,17 +268,11 @@ def random_weights(kind: str, seed: int, head_std: float, qk_gain: float = 1.0) 
     the q/k RMSNorm weights are qk_gain * (1 + 0.1 N(0,1)) (LLaDA2): sharp, position-dependent
     attention, without which a canvas of masks gives every masked position the same prediction.
     """
-    rng = np.random.default_rng(seed)
-
-    def normal(shape, std):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    def lin(out, inp, gain=1.0):
-        return normal((out, inp), gain / math.sqrt(inp))
-
+    draw = oc.WeightDraws(seed)
+    normal, norm, lin = draw.normal, draw.norm, draw.lin
+    if kind == "dream":  # the Qwen2 layout under its HF names, each q/k/v bias right after its weight
+        return oc.hf_decoder_weights(draw, hf_fields(DREAM), embed_std=1.0, head_std=head_std, qk_gain=qk_gain,
+                                     qkv_bias_std=(0.5, 0.5, 0.5), bias_after_each=True)
     w: dict[str, np.ndarray] = {}
     if kind == "llada":
         c = LLADA
@@ -311,25 +290,6 @@ def random_weights(kind: str, seed: int, head_std: float, qk_gain: float = 1.0) 
             w[p + "ff_out.weight"] = lin(H, c["mlp"])
         w["model.transformer.ln_f.weight"] = norm(H)
         w["model.transformer.ff_out.weight"] = normal((V, H), head_std)
-    elif kind == "dream":
-        c = DREAM
-        w["model.embed_tokens.weight"] = normal((V, H), 1.0)
-        for layer in range(c["layers"]):
-            p = f"model.layers.{layer}."
-            w[p + "input_layernorm.weight"] = norm(H)
-            w[p + "self_attn.q_proj.weight"] = lin(NH * D, H, qk_gain)
-            w[p + "self_attn.q_proj.bias"] = normal(NH * D, 0.5)
-            w[p + "self_attn.k_proj.weight"] = lin(NKV * D, H, qk_gain)
-            w[p + "self_attn.k_proj.bias"] = normal(NKV * D, 0.5)
-            w[p + "self_attn.v_proj.weight"] = lin(NKV * D, H)
-            w[p + "self_attn.v_proj.bias"] = normal(NKV * D, 0.5)
-            w[p + "self_attn.o_proj.weight"] = lin(H, NH * D)
-            w[p + "post_attention_layernorm.weight"] = norm(H)
-            w[p + "mlp.gate_proj.weight"] = lin(c["mlp"], H)
-            w[p + "mlp.up_proj.weight"] = lin(c["mlp"], H)
-            w[p + "mlp.down_proj.weight"] = lin(H, c["mlp"])
-        w["model.norm.weight"] = norm(H)
-        w["lm_head.weight"] = normal((V, H), head_std)
     else:
         c = LLADA2
         w["model.word_embeddings.weight"] = normal((V, H), 1.0)
@@ -347,7 +307,7 @@ def random_weights(kind: str, seed: int, head_std: float, qk_gain: float = 1.0) 
                 w[p + "mlp.down_proj.weight"] = lin(H, c["mlp"])
                 continue
             w[p + "mlp.gate.weight"] = lin(c["experts"], H)
-            w[p + "mlp.gate.expert_bias"] = rng.uniform(0.0, 0.05, c["experts"]).astype(np.float32)
+            w[p + "mlp.gate.expert_bias"] = draw.rng.uniform(0.0, 0.05, c["experts"]).astype(np.float32)
             for e in range(c["experts"]):
                 q = p + f"mlp.experts.{e}."
                 w[q + "gate_proj.weight"] = lin(c["moe_mlp"], H)
@@ -457,9 +417,7 @@ def load_hf_model(kind: str, tensors: dict[str, torch.Tensor]):
                              first_k_dense_replace=c["first_dense"], norm_topk_prob=True, use_qk_norm=True,
                              tie_word_embeddings=False, use_cache=False)
         cls = Glm4MoeForCausalLM
-    hcfg._attn_implementation = "eager"
-    model = cls(hcfg).to(torch.float32).eval()
-    assert model.config._attn_implementation == "eager"
+    model = oc.eager_model(cls, hcfg)
     sd = to_hf_state(kind, tensors)
     model.load_state_dict(sd, strict=True)
     full = dict(model.state_dict())
@@ -492,14 +450,9 @@ def shift(kind: str, lg: np.ndarray) -> np.ndarray:
 @torch.inference_mode()
 def hf_logits(kind: str, model, rows: list[list[int]], mask: torch.Tensor | None = None) -> np.ndarray:
     """float32 per-position logits [B, n, V] (Dream: after the shift) of equal-length rows."""
-    n = len(rows[0])
-    assert all(len(r) == n for r in rows)
-    ids = torch.tensor(rows, dtype=torch.long)
     if mask is None:
-        mask = default_mask(kind, n, len(rows))
-    pos = torch.arange(n, dtype=torch.long)[None].expand(len(rows), n)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
-    return shift(kind, out.logits.to(torch.float32).numpy())
+        mask = default_mask(kind, len(rows[0]), len(rows))
+    return shift(kind, oc.hf_forward(model, rows, mask))
 
 
 def canvas_rows(kind: str, prefix: list[int], states: list[list[int]], end: int | None, mask_id: int):
@@ -619,49 +572,29 @@ class RouteMonitor:
 
 def numpy_reference_logits(kind: str, tensors: dict[str, torch.Tensor], ids: list[int], stats=None) -> np.ndarray:
     """[n, V] float64 logits straight from the family tensors (Dream: after the shift)."""
-    w = {k: t.to(torch.float64).numpy() for k, t in tensors.items()}
+    w = oc.float64_weights(tensors)
     n = len(ids)
     pos = np.arange(n, dtype=np.float64)
-    if kind == "llada":
-        c, rd = LLADA, D
-    elif kind == "dream":
-        c, rd = DREAM, D
-    else:
-        c, rd = LLADA2, int(D * LLADA2["partial"])
+    visible = oc.visible_blocks(n, BLOCK_SIZE) if kind == "llada2" else np.ones((n, n), dtype=bool)
+
+    if kind == "dream":  # the Qwen2 layout under its HF names
+        lg = oc.numpy_decoder_logits(hf_fields(DREAM), w, ids, visible)
+        return np.concatenate([lg[:1], lg[:-1]], axis=0)
+
+    c = LLADA if kind == "llada" else LLADA2
     eps, theta = c["eps"], c["theta"]
+    rd = D if kind == "llada" else int(D * LLADA2["partial"])
 
     def rms(x, g):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+        return oc.rms_norm(x, g, eps)
 
     def rope(x):  # x [n, heads, D]: NeoX rotate-half on the first rd dims, the rest passes
-        inv = theta ** (-np.arange(0, rd, 2, dtype=np.float64) / rd)
-        ang = pos[:, None] * inv[None, :]
-        cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
-        sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
-        xr, xp = x[..., :rd], x[..., rd:]
-        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
-        return np.concatenate([xr * cos + np.concatenate([-x2, x1], -1) * sin, xp], -1)
+        return oc.rope_rotate_half(x, pos, theta, rd)
 
-    def swiglu(h, g, u, d):
-        a = h @ g.T
-        return (a / (1.0 + np.exp(-a)) * (h @ u.T)) @ d.T
-
-    if kind == "llada2":
-        blk = np.arange(n) // BLOCK_SIZE
-        visible = blk[None, :] <= blk[:, None]
-    else:
-        visible = np.ones((n, n), dtype=bool)
+    swiglu = oc.swiglu
 
     def attend(q, k, v):
-        out = np.zeros((n, NH, D))
-        for head in range(NH):
-            kv = head // (NH // NKV)
-            s = q[:, head] @ k[:, kv].T / math.sqrt(D)
-            s = np.where(visible, s, -np.inf)
-            s = np.exp(s - s.max(-1, keepdims=True))
-            s /= s.sum(-1, keepdims=True)
-            out[:, head] = s @ v[:, kv]
-        return out.reshape(n, NH * D)
+        return oc.gqa_attention(q, k, v, visible)
 
     if kind == "llada":
         x = w["model.transformer.wte.weight"][ids]
@@ -675,21 +608,6 @@ def numpy_reference_logits(kind: str, tensors: dict[str, torch.Tensor], ids: lis
             h = rms(x, w[p + "ff_norm.weight"])
             x = x + swiglu(h, w[p + "ff_proj.weight"], w[p + "up_proj.weight"], w[p + "ff_out.weight"])
         return rms(x, w["model.transformer.ln_f.weight"]) @ w["model.transformer.ff_out.weight"].T
-
-    if kind == "dream":
-        x = w["model.embed_tokens.weight"][ids]
-        for layer in range(c["layers"]):
-            p = f"model.layers.{layer}.self_attn."
-            h = rms(x, w[f"model.layers.{layer}.input_layernorm.weight"])
-            q = rope((h @ w[p + "q_proj.weight"].T + w[p + "q_proj.bias"]).reshape(n, NH, D))
-            k = rope((h @ w[p + "k_proj.weight"].T + w[p + "k_proj.bias"]).reshape(n, NKV, D))
-            v = (h @ w[p + "v_proj.weight"].T + w[p + "v_proj.bias"]).reshape(n, NKV, D)
-            x = x + attend(q, k, v) @ w[p + "o_proj.weight"].T
-            m = f"model.layers.{layer}.mlp."
-            h = rms(x, w[f"model.layers.{layer}.post_attention_layernorm.weight"])
-            x = x + swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
-        lg = rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].T
-        return np.concatenate([lg[:1], lg[:-1]], axis=0)
 
     x = w["model.word_embeddings.weight"][ids]
     for layer in range(c["layers"]):
@@ -738,20 +656,8 @@ def align_eos_row(kind, w, eos_id, mask_id, strength, seed):
     themselves), then the stop token's row becomes 0.5 * (its row) + strength * u.
     """
     model = load_hf_model(kind, so.store_tensors(w, "float32"))
-    captured = []
-    hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(16):
-        r = rng.integers(0, BPE_VOCAB, size=40).tolist()
-        for j in range(32, 40):
-            if rng.random() < 0.7:
-                r[j] = mask_id
-        rows.append(r + [mask_id] * (16 if kind != "llada2" else 0))
-    hf_logits(kind, model, rows)
-    hook.remove()
-    u = captured[-1][:, 32:40].reshape(-1, H).to(torch.float64).mean(0).numpy()
-    u /= np.linalg.norm(u)
+    rows = oc.masked_rows(np.random.default_rng(seed), BPE_VOCAB, 16, 40, 0.7, mask_id, pad=16 if kind != "llada2" else 0)
+    u = oc.final_norm_direction(model, lambda: hf_logits(kind, model, rows), slice(32, 40))
     key = head_name(kind)
     head = w[key].astype(np.float64)
     head -= np.outer(head @ u, u)
@@ -760,30 +666,11 @@ def align_eos_row(kind, w, eos_id, mask_id, strength, seed):
 
 
 def peakedness(kind, forward, rng, mask_id) -> dict:
-    rows = []
-    for _ in range(4):
-        ids = rng.integers(0, BPE_VOCAB, size=32).tolist()
-        for j in range(24, 32):
-            if rng.random() < 0.6:
-                ids[j] = mask_id
-        rows.append(ids + ([mask_id] * 16 if kind != "llada2" else []))
-    lg = forward(rows)[:, :32].copy()
-    lg[..., mask_id] = -np.inf
-    l64 = lg.astype(np.float64)
-    p = np.exp(l64 - l64.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    top1 = p.max(-1)
-    finite = np.where(np.isfinite(lg), lg, np.nan)
-    return dict(logit_std=round(float(np.nanmean(np.nanstd(finite, -1))), 3), top1_mean=round(float(top1.mean()), 3),
-                top1_median=round(float(np.median(top1)), 3))
+    st = so.summarize_peakedness(forward, rng, mask_id, pad=16 if kind != "llada2" else 0)
+    return {k: round(st[k], 3) for k in ("logit_std", "top1_mean", "top1_median")}
 
 
 def make_fixture(out_dir: str, name: str, tok_sha: str):
-    from safetensors.torch import save_file
-
-    import tokenizers
-    import transformers
-
     f = FAMILIES[name]
     kind = f["kind"]
     tok, ids, sha = so.build_tokenizer(f["specials"])
@@ -798,14 +685,7 @@ def make_fixture(out_dir: str, name: str, tok_sha: str):
     weights = random_weights(kind, f["wseed"], f["head_std"], f["qk_gain"])
     align_eos_row(kind, weights, ids[f["eos_align"]], mask_id, f["align"], f["wseed"] + 1)
     tensors = so.store_tensors(weights, "float32")
-    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(folder, "config.json"), "w") as fh:
-        json.dump(cfg, fh, indent=2)
-        fh.write("\n")
-    with open(os.path.join(folder, "generation_config.json"), "w") as fh:
-        json.dump(generation_config(name, ids), fh, indent=2)
-        fh.write("\n")
-    tok.save(os.path.join(folder, "tokenizer.json"))
+    oc.write_model_folder(folder, tensors, cfg, generation_config(name, ids), tok)
 
     model = load_hf_model(kind, tensors)
     monitor = RouteMonitor(model) if kind == "llada2" else None
@@ -819,7 +699,7 @@ def make_fixture(out_dir: str, name: str, tok_sha: str):
         monitor.take()
 
     def rand_tokens(k):
-        return rng.integers(0, BPE_VOCAB, size=k).tolist()
+        return oc.random_ids(rng, BPE_VOCAB, k)
 
     M = mask_id
     text_ids = tok.encode(so.PROMPT_TEXT).ids
@@ -874,48 +754,28 @@ def make_fixture(out_dir: str, name: str, tok_sha: str):
     # ---- decode cases
     decode_cases = []
     for di, (plen, max_new, early, need_stop) in enumerate(so.DECODE_SPECS):
-        attempt = 0
-        while True:
-            if attempt == 0 and di % 2 == 0:
-                off = (di * 7) % max(1, len(text_ids) - plen)
-                prompt = text_ids[off : off + plen]
-            else:
-                prompt = rand_tokens(plen)
-            attempt += 1
+
+        def attempt(i):
+            prompt = so.spec_prompt(di, i, plen, text_ids, rand_tokens)
             r = decode(kind, forward, prompt, max_new, early, stops, mask_id)
             st = monitor.take() if monitor else None
-            ok = r["min_conf_gap"] >= MIN_GAP and (st is None or st["min_route_gap"] >= MIN_ROUTE_GAP)
-            if need_stop:
-                # the stop ends decoding after at least two blocks, before the last planned one,
-                # and cuts the output
-                ok = ok and r["stopped"] and 2 <= r["blocks"] < r["planned_blocks"] and len(r["tokens"]) < len(r["generated"])
-            print(f"[{name}] decode case {di}: P={plen} n={max_new} early_stop={early} attempt={attempt} "
+            # with need_stop, the stop ends decoding after at least two blocks, before the last
+            # planned one, and cuts the output
+            ok = (r["min_conf_gap"] >= MIN_GAP and (st is None or st["min_route_gap"] >= MIN_ROUTE_GAP)
+                  and (not need_stop or so.cuts_early(r, 2)))
+            print(f"[{name}] decode case {di}: P={plen} n={max_new} early_stop={early} attempt={i + 1} "
                   f"min_conf_gap={r['min_conf_gap']:.6g}"
                   + (f" route_gap={st['min_route_gap']:.3g}" if st else "")
                   + f" stopped={r['stopped']} forwards={r['block_forwards']}" + ("" if ok else "  -> redraw"))
-            if ok:
-                break
-            if attempt > 400:
-                raise SystemExit(f"could not draw decode case {di} for {name}")
-        case = {
-            "prompt": prompt,
-            "max_new_tokens": max_new,
-            "early_stop": early,
-            "stop_ids": stops,
-            "end": r["end"],
-            "tokens": r["tokens"],
-            "generated": r["generated"],
-            "block_forwards": r["block_forwards"],
-            "min_conf_gap": r["min_conf_gap"],
-            "stopped": r["stopped"],
-            "commits": r["commits"],
-        }
+            return ok, (prompt, r, st)
+
+        prompt, r, st = oc.redraw(f"decode case {di} for {name}", 400, attempt)
+        case = so.decode_record(prompt, max_new, early, stops, r, end=r["end"])
         if st:
             case["min_route_gap"] = st["min_route_gap"]
             note_routing(st)
         decode_cases.append(case)
 
-    save_file(golden_tensors, os.path.join(folder, "golden.safetensors"), metadata={"format": "pt"})
     conventions = {
         "llada": dict(hf_class="LlamaForCausalLM", attention="bidirectional", canvas="full: future blocks all masks up to end",
                       logit_shift=False),
@@ -928,10 +788,7 @@ def make_fixture(out_dir: str, name: str, tok_sha: str):
         "tool": "tools/oracle/families_oracle.py make-fixtures",
         "family": kind,
         **conventions,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-        "numpy": np.__version__,
+        **oc.versions(),
         "weight_seed": f["wseed"],
         "case_seed": f["cseed"],
         "eos_align": [f["eos_align"], f["align"]],
@@ -956,21 +813,15 @@ def make_fixture(out_dir: str, name: str, tok_sha: str):
         "mask_id": mask_id,
         "vocab_size": V,
         "generator": generator,
-        "logits_cases": logits_cases,
-        "decode_cases": decode_cases,
     }
-    with open(os.path.join(folder, "golden.json"), "w") as fh:
-        json.dump(golden, fh, indent=1)
-        fh.write("\n")
+    oc.write_golden(folder, golden_tensors, golden, logits_cases, decode_cases)
     return folder
 
 
 def cmd_make_fixtures(args):
     _, _, sha = so.build_tokenizer()
     for name in FAMILIES:
-        folder = make_fixture(args.out, name, sha)
-        size = sum(os.path.getsize(os.path.join(folder, x)) for x in os.listdir(folder))
-        print(f"[{name}] wrote {folder} ({size} bytes)")
+        oc.report_written(name, make_fixture(args.out, name, sha))
 
 
 # --------------------------------------------------------------------------------------------
@@ -984,27 +835,14 @@ def expected_names(kind: str) -> set[str]:
 
 def cmd_self_check(args):
     from safetensors.torch import load_file
-    from tokenizers import Tokenizer
 
-    failures = 0
+    check = oc.Checker()
     summary = {}
-
-    def check(cond, msg):
-        nonlocal failures
-        print(("ok   " if cond else "FAIL ") + msg)
-        if not cond:
-            failures += 1
-
     for name, f in FAMILIES.items():
         kind = f["kind"]
         folder = os.path.join(args.out, name)
-        with open(os.path.join(folder, "config.json")) as fh:
-            cfg = json.load(fh)
-        with open(os.path.join(folder, "generation_config.json")) as fh:
-            gen = json.load(fh)
-        with open(os.path.join(folder, "golden.json")) as fh:
-            golden = json.load(fh)
-        tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        cfg, golden, tok = oc.read_fixture(folder)
+        gen = oc.load_json(os.path.join(folder, "generation_config.json"))
         M = golden["mask_id"]
         check(tok.token_to_id(f["mask"]) == M and M < cfg["vocab_size"] == golden["vocab_size"],
               f"[{name}] mask {f['mask']} = {M} < vocab {cfg['vocab_size']}")
@@ -1013,9 +851,7 @@ def cmd_self_check(args):
         eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
         check(eos == [tok.token_to_id(t) for t in f["stops"]], f"[{name}] generation_config eos_token_id {gen['eos_token_id']}")
         check(all(dc["stop_ids"] == eos for dc in golden["decode_cases"]), f"[{name}] decode stop ids = generation_config")
-        text = "x = json.dumps(obj)" + f["stops"][-1]
-        enc = tok.encode(text)
-        check(tok.decode(enc.ids, skip_special_tokens=False) == text, f"[{name}] round trip {enc.ids}")
+        oc.check_round_trip(check, name, tok, "x = json.dumps(obj)" + f["stops"][-1])
 
         tensors = load_file(os.path.join(folder, "model.safetensors"))
         check(set(tensors) == expected_names(kind), f"[{name}] tensor names are the family's ({len(tensors)})")
@@ -1051,12 +887,7 @@ def cmd_self_check(args):
         ca = forward(rows, so.causal_mask(n, b))
         check(float(np.abs(base - ca).max()) > 1e-2, f"[{name}] a causal mask changes logits by {float(np.abs(base - ca).max()):.3g}")
         if kind == "llada2":
-            full = forward(rows, torch.zeros(b, 1, n, n))
-            check(float(np.abs(base - full).max()) > 1e-2, f"[{name}] full attention changes logits by {float(np.abs(base - full).max()):.3g}")
-            r2 = [list(r) for r in rows]
-            for r in r2:
-                r[-1] = (r[-1] + 1) % 300
-            check(float(np.abs(base[:, : n - 8] - forward(r2)[:, : n - 8]).max()) == 0.0, f"[{name}] earlier blocks ignore later tokens")
+            oc.check_block_causal(check, name, forward, rows, base, BLOCK_SIZE)
         else:
             bc = forward(rows, so.block_causal_mask(n, BLOCK_SIZE, b))
             check(float(np.abs(base - bc).max()) > 1e-2, f"[{name}] a block-causal mask changes logits by {float(np.abs(base - bc).max()):.3g}")
@@ -1071,15 +902,13 @@ def cmd_self_check(args):
 
         # Decode cases replay with the HF model and with the numpy reference.
         monitor = RouteMonitor(model) if kind == "llada2" else None
-        for dc in golden["decode_cases"]:
-            r = decode(kind, forward, dc["prompt"], dc["max_new_tokens"], dc["early_stop"], dc["stop_ids"], M)
-            same = all(r[k] == dc[k] for k in ("tokens", "generated", "block_forwards", "commits", "stopped", "end"))
-            check(same, f"[{name}] decode P={len(dc['prompt'])} n={dc['max_new_tokens']} reproduces")
+
+        def replay(fwd):
+            return lambda dc: decode(kind, fwd, dc["prompt"], dc["max_new_tokens"], dc["early_stop"], dc["stop_ids"], M)
+
+        so.check_decodes(check, name, golden["decode_cases"], replay(forward), so.REPLAY_KEYS + ("stopped", "end"), "reproduces")
         ref_fwd = lambda rs: np.stack([numpy_reference_logits(kind, tensors, r) for r in rs]).astype(np.float32)  # noqa: E731
-        for dc in golden["decode_cases"]:
-            r = decode(kind, ref_fwd, dc["prompt"], dc["max_new_tokens"], dc["early_stop"], dc["stop_ids"], M)
-            same = all(r[k] == dc[k] for k in ("tokens", "generated", "block_forwards", "commits"))
-            check(same, f"[{name}] decode P={len(dc['prompt'])} n={dc['max_new_tokens']} reproduced by the numpy reference")
+        so.check_decodes(check, name, golden["decode_cases"], replay(ref_fwd), so.REPLAY_KEYS, "reproduced by the numpy reference")
         gaps = [dc["min_conf_gap"] for dc in golden["decode_cases"]]
         check(min(gaps) >= MIN_GAP, f"[{name}] min_conf_gap values {['%.3g' % g for g in gaps]}")
         check(all(dc["end"] == -(-(len(dc["prompt"]) + dc["max_new_tokens"]) // BLOCK_SIZE) * BLOCK_SIZE for dc in golden["decode_cases"]),
@@ -1103,22 +932,12 @@ def cmd_self_check(args):
                   and rec["routed_tokens"] == st["routed_tokens"], f"[{name}] routing stats recorded")
         summary[name] = dict(hf=worst_hf, ref=worst_ref, min_conf_gap=min(gaps))
     print(json.dumps(summary))
-    if failures:
-        raise SystemExit(f"{failures} check(s) failed")
-    print("all checks passed")
+    check.finish()
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("make-fixtures", help="write the three tiny family folders and golden outputs")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=cmd_make_fixtures)
-    p = sub.add_parser("self-check", help="reload the fixture folders and verify them")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=cmd_self_check)
-    args = ap.parse_args(argv)
-    args.func(args)
+    ap, _, _ = oc.fixture_cli(__doc__, "write the three tiny family folders and golden outputs", cmd_make_fixtures, cmd_self_check)
+    oc.run_cli(ap, argv)
 
 
 if __name__ == "__main__":

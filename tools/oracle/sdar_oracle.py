@@ -19,7 +19,6 @@ See tools/oracle/README.md for the exact decoding semantics reproduced here.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -28,6 +27,9 @@ import sys
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_common as oc  # noqa: E402
 
 # One thread: the tiny model is overhead-bound and far faster single-threaded (and this stays
 # within the 2 cores of the machine the fixtures were made on).
@@ -148,37 +150,8 @@ def random_weights(cfg: dict, seed: int) -> dict[str, np.ndarray]:
     probability of about 0.4-0.6 (printed as "peakedness" by make-fixtures). Every norm
     weight is 1 + 0.1 * N(0, 1) so that a missing or misplaced norm changes the logits.
     """
-    rng = np.random.default_rng(seed)
-    h, i = cfg["hidden_size"], cfg["intermediate_size"]
-    nh, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    v = cfg["vocab_size"]
     tie = cfg["tie_word_embeddings"]
-
-    def normal(shape, std):
-        return (rng.standard_normal(shape) * std).astype(np.float32)
-
-    def norm(n):
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-
-    w: dict[str, np.ndarray] = {}
-    w["model.embed_tokens.weight"] = normal((v, h), 0.45 if tie else 1.0)
-    for layer in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        w[p + "input_layernorm.weight"] = norm(h)
-        w[p + "self_attn.q_proj.weight"] = normal((nh * d, h), 1.0 / math.sqrt(h))
-        w[p + "self_attn.k_proj.weight"] = normal((nkv * d, h), 1.0 / math.sqrt(h))
-        w[p + "self_attn.v_proj.weight"] = normal((nkv * d, h), 1.0 / math.sqrt(h))
-        w[p + "self_attn.o_proj.weight"] = normal((h, nh * d), 1.0 / math.sqrt(nh * d))
-        w[p + "self_attn.q_norm.weight"] = norm(d)
-        w[p + "self_attn.k_norm.weight"] = norm(d)
-        w[p + "post_attention_layernorm.weight"] = norm(h)
-        w[p + "mlp.gate_proj.weight"] = normal((i, h), 1.0 / math.sqrt(h))
-        w[p + "mlp.up_proj.weight"] = normal((i, h), 1.0 / math.sqrt(h))
-        w[p + "mlp.down_proj.weight"] = normal((h, i), 1.0 / math.sqrt(i))
-    w["model.norm.weight"] = norm(h)
-    if not tie:
-        w["lm_head.weight"] = normal((v, h), 0.55)
-    return w
+    return oc.hf_decoder_weights(oc.WeightDraws(seed), cfg, embed_std=0.45 if tie else 1.0, head_std=0.55, qk_norm=True)
 
 
 @torch.inference_mode()
@@ -191,22 +164,10 @@ def align_eos_row(cfg: dict, w: dict[str, np.ndarray], dtype: str, eos_id: int, 
     eos token becomes 0.5 * (its random row) + strength * u / |u|.
     """
     model = load_hf_model(cfg, store_tensors(w, dtype))
-    captured = []
-    hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.append(out.detach().clone()))
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(16):
-        r = rng.integers(0, BPE_VOCAB, size=40).tolist()
-        for j in range(32, 40):
-            if rng.random() < 0.7:
-                r[j] = mask_id
-        rows.append(r)
-    hf_logits(model, rows, BLOCK_SIZE)
-    hook.remove()
-    u = captured[-1][:, 32:].reshape(-1, cfg["hidden_size"]).to(torch.float64).mean(0).numpy()
-    u /= np.linalg.norm(u)
+    rows = oc.masked_rows(np.random.default_rng(seed), BPE_VOCAB, 16, 40, 0.7, mask_id)
+    u = oc.final_norm_direction(model, lambda: hf_logits(model, rows, BLOCK_SIZE), slice(32, None))
     key = "model.embed_tokens.weight" if cfg["tie_word_embeddings"] else "lm_head.weight"
-    w[key][eos_id] = (0.5 * w[key][eos_id].astype(np.float64) + strength * u).astype(np.float32)
+    oc.boost_row(w, key, eos_id, strength, u)
 
 
 def store_tensors(weights: dict[str, np.ndarray], dtype: str) -> dict[str, torch.Tensor]:
@@ -247,27 +208,9 @@ def load_hf_model(cfg: dict, tensors: dict[str, torch.Tensor]):
         use_cache=False,
         torch_dtype=torch.float32,
     )
-    qcfg._attn_implementation = "eager"
-    model = Qwen3ForCausalLM(qcfg).to(torch.float32).eval()
-    assert model.config._attn_implementation == "eager"
+    model = oc.eager_model(Qwen3ForCausalLM, qcfg)
     sd = {k: t.to(torch.float32) for k, t in tensors.items()}
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    assert not unexpected, unexpected
-    if cfg["tie_word_embeddings"]:
-        assert "lm_head.weight" not in tensors
-        assert list(missing) == ["lm_head.weight"], missing
-        model.tie_weights()
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
-    else:
-        assert not missing, missing
-        assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
-    # Every parameter must equal the stored tensor (upcast), nothing left at its random init.
-    params = dict(model.named_parameters(remove_duplicate=False))
-    for k, t in sd.items():
-        assert torch.equal(params[k].detach(), t), k
-    if cfg["tie_word_embeddings"]:
-        assert torch.equal(params["lm_head.weight"].detach(), sd["model.embed_tokens.weight"])
-    return model
+    return oc.load_exact(model, sd, cfg["tie_word_embeddings"])
 
 
 def block_causal_mask(n: int, block: int, batch: int = 1, offset: int = 0) -> torch.Tensor:
@@ -288,14 +231,9 @@ def causal_mask(n: int, batch: int = 1) -> torch.Tensor:
 @torch.inference_mode()
 def hf_logits(model, rows: list[list[int]], block: int, mask: torch.Tensor | None = None) -> np.ndarray:
     """float32 logits [B, n, V] of the model on equal-length rows with the block-causal mask."""
-    n = len(rows[0])
-    assert all(len(r) == n for r in rows)
-    ids = torch.tensor(rows, dtype=torch.long)
     if mask is None:
-        mask = block_causal_mask(n, block, len(rows))
-    pos = torch.arange(n, dtype=torch.long)[None].expand(len(rows), n)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
-    return out.logits.to(torch.float32).numpy()
+        mask = block_causal_mask(len(rows[0]), block, len(rows))
+    return oc.hf_forward(model, rows, mask)
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,50 +242,7 @@ def hf_logits(model, rows: list[list[int]], block: int, mask: torch.Tensor | Non
 
 
 def numpy_reference_logits(cfg: dict, tensors: dict[str, torch.Tensor], ids: list[int], block: int) -> np.ndarray:
-    w = {k: t.to(torch.float64).numpy() for k, t in tensors.items()}
-    eps = cfg["rms_norm_eps"]
-    nh, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    n = len(ids)
-
-    def rms(x, g):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
-
-    def rope(x, pos):  # x [n, heads, d]; NeoX rotate-half
-        inv = cfg["rope_theta"] ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-        ang = pos[:, None] * inv[None, :]
-        cos = np.concatenate([np.cos(ang), np.cos(ang)], -1)[:, None, :]
-        sin = np.concatenate([np.sin(ang), np.sin(ang)], -1)[:, None, :]
-        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-        return x * cos + np.concatenate([-x2, x1], -1) * sin
-
-    pos = np.arange(n, dtype=np.float64)
-    blk = np.arange(n) // block
-    visible = blk[None, :] <= blk[:, None]
-    x = w["model.embed_tokens.weight"][ids]
-    for layer in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        h = rms(x, w[p + "input_layernorm.weight"])
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, nh, d)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, nkv, d)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, nkv, d)
-        q = rope(rms(q, w[p + "self_attn.q_norm.weight"]), pos)
-        k = rope(rms(k, w[p + "self_attn.k_norm.weight"]), pos)
-        out = np.zeros((n, nh, d))
-        for head in range(nh):
-            kv = head // (nh // nkv)
-            s = q[:, head] @ k[:, kv].T / math.sqrt(d)
-            s = np.where(visible, s, -np.inf)
-            s = np.exp(s - s.max(-1, keepdims=True))
-            s /= s.sum(-1, keepdims=True)
-            out[:, head] = s @ v[:, kv]
-        x = x + out.reshape(n, nh * d) @ w[p + "self_attn.o_proj.weight"].T
-        h = rms(x, w[p + "post_attention_layernorm.weight"])
-        g = h @ w[p + "mlp.gate_proj.weight"].T
-        u = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (g / (1.0 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
-    x = rms(x, w["model.norm.weight"])
-    head = w["lm_head.weight"] if "lm_head.weight" in w else w["model.embed_tokens.weight"]
-    return x @ head.T
+    return oc.numpy_decoder_logits(cfg, oc.float64_weights(tensors), ids, oc.visible_blocks(len(ids), block))
 
 
 # --------------------------------------------------------------------------------------------
@@ -453,32 +348,38 @@ PROMPT_TEXT = (
 )
 
 
-def summarize_peakedness(model, cfg, rng, mask_id) -> dict:
-    rows = []
-    for _ in range(4):
-        ids = rng.integers(0, BPE_VOCAB, size=32).tolist()
-        for j in range(24, 32):
-            if rng.random() < 0.6:
-                ids[j] = mask_id
-        rows.append(ids)
-    lg = hf_logits(model, rows, BLOCK_SIZE)
+def summarize_peakedness(forward, rng, mask_id, pad=0) -> dict:
+    """oc.peakedness at the 32 positions of 4 seeded random rows (last block 60% masks, then
+    `pad` more masks), the mask id left out; `forward(rows) -> [B, n, V]` float32 logits."""
+    rows = oc.masked_rows(rng, BPE_VOCAB, 4, 32, 0.6, mask_id, pad=pad)
+    lg = forward(rows)[:, :32].copy()
     lg[..., mask_id] = -np.inf
-    l64 = lg.astype(np.float64)
-    p = np.exp(l64 - l64.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    top1 = p.max(-1)
-    finite = np.where(np.isfinite(lg), lg, np.nan)
-    return dict(
-        logit_std=float(np.nanmean(np.nanstd(finite, -1))),
-        top1_mean=float(top1.mean()),
-        top1_gt_half=float((top1 > 0.5).mean()),
-        top1_median=float(np.median(top1)),
-    )
+    return oc.peakedness(lg)
+
+
+def spec_prompt(di: int, attempt: int, plen: int, text_ids: list[int], rand_tokens) -> list[int]:
+    """Decode case di's prompt: a slice of PROMPT_TEXT's ids on the first attempt of an even
+    case, else `rand_tokens(plen)`."""
+    if attempt == 0 and di % 2 == 0:
+        off = (di * 7) % max(1, len(text_ids) - plen)
+        return text_ids[off : off + plen]
+    return rand_tokens(plen)
+
+
+def cuts_early(r: dict, min_blocks: int = 1) -> bool:
+    """A draft_free_decode result whose early stop ended decoding before the last planned block
+    (after at least `min_blocks` blocks) and cut the output."""
+    return r["stopped"] and min_blocks <= r["blocks"] < r["planned_blocks"] and len(r["tokens"]) < len(r["generated"])
+
+
+def decode_record(prompt, max_new, early, stop_ids, r: dict, **extra) -> dict:
+    """A golden.json decode case: the inputs, `extra` (families: "end"), draft_free_decode's results."""
+    case = {"prompt": prompt, "max_new_tokens": max_new, "early_stop": early, "stop_ids": stop_ids, **extra}
+    case.update((k, r[k]) for k in ("tokens", "generated", "block_forwards", "min_conf_gap", "stopped", "commits"))
+    return case
 
 
 def make_fixture(out_dir: str, name: str, tie: bool, dtype: str, wseed: int, cseed: int, eos_align: float, tok, ids, tok_sha):
-    from safetensors.torch import save_file
-
     folder = os.path.join(out_dir, name)
     os.makedirs(folder, exist_ok=True)
     cfg = sdar_config(tie, dtype, ids)
@@ -489,21 +390,14 @@ def make_fixture(out_dir: str, name: str, tie: bool, dtype: str, wseed: int, cse
     weights = random_weights(cfg, wseed)
     align_eos_row(cfg, weights, dtype, ids["<|im_end|>"], mask_id, eos_align, wseed + 1)
     tensors = store_tensors(weights, dtype)
-    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-        f.write("\n")
-    with open(os.path.join(folder, "generation_config.json"), "w") as f:
-        json.dump({"eos_token_id": eos}, f, indent=2)
-        f.write("\n")
-    tok.save(os.path.join(folder, "tokenizer.json"))
+    oc.write_model_folder(folder, tensors, cfg, {"eos_token_id": eos}, tok)
 
     model = load_hf_model(cfg, tensors)
     rng = np.random.default_rng(cseed)
-    print(f"[{name}] peakedness: {summarize_peakedness(model, cfg, rng, mask_id)}")
+    print(f"[{name}] peakedness: {summarize_peakedness(lambda rows: hf_logits(model, rows, BLOCK_SIZE), rng, mask_id)}")
 
     def rand_tokens(n):
-        return rng.integers(0, BPE_VOCAB, size=n).tolist()
+        return oc.random_ids(rng, BPE_VOCAB, n)
 
     M = mask_id
     # ---- logits cases
@@ -527,46 +421,21 @@ def make_fixture(out_dir: str, name: str, tie: bool, dtype: str, wseed: int, cse
     # ---- decode cases
     decode_cases = []
     for di, (plen, max_new, early, need_stop) in enumerate(DECODE_SPECS):
-        attempt = 0
-        while True:
-            if attempt == 0 and di % 2 == 0:
-                off = (di * 7) % max(1, len(text_ids) - plen)
-                prompt = text_ids[off : off + plen]
-            else:
-                prompt = rand_tokens(plen)
-            attempt += 1
+
+        def attempt(i):
+            prompt = spec_prompt(di, i, plen, text_ids, rand_tokens)
             r = draft_free_decode(model, prompt, max_new, early, eos, mask_id)
-            ok = r["min_conf_gap"] >= MIN_GAP
-            if need_stop:
-                # the stop must end decoding before the last planned block and cut the output
-                ok = ok and r["stopped"] and r["blocks"] < r["planned_blocks"] and len(r["tokens"]) < len(r["generated"])
+            # with need_stop, the stop must end decoding before the last planned block and cut the output
+            ok = r["min_conf_gap"] >= MIN_GAP and (not need_stop or cuts_early(r))
             print(
-                f"[{name}] decode case {di}: P={plen} n={max_new} early_stop={early} attempt={attempt} "
+                f"[{name}] decode case {di}: P={plen} n={max_new} early_stop={early} attempt={i + 1} "
                 f"min_conf_gap={r['min_conf_gap']:.6g} stopped={r['stopped']} forwards={r['block_forwards']}"
                 + ("" if ok else "  -> redraw")
             )
-            if ok:
-                break
-            if attempt > 400:
-                raise SystemExit(f"could not draw decode case {di} for {name}")
-        decode_cases.append(
-            {
-                "prompt": prompt,
-                "max_new_tokens": max_new,
-                "early_stop": early,
-                "stop_ids": eos,
-                "tokens": r["tokens"],
-                "generated": r["generated"],
-                "block_forwards": r["block_forwards"],
-                "min_conf_gap": r["min_conf_gap"],
-                "stopped": r["stopped"],
-                "commits": r["commits"],
-            }
-        )
+            return ok, (prompt, r)
 
-    save_file(golden_tensors, os.path.join(folder, "golden.safetensors"), metadata={"format": "pt"})
-    import tokenizers
-    import transformers
+        prompt, r = oc.redraw(f"decode case {di} for {name}", 400, attempt)
+        decode_cases.append(decode_record(prompt, max_new, early, eos, r))
 
     golden = {
         "block_size": BLOCK_SIZE,
@@ -574,22 +443,15 @@ def make_fixture(out_dir: str, name: str, tie: bool, dtype: str, wseed: int, cse
         "vocab_size": cfg["vocab_size"],
         "generator": {
             "tool": "tools/oracle/sdar_oracle.py make-fixtures",
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "numpy": np.__version__,
+            **oc.versions(),
             "weight_seed": wseed,
             "case_seed": cseed,
             "eos_align": eos_align,
             "weights_dtype": dtype,
             "tokenizer_text_sha256": tok_sha,
         },
-        "logits_cases": logits_cases,
-        "decode_cases": decode_cases,
     }
-    with open(os.path.join(folder, "golden.json"), "w") as f:
-        json.dump(golden, f, indent=1)
-        f.write("\n")
+    oc.write_golden(folder, golden_tensors, golden, logits_cases, decode_cases)
     return folder
 
 
@@ -597,9 +459,7 @@ def cmd_make_fixtures(args):
     tok, ids, sha = build_tokenizer()
     print(f"tokenizer: vocab {tok.get_vocab_size()}, special ids {ids}, training text sha256 {sha}")
     for name, tie, dtype, wseed, cseed, eos_align in FIXTURES:
-        folder = make_fixture(args.out, name, tie, dtype, wseed, cseed, eos_align, tok, ids, sha)
-        size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
-        print(f"[{name}] wrote {folder} ({size} bytes)")
+        oc.report_written(name, make_fixture(args.out, name, tie, dtype, wseed, cseed, eos_align, tok, ids, sha))
 
 
 # --------------------------------------------------------------------------------------------
@@ -607,30 +467,28 @@ def cmd_make_fixtures(args):
 # --------------------------------------------------------------------------------------------
 
 
+# The draft_free_decode results a replayed golden decode case must reproduce.
+REPLAY_KEYS = ("tokens", "generated", "block_forwards", "commits")
+
+
+def check_decodes(check, name: str, cases: list[dict], decode, keys, how: str) -> None:
+    """Replay every golden decode case with `decode(case)` and compare `keys`."""
+    for dc in cases:
+        r = decode(dc)
+        check(all(r[k] == dc[k] for k in keys), f"[{name}] decode P={len(dc['prompt'])} n={dc['max_new_tokens']} {how}")
+
+
 def cmd_self_check(args):
     from safetensors import safe_open
     from safetensors.torch import load_file
-    from tokenizers import Tokenizer
 
-    failures = 0
-
-    def check(cond, msg):
-        nonlocal failures
-        print(("ok   " if cond else "FAIL ") + msg)
-        if not cond:
-            failures += 1
-
+    check = oc.Checker()
     for name, tie, dtype, *_ in FIXTURES:
         folder = os.path.join(args.out, name)
-        with open(os.path.join(folder, "config.json")) as f:
-            cfg = json.load(f)
-        with open(os.path.join(folder, "golden.json")) as f:
-            golden = json.load(f)
-        tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        cfg, golden, tok = oc.read_fixture(folder)
         check(tok.get_vocab_size() <= cfg["vocab_size"], f"[{name}] tokenizer loads, size {tok.get_vocab_size()}")
         check(tok.token_to_id("<|MASK|>") == cfg["mask_token_id"] == golden["mask_id"], f"[{name}] mask id")
-        enc = tok.encode("x = json.dumps(obj)<|im_end|>")
-        check(tok.decode(enc.ids, skip_special_tokens=False) == "x = json.dumps(obj)<|im_end|>", f"[{name}] round trip {enc.ids}")
+        oc.check_round_trip(check, name, tok, "x = json.dumps(obj)<|im_end|>")
 
         tensors = load_file(os.path.join(folder, "model.safetensors"))
         want_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
@@ -672,32 +530,24 @@ def cmd_self_check(args):
         m[:, :, :, 3] = float("-inf")
         alt = hf_logits(model, rows, 8, mask=m)
         check(float(np.abs(bc - alt).max()) > 1e-2, f"[{name}] hiding key 3 changes logits by {float(np.abs(bc - alt).max()):.3g}")
-        full = hf_logits(model, rows, 8, mask=torch.zeros(b, 1, n, n))
-        check(float(np.abs(bc - full).max()) > 1e-2, f"[{name}] full attention changes logits by {float(np.abs(bc - full).max()):.3g}")
-        # Block-causal: logits of earlier blocks do not depend on later tokens.
-        r2 = [list(r) for r in rows]
-        for r in r2:
-            r[-1] = (r[-1] + 1) % 300
-        bc2 = hf_logits(model, r2, 8)
-        check(float(np.abs(bc[:, : n - 8] - bc2[:, : n - 8]).max()) == 0.0, f"[{name}] earlier blocks ignore later tokens")
+        # Full attention changes the logits; earlier blocks' logits do not depend on later tokens.
+        oc.check_block_causal(check, name, lambda rs, mask=None: hf_logits(model, rs, 8, mask=mask), rows, bc, 8)
 
-        # Decode cases reproduce (first two, to keep it quick).
-        for dc in golden["decode_cases"][: args.decode_cases]:
-            r = draft_free_decode(model, dc["prompt"], dc["max_new_tokens"], dc["early_stop"], dc["stop_ids"], golden["mask_id"])
-            same = all(r[k] == dc[k] for k in ("tokens", "generated", "block_forwards", "commits", "stopped"))
-            check(same, f"[{name}] decode P={len(dc['prompt'])} n={dc['max_new_tokens']} reproduces")
+        # Decode cases reproduce (the first --decode-cases of them).
+        cases = golden["decode_cases"][: args.decode_cases]
+
+        def replay(logits_fn=None):
+            return lambda dc: draft_free_decode(model, dc["prompt"], dc["max_new_tokens"], dc["early_stop"], dc["stop_ids"],
+                                                golden["mask_id"], logits_fn=logits_fn)
+
+        check_decodes(check, name, cases, replay(), REPLAY_KEYS + ("stopped",), "reproduces")
         # An independent implementation (float64 numpy forward, rounded to float32: logits
         # differ by ~1e-5) must make the same decisions: the min_conf_gap margin at work.
         ref_fn = lambda ids: numpy_reference_logits(cfg, tensors, ids, golden["block_size"]).astype(np.float32)  # noqa: E731
-        for dc in golden["decode_cases"][: args.decode_cases]:
-            r = draft_free_decode(None, dc["prompt"], dc["max_new_tokens"], dc["early_stop"], dc["stop_ids"], golden["mask_id"], logits_fn=ref_fn)
-            same = all(r[k] == dc[k] for k in ("tokens", "generated", "block_forwards", "commits"))
-            check(same, f"[{name}] decode P={len(dc['prompt'])} n={dc['max_new_tokens']} reproduced by the numpy reference")
+        check_decodes(check, name, cases, replay(ref_fn), REPLAY_KEYS, "reproduced by the numpy reference")
         gaps = [dc["min_conf_gap"] for dc in golden["decode_cases"]]
         check(min(gaps) >= MIN_GAP, f"[{name}] min_conf_gap values {['%.6g' % g for g in gaps]}")
-    if failures:
-        raise SystemExit(f"{failures} check(s) failed")
-    print("all checks passed")
+    check.finish()
 
 
 # --------------------------------------------------------------------------------------------
@@ -715,18 +565,15 @@ def cmd_golden_decodes(args):
     from tokenizers import Tokenizer
 
     folder = args.model
-    with open(os.path.join(folder, "config.json")) as f:
-        cfg = json.load(f)
+    cfg = oc.load_json(os.path.join(folder, "config.json"))
     gen_path = os.path.join(folder, "generation_config.json")
     stop_ids = []
     if os.path.exists(gen_path):
-        with open(gen_path) as f:
-            eos = json.load(f).get("eos_token_id", [])
+        eos = oc.load_json(gen_path).get("eos_token_id", [])
         stop_ids = eos if isinstance(eos, list) else [eos]
     tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     weights_path = os.path.join(folder, "model.safetensors")
-    with open(weights_path, "rb") as f:
-        weights_sha = hashlib.sha256(f.read()).hexdigest()
+    weights_sha = oc.sha256_file(weights_path)
     model = load_hf_model(cfg, load_file(weights_path))
     L, mask_id = cfg["block_size"], cfg["mask_token_id"]
     cases, skipped = [], []
@@ -752,22 +599,13 @@ def cmd_golden_decodes(args):
                torch=torch.__version__, model_sha256=weights_sha, prompts_file=os.path.basename(args.prompts),
                field=args.field, block_size=L, mask_id=mask_id, stop_ids=stop_ids, min_gap=args.min_gap,
                cases=cases, skipped=skipped)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
+    oc.write_json(args.out, out, indent=1)
     print(f"wrote {len(cases)} cases ({len(skipped)} skipped) to {args.out}")
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("make-fixtures", help="write the tiny SDAR fixture folders and golden outputs")
-    p.add_argument("--out", required=True)
-    p.set_defaults(func=cmd_make_fixtures)
-    p = sub.add_parser("self-check", help="reload the fixture folders and verify them")
-    p.add_argument("--out", required=True)
+    ap, sub, p = oc.fixture_cli(__doc__, "write the tiny SDAR fixture folders and golden outputs", cmd_make_fixtures, cmd_self_check)
     p.add_argument("--decode-cases", type=int, default=100, help="how many decode cases to replay")
-    p.set_defaults(func=cmd_self_check)
     p = sub.add_parser("golden-decodes", help="draft-free T=0 decodes of a real SDAR folder")
     p.add_argument("--model", required=True)
     p.add_argument("--prompts", required=True, help="JSONL file, one prompt record per line")
@@ -777,8 +615,7 @@ def main(argv=None):
     p.add_argument("--min-gap", type=float, default=1e-5)
     p.add_argument("--out", required=True)
     p.set_defaults(func=cmd_golden_decodes)
-    args = ap.parse_args(argv)
-    args.func(args)
+    oc.run_cli(ap, argv)
 
 
 if __name__ == "__main__":

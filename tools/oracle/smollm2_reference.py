@@ -14,13 +14,15 @@ It prints the greedy texts so one can see the model is sane.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
+import sys
 import time
 
 import numpy as np
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_common as oc  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -33,30 +35,15 @@ PROMPTS = [
 ]
 
 
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def top_gap(row: np.ndarray) -> float:
-    top2 = np.sort(np.asarray(row, dtype=np.float32))[-2:]
-    return float(top2[1]) - float(top2[0])
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=24)
     args = ap.parse_args(argv)
 
-    import tokenizers
-    import transformers
     from safetensors.torch import save_file
     from tokenizers import Tokenizer
-    from transformers import AutoTokenizer, GenerationConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -64,8 +51,7 @@ def main(argv=None):
     t0 = time.time()
     tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
     hf_tok = AutoTokenizer.from_pretrained(folder)
-    with open(os.path.join(folder, "generation_config.json")) as f:
-        gen = json.load(f)
+    gen = oc.load_json(os.path.join(folder, "generation_config.json"))
     eos = gen["eos_token_id"]
     stop_ids = eos if isinstance(eos, list) else [eos]
     model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
@@ -85,23 +71,11 @@ def main(argv=None):
             messages = None
             text = content
             ids = tok.encode(text, add_special_tokens=False).ids
-        x = torch.tensor([ids], dtype=torch.long)
-        with torch.inference_mode():
-            logits = model(input_ids=x, use_cache=False).logits[0].to(torch.float32).numpy()
-        gc = GenerationConfig(
-            do_sample=False, num_beams=1, max_new_tokens=args.max_new_tokens, eos_token_id=stop_ids,
-            pad_token_id=gen.get("pad_token_id", stop_ids[0]), temperature=None, top_p=None, top_k=None,
-            use_cache=True, return_dict_in_generate=True, output_logits=True,
-        )
-        with torch.inference_mode():
-            out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=gc, use_model_defaults=False)
-        new = out.sequences[0, len(ids) :].tolist()
-        steps = np.stack([lg[0].to(torch.float32).numpy() for lg in out.logits])
+        logits = oc.hf_causal_logits(model, ids)
+        new, steps = oc.hf_greedy(model, ids, args.max_new_tokens, stop_ids, gen.get("pad_token_id", stop_ids[0]))
         stopped = bool(new) and new[-1] in stop_ids
         # The same continuation from one full no-cache forward over prompt + continuation.
-        full_ids = torch.tensor([ids + new], dtype=torch.long)
-        with torch.inference_mode():
-            full = model(input_ids=full_ids, use_cache=False).logits[0].to(torch.float32).numpy()
+        full = oc.hf_causal_logits(model, ids + new)
         full_steps = full[len(ids) - 1 : len(ids) - 1 + len(new)]
         assert [int(np.argmax(r)) for r in full_steps] == new, "cached and full-forward greedy paths differ"
         cache_diff = float(np.abs(full_steps - steps).max())
@@ -109,9 +83,9 @@ def main(argv=None):
         if model64 is None:
             model64 = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager").eval()
         with torch.inference_mode():
-            l64 = model64(input_ids=x, use_cache=False).logits[0].numpy()
+            l64 = model64(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=False).logits[0].numpy()
         f64_diff = float(np.abs(l64 - logits).max())
-        gap = min(top_gap(r) for r in steps)
+        gap = min(oc.top_gap(r) for r in steps)
         greedy_text = tok.decode(new, skip_special_tokens=False)
         tensors[f"logits.{i}"] = torch.from_numpy(np.ascontiguousarray(logits))
         tensors[f"steps.{i}"] = torch.from_numpy(np.ascontiguousarray(steps))
@@ -138,25 +112,21 @@ def main(argv=None):
         print(f"    prompt: {text!r}")
         print(f"    greedy: {greedy_text!r}")
 
-    weights_sha = sha256_file(os.path.join(folder, "model.safetensors"))
+    weights_sha = oc.sha256_file(os.path.join(folder, "model.safetensors"))
     save_file(tensors, os.path.join(folder, "reference.safetensors"), metadata={"format": "pt"})
     os.chmod(os.path.join(folder, "reference.safetensors"), 0o644)
     ref = dict(
         generator=dict(
             tool="tools/oracle/smollm2_reference.py",
             oracle="LlamaForCausalLM float32 eager; greedy via generate(do_sample=False, use_cache=True)",
-            torch=torch.__version__,
-            transformers=transformers.__version__,
-            tokenizers=tokenizers.__version__,
+            **oc.versions(with_numpy=False),
         ),
         model_sha256=weights_sha,
         vocab_size=model.config.vocab_size,
         stop_ids=stop_ids,
         cases=cases,
     )
-    with open(os.path.join(folder, "reference.json"), "w") as f:
-        json.dump(ref, f, indent=1, ensure_ascii=False)
-        f.write("\n")
+    oc.write_json(os.path.join(folder, "reference.json"), ref, indent=1, ensure_ascii=False)
     print(f"wrote {folder}/reference.json and reference.safetensors ({time.time() - t0:.1f} s)")
 
 

@@ -15,10 +15,9 @@ use burn_tensor::backend::Backend;
 use spot_core::{ArInfo, AutoregressiveModel, BlockStats, StatsQuery, TokenId};
 
 use crate::config::DecoderConfig;
+use crate::dense::{QWEN_NAMES, dense_net};
 use crate::error::{ModelError, Result};
-use crate::frame::Frame;
-use crate::hf::{Tokenizer, Weights};
-use crate::sdar::qwen_style_net;
+use crate::frame::{Frame, open};
 use crate::transformer::{Attend, Kv, Net};
 
 /// A causal language model (`model_type` `"llama"`, `"qwen2"` or `"qwen3"`) on backend `B`.
@@ -59,16 +58,13 @@ impl<B: Backend> CausalLm<B> {
         cfg.check(&path, &["llama", "qwen2", "qwen3"])?;
         let bias = cfg.model_type == "qwen2" || cfg.attention_bias;
         let qk_norm = cfg.model_type == "qwen3";
-        let frame = Frame::open(
-            dir,
-            cfg.vocab_size,
-            cfg.max_position_embeddings,
-            None,
-            cfg.eos_token_id.as_ref(),
+        let (frame, weights) = open::<B>(dir, &cfg, None, device)?;
+        let net = dense_net(
+            &cfg.dense_spec(bias, qk_norm),
+            &QWEN_NAMES,
+            &weights,
             device,
         )?;
-        let weights = Weights::open(dir)?;
-        let net = qwen_style_net(&cfg, &weights, device, bias, qk_norm)?;
         let info = ArInfo {
             vocab_size: cfg.vocab_size,
             max_positions: cfg.max_position_embeddings,
@@ -84,25 +80,7 @@ impl<B: Backend> CausalLm<B> {
         })
     }
 
-    /// The parsed `config.json`.
-    pub fn config(&self) -> &DecoderConfig {
-        &self.cfg
-    }
-
-    /// The tokenizer, when the folder has one.
-    pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.frame.tokenizer.as_ref()
-    }
-
-    /// The folder the model was loaded from.
-    pub fn dir(&self) -> &Path {
-        &self.frame.dir
-    }
-
-    /// Number of parameters the weights hold.
-    pub fn parameter_count(&self) -> usize {
-        self.net.parameters()
-    }
+    crate::frame::folder_accessors!(DecoderConfig);
 
     /// Appends `tokens` and returns their logits `[len, vocab]` as host values (for tests and
     /// tools; decoding uses [`AutoregressiveModel::extend`]).

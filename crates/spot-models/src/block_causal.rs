@@ -6,8 +6,6 @@
 //! read once and never copied per state. Finished blocks are appended to the cache with one
 //! forward each.
 
-use std::path::Path;
-
 use burn_tensor::backend::Backend;
 use spot_core::{
     BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId,
@@ -15,7 +13,6 @@ use spot_core::{
 
 use crate::error::Result;
 use crate::frame::Frame;
-use crate::hf::Tokenizer;
 use crate::transformer::{Attend, Kv, Net};
 
 /// A block-causal model on backend `B` with family config `C`, and its prefix KV cache.
@@ -61,25 +58,7 @@ impl<B: Backend, C> BlockCausal<B, C> {
         }
     }
 
-    /// The parsed `config.json`.
-    pub fn config(&self) -> &C {
-        &self.cfg
-    }
-
-    /// The tokenizer, when the folder has one.
-    pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.frame.tokenizer.as_ref()
-    }
-
-    /// The folder the model was loaded from.
-    pub fn dir(&self) -> &Path {
-        &self.frame.dir
-    }
-
-    /// Number of parameters the weights hold.
-    pub fn parameter_count(&self) -> usize {
-        self.net.parameters()
-    }
+    crate::frame::folder_accessors!(C);
 
     /// Logits `[n, len, vocab]` of `states` after the cached prefix, as host values (for
     /// tests and tools; decoding uses [`BlockDiffusionModel::forward`], which never copies

@@ -4,7 +4,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::dense::DenseSpec;
 use crate::error::{ModelError, Result};
+use crate::frame::FolderFacts;
 use crate::hf::read_json;
 use crate::transformer::Geometry;
 
@@ -113,6 +115,20 @@ impl DecoderConfig {
         c.positive("rope_theta", self.rope_theta)
     }
 
+    /// The dense decoder these shapes describe.
+    pub(crate) fn dense_spec(&self, qkv_bias: bool, qk_norm: bool) -> DenseSpec {
+        DenseSpec {
+            geo: self.geometry(),
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size,
+            vocab: self.vocab_size,
+            layers: self.num_hidden_layers,
+            tie: self.tie_word_embeddings,
+            qkv_bias,
+            qk_norm,
+        }
+    }
+
     /// The attention geometry, RoPE over the whole head.
     pub(crate) fn geometry(&self) -> Geometry {
         Geometry {
@@ -123,6 +139,21 @@ impl DecoderConfig {
             rope_theta: self.rope_theta,
             eps: self.rms_norm_eps,
         }
+    }
+}
+
+impl FolderFacts for DecoderConfig {
+    fn vocab(&self) -> usize {
+        self.vocab_size
+    }
+    fn max_positions(&self) -> usize {
+        self.max_position_embeddings
+    }
+    fn mask_token_id(&self) -> Option<u32> {
+        self.mask_token_id
+    }
+    fn eos(&self) -> Option<&serde_json::Value> {
+        self.eos_token_id.as_ref()
     }
 }
 

@@ -15,11 +15,10 @@ use std::path::Path;
 use burn_tensor::backend::Backend;
 
 use crate::config::DecoderConfig;
+use crate::dense::{QWEN_NAMES, dense_net};
 use crate::error::Result;
-use crate::frame::{Frame, MaskSpec};
+use crate::frame::open;
 use crate::full_sequence::FullSequence;
-use crate::hf::Weights;
-use crate::sdar::qwen_style_net;
 
 /// `config.json` of a Dream checkpoint: Qwen2 fields, `model_type` `"Dream"`.
 pub type DreamConfig = DecoderConfig;
@@ -40,19 +39,8 @@ impl<B: Backend> FullSequence<B, DreamConfig> {
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
         let (cfg, path) = DecoderConfig::read(dir)?;
         cfg.check(&path, &["Dream", "dream"])?;
-        let frame = Frame::open(
-            dir,
-            cfg.vocab_size,
-            cfg.max_position_embeddings,
-            Some(MaskSpec {
-                configured: cfg.mask_token_id,
-                tokens: &["<|mask|>"],
-            }),
-            cfg.eos_token_id.as_ref(),
-            device,
-        )?;
-        let weights = Weights::open(dir)?;
-        let net = qwen_style_net(&cfg, &weights, device, true, false)?;
+        let (frame, weights) = open::<B>(dir, &cfg, Some(&["<|mask|>"]), device)?;
+        let net = dense_net(&cfg.dense_spec(true, false), &QWEN_NAMES, &weights, device)?;
         Ok(Self::assemble(cfg, net, frame, true))
     }
 }

@@ -34,6 +34,68 @@ pub(crate) struct MaskSpec<'a> {
     pub tokens: &'a [&'a str],
 }
 
+/// What a family's config says about the folder-level facts.
+pub(crate) trait FolderFacts {
+    /// Rows of the embedding and head.
+    fn vocab(&self) -> usize;
+    /// Context limit.
+    fn max_positions(&self) -> usize;
+    /// `mask_token_id` as written in `config.json`.
+    fn mask_token_id(&self) -> Option<u32>;
+    /// `eos_token_id` as written in `config.json`.
+    fn eos(&self) -> Option<&serde_json::Value>;
+}
+
+/// Opens a folder's frame and weights. `mask_tokens`: the tokenizer strings of the mask token
+/// for block-diffusion families (`None` for autoregressive ones).
+pub(crate) fn open<B: Backend>(
+    dir: &Path,
+    cfg: &impl FolderFacts,
+    mask_tokens: Option<&[&str]>,
+    device: &B::Device,
+) -> Result<(Frame<B>, crate::hf::Weights)> {
+    let mask = mask_tokens.map(|tokens| MaskSpec {
+        configured: cfg.mask_token_id(),
+        tokens,
+    });
+    let frame = Frame::open(
+        dir,
+        cfg.vocab(),
+        cfg.max_positions(),
+        mask,
+        cfg.eos(),
+        device,
+    )?;
+    Ok((frame, crate::hf::Weights::open(dir)?))
+}
+
+/// The accessors every model wrapper has: `config`, `tokenizer`, `dir`, `parameter_count`
+/// (the wrapper holds `cfg`, `frame` and `net`).
+macro_rules! folder_accessors {
+    ($config:ty) => {
+        /// The parsed `config.json`.
+        pub fn config(&self) -> &$config {
+            &self.cfg
+        }
+
+        /// The tokenizer, when the folder has one.
+        pub fn tokenizer(&self) -> Option<&crate::hf::Tokenizer> {
+            self.frame.tokenizer.as_ref()
+        }
+
+        /// The folder the model was loaded from.
+        pub fn dir(&self) -> &std::path::Path {
+            &self.frame.dir
+        }
+
+        /// Number of parameters the weights hold (a tied head counted once).
+        pub fn parameter_count(&self) -> usize {
+            self.net.parameters()
+        }
+    };
+}
+pub(crate) use folder_accessors;
+
 impl<B: Backend> Frame<B> {
     /// Opens the folder-level files: `tokenizer.json` (optional), `generation_config.json`
     /// (optional; `eos` from `config.json` is the fallback), and resolves the mask id when

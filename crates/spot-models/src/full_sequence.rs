@@ -10,8 +10,6 @@
 //! Dream predicts token `i` from position `i - 1` (logits shifted right by one, position 0
 //! keeps its own row); LLaDA has no shift.
 
-use std::path::Path;
-
 use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{
@@ -21,7 +19,6 @@ use spot_core::{
 use crate::block_causal::diffusion_info;
 use crate::error::Result;
 use crate::frame::Frame;
-use crate::hf::Tokenizer;
 use crate::transformer::{Attend, Net};
 
 /// A full-sequence block-diffusion model on backend `B` with family config `C`.
@@ -62,25 +59,7 @@ impl<B: Backend, C> FullSequence<B, C> {
         }
     }
 
-    /// The parsed `config.json`.
-    pub fn config(&self) -> &C {
-        &self.cfg
-    }
-
-    /// The tokenizer, when the folder has one.
-    pub fn tokenizer(&self) -> Option<&Tokenizer> {
-        self.frame.tokenizer.as_ref()
-    }
-
-    /// The folder the model was loaded from.
-    pub fn dir(&self) -> &Path {
-        &self.frame.dir
-    }
-
-    /// Number of parameters the weights hold.
-    pub fn parameter_count(&self) -> usize {
-        self.net.parameters()
-    }
+    crate::frame::folder_accessors!(C);
 
     /// Logits `[n, len, vocab]` of `states` after the prefix, with masks up to the generation
     /// end, as host values (for tests and tools).

@@ -35,6 +35,7 @@ mod autoregressive;
 mod block_causal;
 pub mod chat;
 mod config;
+mod dense;
 mod dream;
 mod error;
 mod frame;

@@ -17,11 +17,25 @@ use burn_tensor::backend::Backend;
 use serde::Deserialize;
 
 use crate::config::Checker;
+use crate::dense::{DenseNames, DenseSpec, dense_net};
 use crate::error::Result;
-use crate::frame::{Frame, MaskSpec};
+use crate::frame::{FolderFacts, open};
 use crate::full_sequence::FullSequence;
-use crate::hf::{Weights, read_json};
-use crate::transformer::{Attention, Geometry, Layer, Loader, Mlp, Net};
+use crate::hf::read_json;
+use crate::transformer::Geometry;
+
+/// LLaDA's tensor names (OLMo style).
+const LLADA_NAMES: DenseNames = DenseNames {
+    embed: "model.transformer.wte.weight",
+    head: "model.transformer.ff_out.weight",
+    norm: "model.transformer.ln_f.weight",
+    layer: "model.transformer.blocks.{n}.",
+    input_norm: "attn_norm",
+    attn: ["q_proj", "k_proj", "v_proj", "attn_out"],
+    qk_norm: ["", ""],
+    post_norm: "ff_norm",
+    mlp: ["ff_proj", "up_proj", "ff_out"],
+};
 
 fn default_theta() -> f64 {
     10_000.0
@@ -202,6 +216,21 @@ impl LladaConfig {
     }
 }
 
+impl FolderFacts for LladaConfig {
+    fn vocab(&self) -> usize {
+        self.embedding_rows()
+    }
+    fn max_positions(&self) -> usize {
+        self.max_sequence_length
+    }
+    fn mask_token_id(&self) -> Option<u32> {
+        self.mask_token_id
+    }
+    fn eos(&self) -> Option<&serde_json::Value> {
+        self.eos_token_id.as_ref()
+    }
+}
+
 /// A LLaDA model on backend `B` (full-sequence block diffusion, no cache).
 ///
 /// ```no_run
@@ -217,60 +246,26 @@ impl<B: Backend> FullSequence<B, LladaConfig> {
     /// (single or sharded), `tokenizer.json` (optional).
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
         let cfg = LladaConfig::load(dir)?;
-        let v = cfg.embedding_rows();
-        let frame = Frame::open(
-            dir,
-            v,
-            cfg.max_sequence_length,
-            Some(MaskSpec {
-                configured: cfg.mask_token_id,
-                tokens: &["<|mdm_mask|>"],
-            }),
-            cfg.eos_token_id.as_ref(),
-            device,
-        )?;
-        let weights = Weights::open(dir)?;
-        let ld = Loader::<B> {
-            weights: &weights,
-            device: device.clone(),
+        let (frame, weights) = open::<B>(dir, &cfg, Some(&["<|mdm_mask|>"]), device)?;
+        let d = cfg.d_model / cfg.n_heads;
+        let spec = DenseSpec {
+            geo: Geometry {
+                heads: cfg.n_heads,
+                kv_heads: cfg.kv_heads(),
+                head_dim: d,
+                rotary_dim: d,
+                rope_theta: cfg.rope_theta,
+                eps: cfg.rms_norm_eps,
+            },
+            hidden: cfg.d_model,
+            intermediate: cfg.mlp_hidden_size,
+            vocab: cfg.embedding_rows(),
+            layers: cfg.n_layers,
+            tie: cfg.weight_tying,
+            qkv_bias: false,
+            qk_norm: false,
         };
-        let (h, i) = (cfg.d_model, cfg.mlp_hidden_size);
-        let (nh, kvh) = (cfg.n_heads, cfg.kv_heads());
-        let d = h / nh;
-        let head = ld.embedding_and_head(
-            "model.transformer.wte.weight",
-            "model.transformer.ff_out.weight",
-            cfg.weight_tying,
-            v,
-            h,
-        )?;
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for n in 0..cfg.n_layers {
-            let w = |s: &str| format!("model.transformer.blocks.{n}.{s}.weight");
-            layers.push(Layer {
-                input_norm: ld.row(&w("attn_norm"), h)?,
-                attn: Attention {
-                    q: ld.linear(&w("q_proj"), nh * d, h)?,
-                    k: ld.linear(&w("k_proj"), kvh * d, h)?,
-                    v: ld.linear(&w("v_proj"), kvh * d, h)?,
-                    o: ld.linear(&w("attn_out"), h, nh * d)?,
-                    bias: None,
-                    qk_norm: None,
-                },
-                post_norm: ld.row(&w("ff_norm"), h)?,
-                mlp: Mlp::Dense(ld.dense([&w("ff_proj"), &w("up_proj"), &w("ff_out")], i, h)?),
-            });
-        }
-        let norm = ld.row("model.transformer.ln_f.weight", h)?;
-        let geo = Geometry {
-            heads: nh,
-            kv_heads: kvh,
-            head_dim: d,
-            rotary_dim: d,
-            rope_theta: cfg.rope_theta,
-            eps: cfg.rms_norm_eps,
-        };
-        let net = Net::new(geo, device.clone(), head, layers, norm);
+        let net = dense_net(&spec, &LLADA_NAMES, &weights, device)?;
         Ok(Self::assemble(cfg, net, frame, false))
     }
 }

@@ -24,8 +24,7 @@ use serde::Deserialize;
 use crate::block_causal::BlockCausal;
 use crate::config::{Checker, DecoderConfig};
 use crate::error::Result;
-use crate::frame::{Frame, MaskSpec};
-use crate::hf::Weights;
+use crate::frame::{FolderFacts, open};
 use crate::transformer::{Attention, Layer, Loader, Mlp, MoeParts, Net, Routing};
 
 fn one() -> usize {
@@ -193,6 +192,21 @@ impl Llada2Config {
     }
 }
 
+impl FolderFacts for Llada2Config {
+    fn vocab(&self) -> usize {
+        self.base.vocab()
+    }
+    fn max_positions(&self) -> usize {
+        self.base.max_positions()
+    }
+    fn mask_token_id(&self) -> Option<u32> {
+        self.base.mask_token_id()
+    }
+    fn eos(&self) -> Option<&serde_json::Value> {
+        self.base.eos()
+    }
+}
+
 /// A LLaDA2.0 MoE model on backend `B`, with its prefix KV cache.
 ///
 /// ```no_run
@@ -209,18 +223,7 @@ impl<B: Backend> BlockCausal<B, Llada2Config> {
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
         let cfg = Llada2Config::load(dir)?;
         let b = &cfg.base;
-        let frame = Frame::open(
-            dir,
-            b.vocab_size,
-            b.max_position_embeddings,
-            Some(MaskSpec {
-                configured: b.mask_token_id,
-                tokens: &["<|mask|>"],
-            }),
-            b.eos_token_id.as_ref(),
-            device,
-        )?;
-        let weights = Weights::open(dir)?;
+        let (frame, weights) = open::<B>(dir, &cfg, Some(&["<|mask|>"]), device)?;
         let ld = Loader::<B> {
             weights: &weights,
             device: device.clone(),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors};
 
 use serde::Deserialize;
+use spot::BlockState;
 use spot_models::{CpuBackend, DiffusionModel, Sdar};
 
 pub const FIXTURES: [&str; 2] = ["sdar-tiny", "sdar-tiny-bf16"];
@@ -21,8 +22,15 @@ pub fn load(name: &str) -> Sdar<CpuBackend> {
     Sdar::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
 }
 
-/// The fixtures of the other block-diffusion families (tools/oracle/families_oracle.py).
-pub const FAMILY_FIXTURES: [&str; 3] = ["llada-tiny", "dream-tiny", "llada2-moe-tiny"];
+/// Every block-diffusion fixture: SDAR (tools/oracle/sdar_oracle.py) and LLaDA, Dream,
+/// LLaDA2.0-MoE (tools/oracle/families_oracle.py).
+pub const DIFFUSION_FIXTURES: [&str; 5] = [
+    "sdar-tiny",
+    "sdar-tiny-bf16",
+    "llada-tiny",
+    "dream-tiny",
+    "llada2-moe-tiny",
+];
 
 pub fn load_any(name: &str) -> DiffusionModel<CpuBackend> {
     DiffusionModel::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
@@ -129,4 +137,23 @@ pub fn write(path: &Path, t: &BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>) {
         })
         .collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
+}
+
+/// `n` block states of `len` tokens, about a third of them committed, varied by `seed`.
+pub fn varied_states(mask: u32, n: usize, len: usize, seed: u64) -> Vec<BlockState> {
+    (0..n)
+        .map(|i| {
+            let tokens = (0..len)
+                .map(|s| {
+                    let h = spot::toy::mix64(seed ^ (i * 131 + s) as u64);
+                    if h.is_multiple_of(3) {
+                        (h >> 8) as u32 % 300
+                    } else {
+                        mask
+                    }
+                })
+                .collect();
+            BlockState::from_tokens(tokens, mask)
+        })
+        .collect()
 }
