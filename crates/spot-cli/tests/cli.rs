@@ -21,6 +21,31 @@ fn spot(args: &[&str]) -> Output {
         .expect("spot runs")
 }
 
+/// The decode cases of a fixture's `golden.json`: prompt ids joined by commas, the
+/// `max_new_tokens` argument, and the case.
+fn golden_cases(name: &str) -> Vec<(String, String, serde_json::Value)> {
+    let text = std::fs::read_to_string(fixture(name).join("golden.json")).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(&text).unwrap();
+    golden["decode_cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|case| {
+            let ids: Vec<String> = case["prompt"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_string())
+                .collect();
+            (
+                ids.join(","),
+                case["max_new_tokens"].to_string(),
+                case.clone(),
+            )
+        })
+        .collect()
+}
+
 fn json(out: &Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -43,18 +68,7 @@ fn generate_matches_the_oracle() {
         "llada2-moe-tiny",
     ] {
         let dir = fixture(name);
-        let golden: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())
-                .unwrap();
-        for case in golden["decode_cases"].as_array().unwrap() {
-            let ids: Vec<String> = case["prompt"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_string())
-                .collect();
-            let ids = ids.join(",");
-            let n = case["max_new_tokens"].to_string();
+        for (ids, n, case) in golden_cases(name) {
             for method in ["df", "blockspec", "ssd"] {
                 let mut args = vec![
                     "generate",
@@ -132,18 +146,7 @@ fn generate_with_dream_confidence_rules() {
 fn generate_autoregressive_matches_the_oracle() {
     for name in ["llama-tiny", "qwen2-tiny"] {
         let dir = fixture(name);
-        let golden: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap())
-                .unwrap();
-        for case in golden["decode_cases"].as_array().unwrap() {
-            let ids: Vec<String> = case["prompt"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_string())
-                .collect();
-            let ids = ids.join(",");
-            let n = case["max_new_tokens"].to_string();
+        for (ids, n, case) in golden_cases(name) {
             let mut args = vec![
                 "generate",
                 "--model",

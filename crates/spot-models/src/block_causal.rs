@@ -108,13 +108,7 @@ impl<B: Backend, C> BlockDiffusionModel for BlockCausal<B, C> {
     ) -> spot_core::Result<PrefixUpdate> {
         self.cache.clear();
         self.prefix.clear();
-        self.frame.reset_noise();
-        if block_size == 0 {
-            return Err(spot_core::Error::config(
-                "block_size",
-                "must be at least 1, got 0",
-            ));
-        }
+        self.frame.begin(block_size)?;
         for chunk in prefix.chunks(block_size) {
             self.append(chunk)?;
         }

@@ -145,6 +145,18 @@ impl<B: Backend> Frame<B> {
         })
     }
 
+    /// Starts a new request: forgets the Gumbel rows and checks the block size.
+    pub fn begin(&mut self, block_size: usize) -> spot_core::Result<()> {
+        self.noise = None;
+        if block_size == 0 {
+            return Err(spot_core::Error::config(
+                "block_size",
+                "must be at least 1, got 0",
+            ));
+        }
+        Ok(())
+    }
+
     /// Forgets the Gumbel rows (a new request).
     pub fn reset_noise(&mut self) {
         self.noise = None;

@@ -125,13 +125,7 @@ impl<B: Backend, C> BlockDiffusionModel for FullSequence<B, C> {
         block_size: usize,
     ) -> spot_core::Result<PrefixUpdate> {
         self.prefix.clear();
-        self.frame.reset_noise();
-        if block_size == 0 {
-            return Err(spot_core::Error::config(
-                "block_size",
-                "must be at least 1, got 0",
-            ));
-        }
+        self.frame.begin(block_size)?;
         Ok(self.store(prefix)?)
     }
 
