@@ -39,7 +39,7 @@ pub(crate) struct Geometry {
 pub(crate) enum Attend {
     /// Every position of the block sees the whole block (block diffusion).
     Bidirectional,
-    /// Position `i` sees the block's positions `0..=i` (autoregressive).
+    /// Position `i` sees the block's positions `0..=i` (autoregressive; one sequence).
     Causal,
 }
 
@@ -463,17 +463,49 @@ impl<B: Backend> Net<B> {
         }
     }
 
-    /// `[1, 1, g * len, len]`: 0 where block position `i` may see `j <= i`, `-inf` elsewhere.
-    fn causal_mask(&self, g: usize, len: usize) -> Tensor<B, 4> {
-        let mut m = vec![0.0f32; g * len * len];
-        for (r, row) in m.chunks_mut(len).enumerate() {
-            for (j, x) in row.iter_mut().enumerate() {
-                if j > r % len {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
-        }
-        Tensor::from_data(TensorData::new(m, [1, 1, g * len, len]), &self.device)
+    /// Causal attention of one sequence's `len` new positions after `cache` (`q`
+    /// `[1, kv, g * len, d]`, `k`/`v` `[1, kv, len, d]`), one position at a time: position `i`
+    /// attends to `[cache ; k[..i]]` and to itself with exactly the products a one-token
+    /// forward at that position runs, so appending a run of tokens in one forward gives the
+    /// numbers of appending them one by one, bit for bit.
+    fn causal_attention(
+        &self,
+        q: Tensor<B, 4>,
+        k: &Tensor<B, 4>,
+        v: &Tensor<B, 4>,
+        cache: Option<&Kv<B>>,
+        scale: f64,
+    ) -> Tensor<B, 4> {
+        let [_, kvh, _, d] = k.dims();
+        let len = k.dims()[2];
+        let g = q.dims()[2] / len.max(1);
+        let p = cache.map_or(0, |c| c.k.dims()[2]);
+        let q = q.reshape([1, kvh, g, len, d]);
+        let outs = (0..len)
+            .map(|i| {
+                let qi = q.clone().narrow(3, i, 1).reshape([1, kvh, g, d]);
+                let (ki, vi) = (k.clone().narrow(2, i, 1), v.clone().narrow(2, i, 1));
+                let s_self = qi.clone().matmul(ki.swap_dims(2, 3)).mul_scalar(scale);
+                let before = |own: &Tensor<B, 4>, cached: Option<&Tensor<B, 4>>| {
+                    let mut parts: Vec<Tensor<B, 4>> = cached.into_iter().cloned().collect();
+                    if i > 0 {
+                        parts.push(own.clone().narrow(2, 0, i));
+                    }
+                    Tensor::cat(parts, 2)
+                };
+                let o = if p + i == 0 {
+                    softmax(s_self, 3).matmul(vi)
+                } else {
+                    let pre_k = before(k, cache.map(|c| &c.k));
+                    let pre_v = before(v, cache.map(|c| &c.v));
+                    let s_pre = qi.matmul(pre_k.swap_dims(2, 3)).mul_scalar(scale);
+                    let w = softmax(Tensor::cat(vec![s_pre, s_self], 3), 3);
+                    w.clone().narrow(3, 0, p + i).matmul(pre_v) + w.narrow(3, p + i, 1).matmul(vi)
+                };
+                o.reshape([1, kvh, g, 1, d])
+            })
+            .collect();
+        Tensor::cat(outs, 3).reshape([1, kvh, g * len, d])
     }
 
     /// Runs `n` sequences of `len` tokens at positions `start..start + len` after the cached
@@ -495,7 +527,6 @@ impl<B: Backend> Net<B> {
         let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
         let mut x = self.embed.clone().select(0, ids);
         let (cos, sin) = self.rope(start, len);
-        let causal = (attend == Attend::Causal).then(|| self.causal_mask(g, len));
         let scale = 1.0 / (d as f64).sqrt();
         let mut new_kv = Vec::with_capacity(self.layers.len());
         for (li, layer) in self.layers.iter().enumerate() {
@@ -525,25 +556,27 @@ impl<B: Backend> Net<B> {
             let v = v.swap_dims(1, 2);
             // 3. Group the query heads of each KV head: [n, kv, g * len, d].
             let q = q.reshape([n, kvh, g * len, d]);
-            let mut s_blk = q
-                .clone()
-                .matmul(k.clone().swap_dims(2, 3))
-                .mul_scalar(scale);
-            if let Some(m) = &causal {
-                s_blk = s_blk + m.clone();
-            }
             // 4. Attention over [prefix ; block]. The prefix `[1, kv, p, d]` is broadcast over
             //    the states (read in place, never copied), and each state's products are their
             //    own matrix calls of fixed shape, so a state's numbers do not depend on the batch.
-            let out = match cache.get(li) {
-                Some(kv) if start > 0 => {
+            let cached = cache.get(li).filter(|_| start > 0);
+            let out = match cached {
+                _ if attend == Attend::Causal => self.causal_attention(q, &k, &v, cached, scale),
+                Some(kv) => {
+                    let s_blk = q
+                        .clone()
+                        .matmul(k.clone().swap_dims(2, 3))
+                        .mul_scalar(scale);
                     let p = kv.k.dims()[2];
                     let s_pre = q.matmul(kv.k.clone().swap_dims(2, 3)).mul_scalar(scale);
                     let w = softmax(Tensor::cat(vec![s_pre, s_blk], 3), 3);
                     let o_pre = w.clone().narrow(3, 0, p).matmul(kv.v.clone());
                     o_pre + w.narrow(3, p, len).matmul(v.clone())
                 }
-                _ => softmax(s_blk, 3).matmul(v.clone()),
+                None => {
+                    let s_blk = q.matmul(k.clone().swap_dims(2, 3)).mul_scalar(scale);
+                    softmax(s_blk, 3).matmul(v.clone())
+                }
             };
             // 5. Heads back to features, output projection, residual.
             let out = out
