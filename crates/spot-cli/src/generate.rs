@@ -83,6 +83,10 @@ pub struct GenerateArgs {
     /// (LLaDA's sampler at T > 0), `margin` or `negative-entropy` (Dream's rules).
     #[arg(long, value_enum, default_value_t = Confidence::Probability)]
     confidence: Confidence,
+    /// LLaDA / Dream: Fast-dLLM-style approximate prefix cache (the prefix's keys are computed
+    /// once per block; changes the model's numbers, speculative still equals draft-free).
+    #[arg(long)]
+    approx_prefix_cache: bool,
     /// Wrap each prompt as a user message in the folder's chat template
     /// (`tokenizer_config.json` or `chat_template.jinja`), ending with the assistant header.
     #[arg(long)]
@@ -172,6 +176,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         return crate::generate_ar::run(a, &dir);
     }
     let mut model = load(&dir)?;
+    model.set_approximate_prefix_cache(a.approx_prefix_cache)?;
     let drafter = Drafters::load(&[a.method], &dir, a.drafter.as_deref(), a.spiffy.as_deref())?;
     if let Some(path) = &a.prompts {
         return run_file(a, &drafter, &mut model, path);

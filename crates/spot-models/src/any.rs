@@ -169,6 +169,25 @@ impl<B: Backend> DiffusionModel<B> {
         }
     }
 
+    /// Turns the approximate (Fast-dLLM-style) prefix cache of LLaDA and Dream on or off (see
+    /// [`crate::FullSequence::set_approximate_prefix_cache`]; it changes the model's numbers).
+    /// SDAR and LLaDA2.0 have an exact prefix cache: asking for the approximate one is an
+    /// error.
+    pub fn set_approximate_prefix_cache(&mut self, on: bool) -> Result<()> {
+        match self {
+            Self::Llada(m) => m.set_approximate_prefix_cache(on),
+            Self::Dream(m) => m.set_approximate_prefix_cache(on),
+            other if on => {
+                return Err(ModelError::Request(format!(
+                    "{} has an exact prefix KV cache; the approximate one is for LLaDA and Dream",
+                    other.family().name()
+                )));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Block logits `[n, len, vocab]` of `states` as host values (tests and tools).
     pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
         each!(self, m => m.forward_logits(states))

@@ -9,6 +9,15 @@
 //!
 //! Dream predicts token `i` from position `i - 1` (logits shifted right by one, position 0
 //! keeps its own row); LLaDA has no shift.
+//!
+//! **Approximate prefix cache (opt-in, changes the model's numbers).**
+//! [`FullSequence::set_approximate_prefix_cache`] turns on a Fast-dLLM-style cache: when the
+//! prefix changes (`reset_prefix`, `append_block`), one full forward over
+//! `prefix ; masks up to the end` stores the prefix's keys and values, and every block forward
+//! then runs only `block state ; future masks` (plus the last prefix token for Dream's shift)
+//! against that cache. The prefix's keys no longer see the tokens decoded after them, so the
+//! logits differ from the exact model; draft-free and speculative decoding under the same
+//! setting still agree token for token (both see the same cache).
 
 use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
@@ -19,7 +28,7 @@ use spot_core::{
 use crate::block_causal::diffusion_info;
 use crate::error::Result;
 use crate::frame::Frame;
-use crate::transformer::{Attend, Net};
+use crate::transformer::{Attend, Kv, Net};
 
 /// A full-sequence block-diffusion model on backend `B` with family config `C`.
 /// The families name it: [`crate::Llada`], [`crate::Dream`].
@@ -33,6 +42,10 @@ pub struct FullSequence<B: Backend, C> {
     end: usize,
     /// Logits of position `i` come from row `i - 1` (Dream).
     shift: bool,
+    /// Approximate prefix cache on, and its keys/values (one entry per layer, empty until the
+    /// first prefix forward).
+    approximate: bool,
+    cache: Vec<Kv<B>>,
 }
 
 impl<B: Backend, C: std::fmt::Debug> std::fmt::Debug for FullSequence<B, C> {
@@ -56,7 +69,59 @@ impl<B: Backend, C> FullSequence<B, C> {
             prefix: Vec::new(),
             end: 0,
             shift,
+            approximate: false,
+            cache: Vec::new(),
         }
+    }
+
+    /// Turns the approximate (Fast-dLLM-style) prefix cache on or off; see the module docs.
+    /// Off (exact) by default. It takes effect at the next `reset_prefix`.
+    pub fn set_approximate_prefix_cache(&mut self, on: bool) {
+        self.approximate = on;
+        self.cache.clear();
+    }
+
+    /// Whether the approximate prefix cache is on.
+    pub fn approximate_prefix_cache(&self) -> bool {
+        self.approximate
+    }
+
+    /// Positions whose keys/values come from the cache: the prefix, less its last token for
+    /// a shifted model (whose output row the block's first position reads).
+    fn cached_len(&self) -> usize {
+        if self.cache.is_empty() {
+            0
+        } else {
+            self.prefix.len() - usize::from(self.shift)
+        }
+    }
+
+    /// Refreshes the approximate cache: one forward over `prefix ; masks up to the end`.
+    fn refresh(&mut self) -> Result<PrefixUpdate> {
+        self.cache.clear();
+        let keep = self.prefix.len().saturating_sub(usize::from(self.shift));
+        if !self.approximate || keep == 0 {
+            return Ok(PrefixUpdate {
+                ran_forward: false,
+                positions: 0,
+            });
+        }
+        let total = self.end.max(self.prefix.len());
+        self.frame.check_end(total, "generation region")?;
+        let mut ids: Vec<i64> = self.prefix.iter().map(|&t| i64::from(t)).collect();
+        ids.resize(total, i64::from(self.info.mask_id));
+        let (_, kv) = self.net.run(ids, 1, total, 0, &[], Attend::Bidirectional);
+        self.cache = kv
+            .into_iter()
+            .map(|c| Kv {
+                k: c.k.narrow(2, 0, keep),
+                v: c.v.narrow(2, 0, keep),
+            })
+            .collect();
+        Ok(PrefixUpdate {
+            ran_forward: true,
+            positions: total,
+        })
     }
 
     crate::frame::folder_accessors!(C);
@@ -74,19 +139,24 @@ impl<B: Backend, C> FullSequence<B, C> {
         let (block, n, len) = self.frame.check_states(states, start)?;
         let total = self.end.max(start + len);
         self.frame.check_end(total, "generation region")?;
+        // Each sequence runs from `from` (0, or the end of the approximate cache) to `total`.
+        let from = self.cached_len();
+        let width = total - from;
         let mask = i64::from(self.info.mask_id);
-        let mut ids = Vec::with_capacity(n * total);
+        let mut ids = Vec::with_capacity(n * width);
         for state in block.chunks(len.max(1)).take(n) {
-            ids.extend(self.prefix.iter().map(|&t| i64::from(t)));
+            ids.extend(self.prefix[from..].iter().map(|&t| i64::from(t)));
             ids.extend_from_slice(state);
             ids.resize(ids.len() + total - start - len, mask);
         }
-        let (hidden, _) = self.net.run(ids, n, total, 0, &[], Attend::Bidirectional);
+        let (hidden, _) = self
+            .net
+            .run(ids, n, width, from, &self.cache, Attend::Bidirectional);
         let rows: Vec<i64> = (0..n)
             .flat_map(|b| {
                 (start..start + len).map(move |p| {
                     let src = if self.shift { p.saturating_sub(1) } else { p };
-                    (b * total + src) as i64
+                    (b * width + src - from) as i64
                 })
             })
             .collect();
@@ -95,16 +165,14 @@ impl<B: Backend, C> FullSequence<B, C> {
         Ok((self.net.logits(hidden.select(0, rows)), n, len))
     }
 
-    fn store(&mut self, tokens: &[TokenId]) -> Result<PrefixUpdate> {
+    /// Appends tokens to the prefix (no forward: exact mode recomputes the prefix with every
+    /// block forward).
+    fn store(&mut self, tokens: &[TokenId]) -> Result<()> {
         self.frame
             .check_end(self.prefix.len() + tokens.len(), "prefix")?;
         self.frame.push_ids(tokens, &mut Vec::new())?;
         self.prefix.extend_from_slice(tokens);
-        // No forward: the prefix is recomputed with every block forward.
-        Ok(PrefixUpdate {
-            ran_forward: false,
-            positions: 0,
-        })
+        Ok(())
     }
 }
 
@@ -125,12 +193,15 @@ impl<B: Backend, C> BlockDiffusionModel for FullSequence<B, C> {
         block_size: usize,
     ) -> spot_core::Result<PrefixUpdate> {
         self.prefix.clear();
+        self.cache.clear();
         self.frame.begin(block_size)?;
-        Ok(self.store(prefix)?)
+        self.store(prefix)?;
+        Ok(self.refresh()?)
     }
 
     fn append_block(&mut self, block: &[TokenId]) -> spot_core::Result<PrefixUpdate> {
-        Ok(self.store(block)?)
+        self.store(block)?;
+        Ok(self.refresh()?)
     }
 
     fn prefix_len(&self) -> usize {

@@ -165,3 +165,72 @@ fn speculative_equals_draft_free_for_every_family() {
     }
     eprintln!("{cases} speculative decodes equal to draft-free");
 }
+
+/// The opt-in approximate prefix cache of LLaDA and Dream: speculative decoding still equals
+/// draft-free under it (T 0 and 1), it runs one prefix forward per block, its logits differ
+/// from the exact model's (the cached prefix does not see later tokens) but stay close, and it
+/// is refused for the families with an exact cache.
+#[test]
+fn approximate_prefix_cache_is_consistent() {
+    for name in ["llada-tiny", "dream-tiny"] {
+        let mut m = load_any(name);
+        let stop = m.info().stop_ids.clone();
+        let mask = m.info().mask_id;
+        // Logits: exact vs approximate after a 16-token prefix, region end 40.
+        let prefix: Vec<u32> = (0..16u32).map(|i| (i * 11 + 3) % 300).collect();
+        let state = [BlockState::masked(8, mask)];
+        let mut logits = Vec::new();
+        for on in [false, true] {
+            m.set_approximate_prefix_cache(on).unwrap();
+            m.set_generation_end(40).unwrap();
+            m.reset_prefix(&prefix, 8).unwrap();
+            logits.push(m.forward_logits(&state).unwrap());
+        }
+        let diff = logits[0]
+            .iter()
+            .zip(&logits[1])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("{name}: approximate vs exact max |logit diff| = {diff:e}");
+        assert!(diff > 0.0 && diff < 1.0, "{name}: {diff}");
+        // Decoding under the approximate cache: speculative == draft-free.
+        m.set_approximate_prefix_cache(true).unwrap();
+        for (i, t) in [(0u64, 0.0f32), (1, 1.0), (2, 0.0), (3, 1.0)] {
+            let prompt: Vec<u32> = (0..5 + 4 * i)
+                .map(|j| (spot::toy::mix64(i * 31 + j) % 360) as u32)
+                .collect();
+            let cfg = DecodeConfig {
+                block_size: 8,
+                max_new_tokens: 24,
+                temperature: t,
+                seed: i,
+                stop_ids: stop.clone(),
+                early_stop: false,
+                ..DecodeConfig::default()
+            };
+            let reference = DraftFreeDecoder::new()
+                .decode(&mut m, &prompt, &cfg)
+                .unwrap();
+            // One prefix forward for the prompt's whole blocks (if any) and per appended block.
+            let blocks = reference.stats.blocks;
+            let prompt_blocks = u64::from(prompt.len() >= 8 + usize::from(name == "dream-tiny"));
+            assert_eq!(
+                reference.stats.prefix_forwards,
+                blocks - 1 + prompt_blocks,
+                "{name} {i}"
+            );
+            let mut d = SpotDecoder::builder()
+                .budget(8)
+                .scorer(StaleConfidenceScorer)
+                .build()
+                .unwrap();
+            let out = d.decode(&mut m, &prompt, &cfg).unwrap();
+            assert_eq!(out.tokens, reference.tokens, "{name} prompt {i} T {t}");
+        }
+    }
+    for name in ["sdar-tiny", "llada2-moe-tiny"] {
+        let mut m = load_any(name);
+        assert!(m.set_approximate_prefix_cache(true).is_err(), "{name}");
+        m.set_approximate_prefix_cache(false).unwrap();
+    }
+}
