@@ -3,9 +3,10 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use spot::BlockDiffusionModel;
+use spot::{AutoregressiveModel, BlockDiffusionModel};
+use spot_models::{CausalLm, Family};
 
-use crate::{load, model_dir};
+use crate::{Backend, load, model_dir};
 
 /// Arguments of `spot inspect`.
 #[derive(clap::Args)]
@@ -19,6 +20,9 @@ pub struct InspectArgs {
 pub fn run(a: &InspectArgs) -> Result<()> {
     let dir = model_dir::resolve(a.model.as_deref())?;
     let dir = dir.as_path();
+    if !Family::detect(dir)?.is_diffusion() {
+        return autoregressive(dir);
+    }
     let model = load(dir)?;
     let info = model.info();
     println!("folder:            {}", dir.display());
@@ -32,6 +36,29 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     );
     println!("max positions:     {}", info.max_positions);
     println!("mask id:           {}", info.mask_id);
+    println!("stop ids:          {:?}", info.stop_ids);
+    println!(
+        "tokenizer:         {}",
+        model.tokenizer().map_or("absent".to_string(), |t| format!(
+            "{} tokens",
+            t.vocab_size()
+        ))
+    );
+    println!("parameters:        {}", model.parameter_count());
+    Ok(())
+}
+
+/// The summary of an autoregressive (Llama, Qwen2) folder.
+fn autoregressive(dir: &std::path::Path) -> Result<()> {
+    let model = CausalLm::<Backend>::load(dir, &Default::default())?;
+    let info = model.ar_info();
+    println!("folder:            {}", dir.display());
+    println!(
+        "family:            {} (autoregressive)",
+        model.config().model_type
+    );
+    println!("vocab:             {}", info.vocab_size);
+    println!("max positions:     {}", info.max_positions);
     println!("stop ids:          {:?}", info.stop_ids);
     println!(
         "tokenizer:         {}",

@@ -258,6 +258,30 @@ fn generate_from_text_and_inspect() {
     assert!(out.status.success());
     assert!(text.contains("parameters:        98688"), "{text}");
     assert!(text.contains("mask id:           372"), "{text}");
+    // Every family: its name and its parameter count (from the oracles' fixture notes).
+    for (name, family, params) in [
+        ("llada-tiny", "llada", "123200"),
+        ("dream-tiny", "dream", "123456"),
+        ("llada2-moe-tiny", "llada2-moe", "322112"),
+        ("llama-tiny", "llama (autoregressive)", "98624"),
+        ("qwen2-tiny", "qwen2 (autoregressive)", "123456"),
+    ] {
+        let out = spot(&["inspect", "--model", fixture(name).to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains(&format!("family:            {family}")),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("parameters:        {params}")),
+            "{text}"
+        );
+    }
 }
 
 #[test]
