@@ -13,7 +13,7 @@
 //! - [`network`]: the order network `q_φ(s | y)` in burn (0.61M parameters by default);
 //! - [`scorer`]: the network as the tree builder's [`OrderScorer`](spot_tree::OrderScorer),
 //!   one batched call per tree depth;
-//! - [`train`]: Algorithm 1 (burn autodiff, Adam, held-out accuracy by depth);
+//! - [`train`](mod@train): Algorithm 1 (burn autodiff, Adam, held-out accuracy by depth);
 //! - [`checkpoint`]: safetensors weights plus a JSON config, validated on load.
 
 pub mod analysis;

@@ -8,7 +8,7 @@
 //! 608,897 parameters.
 //!
 //! Parameters are kept as a flat list of named 1-D tensors, reshaped in the forward; that keeps
-//! checkpoint I/O ([`crate::checkpoint`]) and the optimiser ([`crate::train`]) one loop each.
+//! checkpoint I/O ([`crate::checkpoint`]) and the optimiser ([`crate::train`](mod@crate::train)) one loop each.
 
 use burn_tensor::activation::{gelu, softmax};
 use burn_tensor::backend::Backend;
