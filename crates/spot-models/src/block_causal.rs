@@ -1,10 +1,10 @@
 //! Block-causal block diffusion with an exact prefix KV cache (SDAR, LLaDA2.0).
 //!
 //! A block attends to every earlier block (read from the cache) and to itself
-//! bidirectionally. A forward over `n` block states runs the prefix part of attention as one
-//! matrix product per KV head with the `n` states folded into the rows, so the cached prefix is
-//! read once and never copied per state. Finished blocks are appended to the cache with one
-//! forward each.
+//! bidirectionally. A forward over `n` block states broadcasts the cached prefix over the states
+//! inside batched matrix products: the cache is read in place, never copied per state, and each
+//! state's products have a fixed shape, so its statistics do not depend on the batch. Finished
+//! blocks are appended to the cache with one forward each.
 
 use burn_tensor::backend::Backend;
 use spot_core::{

@@ -1,8 +1,8 @@
 //! The decoder-only transformer every family is built from.
 //!
-//! A family file ([`crate::sdar`], [`crate::llada`], [`crate::dream`], [`crate::llada2`],
-//! [`crate::llama`], [`crate::qwen2`]) maps its `config.json` to a [`Geometry`] and its tensor
-//! names to a [`Net`]; this file holds the arithmetic they share:
+//! A family file (`sdar.rs`, `llada.rs`, `dream.rs`, `llada2.rs`, `autoregressive.rs`) maps its
+//! `config.json` to a [`Geometry`] and its tensor names to a [`Net`] (dense decoders through the
+//! name tables of `dense.rs`); this file holds the arithmetic they share:
 //!
 //! - pre-norm blocks with RMSNorm, GQA attention with optional q/k/v bias and optional per-head
 //!   QK-norm (applied before RoPE);
@@ -12,8 +12,10 @@
 //!   bias, group-limited top-k, normalised and scaled weights, shared experts; only the selected
 //!   experts run, each on the rows routed to it;
 //! - attention over `[cached prefix ; block]` where the block attends to itself
-//!   bidirectionally ([`Attend::Bidirectional`], block diffusion) or causally
-//!   ([`Attend::Causal`], autoregressive models), the prefix read once for all states of a batch.
+//!   bidirectionally ([`Attend::Bidirectional`], block diffusion: the prefix broadcast over the
+//!   states of a batch, each state its own fixed-shape products, so results do not depend on the
+//!   batch) or causally ([`Attend::Causal`], autoregressive: position by position, so a run of
+//!   tokens gives the numbers of one-token forwards bit for bit).
 
 use burn_tensor::activation::{silu, softmax};
 use burn_tensor::backend::Backend;
