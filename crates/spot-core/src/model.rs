@@ -65,6 +65,14 @@ pub trait BlockDiffusionModel {
 
     /// One forward over `states` (all of the same length) after the committed prefix.
     fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>>;
+
+    /// Positions a forward computes per state whose block has `block_len` positions: the block
+    /// itself for cached models (the default); models that recompute the prefix or attend to
+    /// future masks (LLaDA, Dream) report the whole window they run. Used for work accounting
+    /// ([`Meter::positions_processed`]) only.
+    fn positions_per_state(&self, block_len: usize) -> usize {
+        block_len
+    }
 }
 
 impl<M: BlockDiffusionModel + ?Sized> BlockDiffusionModel for &mut M {
@@ -86,6 +94,9 @@ impl<M: BlockDiffusionModel + ?Sized> BlockDiffusionModel for &mut M {
     fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>> {
         (**self).forward(states, query)
     }
+    fn positions_per_state(&self, block_len: usize) -> usize {
+        (**self).positions_per_state(block_len)
+    }
 }
 
 /// Work counters of one decode.
@@ -93,8 +104,10 @@ impl<M: BlockDiffusionModel + ?Sized> BlockDiffusionModel for &mut M {
 pub struct Meter {
     /// Target forward calls of any kind (the NFE).
     pub nfe: u64,
-    /// Target positions processed: batch size x block size for block forwards, plus prefix
-    /// positions for prefill and block appends.
+    /// Target positions processed: batch size x the positions each state runs
+    /// ([`BlockDiffusionModel::positions_per_state`]: the block size for cached models, the
+    /// whole window for LLaDA/Dream) for block forwards, plus prefix positions for prefill and
+    /// block appends.
     pub positions_processed: u64,
     /// Forwards over block states (decoding forwards, excluding prefill and appends).
     pub block_forwards: u64,
@@ -198,7 +211,8 @@ impl<'m> MeteredModel<'m> {
         self.meter.nfe += 1;
         self.meter.block_forwards += 1;
         self.meter.states_scored += states.len() as u64;
-        self.meter.positions_processed += (states.len() * len) as u64;
+        self.meter.positions_processed +=
+            (states.len() * self.model.positions_per_state(len)) as u64;
         if out.len() != states.len() {
             return Err(Error::ShapeMismatch {
                 what: "statistics per batch",

@@ -226,4 +226,8 @@ impl<B: Backend> BlockDiffusionModel for DiffusionModel<B> {
     ) -> spot_core::Result<Vec<BlockStats>> {
         each!(self, m => m.forward(states, query))
     }
+
+    fn positions_per_state(&self, block_len: usize) -> usize {
+        each!(self, m => m.positions_per_state(block_len))
+    }
 }

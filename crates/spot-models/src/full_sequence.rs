@@ -208,6 +208,10 @@ impl<B: Backend, C> BlockDiffusionModel for FullSequence<B, C> {
         self.prefix.len()
     }
 
+    fn positions_per_state(&self, block_len: usize) -> usize {
+        self.end.max(self.prefix.len() + block_len) - self.cached_len()
+    }
+
     fn forward(
         &mut self,
         states: &[BlockState],

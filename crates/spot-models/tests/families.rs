@@ -166,6 +166,34 @@ fn speculative_equals_draft_free_for_every_family() {
     eprintln!("{cases} speculative decodes equal to draft-free");
 }
 
+/// Work accounting: a LLaDA / Dream block forward processes the whole sequence up to the end of
+/// the generation region (no cache), an SDAR one only its block.
+#[test]
+fn positions_count_the_recomputed_sequence() {
+    for name in ["llada-tiny", "dream-tiny", "sdar-tiny"] {
+        let mut m = load_any(name);
+        let cfg = DecodeConfig {
+            block_size: 8,
+            max_new_tokens: 20,
+            early_stop: false,
+            ..DecodeConfig::default()
+        };
+        let prompt = [5u32, 6, 7, 8, 9, 10, 11, 12, 13, 14];
+        let out = DraftFreeDecoder::new()
+            .decode(&mut m, &prompt, &cfg)
+            .unwrap();
+        let s = &out.stats;
+        // Region: blocks 8..16, 16..24, 24..32 -> end 32.
+        let per_forward = if name == "sdar-tiny" { 8 } else { 32 };
+        let prefix = if name == "sdar-tiny" { 8 + 8 + 8 } else { 0 };
+        assert_eq!(
+            s.positions_processed,
+            s.block_forwards * per_forward + prefix,
+            "{name}: {s:?}"
+        );
+    }
+}
+
 /// The opt-in approximate prefix cache of LLaDA and Dream: speculative decoding still equals
 /// draft-free under it (T 0 and 1), it runs one prefix forward per block, its logits differ
 /// from the exact model's (the cached prefix does not see later tokens) but stay close, and it
