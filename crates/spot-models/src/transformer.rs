@@ -483,23 +483,22 @@ impl<B: Backend> Net<B> {
         let g = q.dims()[2] / len.max(1);
         let p = cache.map_or(0, |c| c.k.dims()[2]);
         let q = q.reshape([1, kvh, g, len, d]);
+        // `[cache ; new]` once; position `i` reads the first `p + i` rows of it.
+        let all = |own: &Tensor<B, 4>, cached: Option<&Tensor<B, 4>>| match cached {
+            Some(c) => Tensor::cat(vec![c.clone(), own.clone()], 2),
+            None => own.clone(),
+        };
+        let (all_k, all_v) = (all(k, cache.map(|c| &c.k)), all(v, cache.map(|c| &c.v)));
         let outs = (0..len)
             .map(|i| {
                 let qi = q.clone().narrow(3, i, 1).reshape([1, kvh, g, d]);
                 let (ki, vi) = (k.clone().narrow(2, i, 1), v.clone().narrow(2, i, 1));
                 let s_self = qi.clone().matmul(ki.swap_dims(2, 3)).mul_scalar(scale);
-                let before = |own: &Tensor<B, 4>, cached: Option<&Tensor<B, 4>>| {
-                    let mut parts: Vec<Tensor<B, 4>> = cached.into_iter().cloned().collect();
-                    if i > 0 {
-                        parts.push(own.clone().narrow(2, 0, i));
-                    }
-                    Tensor::cat(parts, 2)
-                };
                 let o = if p + i == 0 {
                     softmax(s_self, 3).matmul(vi)
                 } else {
-                    let pre_k = before(k, cache.map(|c| &c.k));
-                    let pre_v = before(v, cache.map(|c| &c.v));
+                    let pre_k = all_k.clone().narrow(2, 0, p + i);
+                    let pre_v = all_v.clone().narrow(2, 0, p + i);
                     let s_pre = qi.matmul(pre_k.swap_dims(2, 3)).mul_scalar(scale);
                     let w = softmax(Tensor::cat(vec![s_pre, s_self], 3), 3);
                     w.clone().narrow(3, 0, p + i).matmul(pre_v) + w.narrow(3, p + i, 1).matmul(vi)
