@@ -22,7 +22,7 @@ use spot::{
     ArConfig, AutoregressiveModel, BlockDiffusionModel, DecodeConfig, DraftFreeDecoder,
     SpotDecoder, StaleConfidenceScorer, decode_autoregressive,
 };
-use spot_models::chat::{ChatTemplate, Message};
+use spot_models::chat::ChatTemplate;
 use spot_models::hf::Tokenizer;
 use spot_models::{CausalLm, CpuBackend, DiffusionModel, Family};
 
@@ -85,7 +85,7 @@ fn args() -> Result<Args, Error> {
 /// The prompt's token ids, wrapped in the folder's chat template with `--chat`.
 fn prompt_ids(a: &Args, tok: &Tokenizer) -> Result<Vec<u32>, Error> {
     let text = if a.chat {
-        ChatTemplate::from_dir(a.dir.as_ref())?.render(&[Message::user(a.prompt.clone())], true)?
+        ChatTemplate::from_dir(a.dir.as_ref())?.prompt(None, &a.prompt)?
     } else {
         a.prompt.clone()
     };

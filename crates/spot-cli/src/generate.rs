@@ -121,18 +121,29 @@ impl From<Confidence> for ConfidenceRule {
 }
 
 impl GenerateArgs {
-    /// The text to tokenise for `text`: itself, or with `--chat` the rendered conversation.
-    pub(crate) fn prompt_text(&self, dir: &std::path::Path, text: &str) -> Result<String> {
-        if !self.chat {
-            return Ok(text.to_string());
+    /// The folder's chat template with `--chat`, read and compiled once per run.
+    fn chat_template(
+        &self,
+        dir: &std::path::Path,
+    ) -> Result<Option<spot_models::chat::ChatTemplate>> {
+        Ok(if self.chat {
+            Some(spot_models::chat::ChatTemplate::from_dir(dir)?)
+        } else {
+            None
+        })
+    }
+
+    /// The ids of prompt `text`: itself, or with `--chat` the rendered conversation.
+    fn prompt_ids(
+        &self,
+        template: Option<&spot_models::chat::ChatTemplate>,
+        tokenizer: Option<&spot_models::hf::Tokenizer>,
+        text: &str,
+    ) -> Result<Vec<u32>> {
+        match template {
+            Some(t) => encode(tokenizer, &t.prompt(self.system.as_deref(), text)?),
+            None => encode(tokenizer, text),
         }
-        let template = spot_models::chat::ChatTemplate::from_dir(dir)?;
-        let mut messages = Vec::new();
-        if let Some(s) = &self.system {
-            messages.push(spot_models::chat::Message::system(s.clone()));
-        }
-        messages.push(spot_models::chat::Message::user(text));
-        Ok(template.render(&messages, true)?)
     }
 
     /// The prompt ids of a single-prompt run (`--prompt` or `--prompt-ids`).
@@ -143,7 +154,9 @@ impl GenerateArgs {
     ) -> Result<Vec<u32>> {
         match (&self.prompt, &self.prompt_ids) {
             (_, Some(ids)) => Ok(ids.clone()),
-            (Some(text), None) => encode(tokenizer, &self.prompt_text(dir, text)?),
+            (Some(text), None) => {
+                self.prompt_ids(self.chat_template(dir)?.as_ref(), tokenizer, text)
+            }
             (None, None) => bail!("give --prompt, --prompt-ids or --prompts"),
         }
     }
@@ -156,9 +169,11 @@ impl GenerateArgs {
         path: &std::path::Path,
     ) -> Result<Vec<(String, Vec<u32>)>> {
         let set = prompts::load_prompts(path, self.field.as_deref(), self.limit)?;
+        let template = self.chat_template(dir)?;
         set.iter()
             .map(|p| {
-                let ids = encode(tokenizer, &self.prompt_text(dir, &p.text)?)
+                let ids = self
+                    .prompt_ids(template.as_ref(), tokenizer, &p.text)
                     .with_context(|| format!("prompt {}", p.id))?;
                 Ok((p.id.clone(), ids))
             })

@@ -37,14 +37,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     println!("max positions:     {}", info.max_positions);
     println!("mask id:           {}", info.mask_id);
     println!("stop ids:          {:?}", info.stop_ids);
-    println!(
-        "tokenizer:         {}",
-        model.tokenizer().map_or("absent".to_string(), |t| format!(
-            "{} tokens",
-            t.vocab_size()
-        ))
-    );
-    println!("parameters:        {}", model.parameter_count());
+    print_tail(model.tokenizer(), model.parameter_count());
     Ok(())
 }
 
@@ -60,13 +53,18 @@ fn autoregressive(dir: &std::path::Path) -> Result<()> {
     println!("vocab:             {}", info.vocab_size);
     println!("max positions:     {}", info.max_positions);
     println!("stop ids:          {:?}", info.stop_ids);
+    print_tail(model.tokenizer(), model.parameter_count());
+    Ok(())
+}
+
+/// The lines every family prints last: tokenizer size and parameter count.
+fn print_tail(tokenizer: Option<&spot_models::hf::Tokenizer>, parameters: usize) {
     println!(
         "tokenizer:         {}",
-        model.tokenizer().map_or("absent".to_string(), |t| format!(
+        tokenizer.map_or("absent".to_string(), |t| format!(
             "{} tokens",
             t.vocab_size()
         ))
     );
-    println!("parameters:        {}", model.parameter_count());
-    Ok(())
+    println!("parameters:        {parameters}");
 }

@@ -179,6 +179,13 @@ impl ChatTemplate {
         })
     }
 
+    /// A one-turn prompt: `system` (when given) and `user`, ending with the assistant's header.
+    pub fn prompt(&self, system: Option<&str>, user: &str) -> Result<String> {
+        let mut messages: Vec<Message> = system.map(Message::system).into_iter().collect();
+        messages.push(Message::user(user));
+        self.render(&messages, true)
+    }
+
     /// Renders `messages` (a list of objects with at least `role` and `content`; any
     /// serialisable list works, e.g. `serde_json::Value`), ending with the assistant's header
     /// when `add_generation_prompt`.
