@@ -18,7 +18,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use spot::{
+use spot_dlm::{
     ArConfig, AutoregressiveModel, BlockDiffusionModel, DecodeConfig, DraftFreeDecoder,
     SpotDecoder, StaleConfidenceScorer, decode_autoregressive,
 };

@@ -11,8 +11,8 @@
 
 use std::process::ExitCode;
 
-use spot::toy::{ToyConfig, ToyModel};
-use spot::{
+use spot_dlm::toy::{ToyConfig, ToyModel};
+use spot_dlm::{
     DecodeConfig, DecodeOutput, DraftFreeDecoder, OracleScorer, SpotDecoder, StaleConfidenceScorer,
 };
 
@@ -65,7 +65,7 @@ impl Totals {
     }
 }
 
-fn run(args: &Args) -> Result<(), spot::Error> {
+fn run(args: &Args) -> Result<(), spot_dlm::Error> {
     let cfg = DecodeConfig {
         block_size: 32,
         max_new_tokens: 256,
@@ -92,7 +92,7 @@ fn run(args: &Args) -> Result<(), spot::Error> {
         let trace = reference
             .trace
             .as_ref()
-            .ok_or(spot::core::Error::config("trace", "missing"))?;
+            .ok_or(spot_dlm::core::Error::config("trace", "missing"))?;
         let mut decoders = [
             SpotDecoder::builder().budget(args.budget).chain().build()?,
             SpotDecoder::builder()

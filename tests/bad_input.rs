@@ -2,10 +2,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use spot::core::stats::{PositionStats, ReduceScratch, reduce_logits};
-use spot::core::{Error as CoreError, PrefixUpdate};
-use spot::toy::{ToyConfig, ToyModel};
-use spot::{
+use spot_dlm::core::stats::{PositionStats, ReduceScratch, reduce_logits};
+use spot_dlm::core::{Error as CoreError, PrefixUpdate};
+use spot_dlm::toy::{ToyConfig, ToyModel};
+use spot_dlm::{
     BlockDiffusionModel, BlockState, BlockStats, DecodeConfig, DraftFreeDecoder, Error, ModelInfo,
     SpotDecoder, StatsQuery, TokenId, Transition, TreeError,
 };
@@ -208,10 +208,10 @@ impl BlockDiffusionModel for Faulty {
     fn info(&self) -> &ModelInfo {
         self.inner.info()
     }
-    fn reset_prefix(&mut self, prefix: &[TokenId], l: usize) -> spot::core::Result<PrefixUpdate> {
+    fn reset_prefix(&mut self, prefix: &[TokenId], l: usize) -> spot_dlm::core::Result<PrefixUpdate> {
         self.inner.reset_prefix(prefix, l)
     }
-    fn append_block(&mut self, block: &[TokenId]) -> spot::core::Result<PrefixUpdate> {
+    fn append_block(&mut self, block: &[TokenId]) -> spot_dlm::core::Result<PrefixUpdate> {
         self.inner.append_block(block)
     }
     fn prefix_len(&self) -> usize {
@@ -221,7 +221,7 @@ impl BlockDiffusionModel for Faulty {
         &mut self,
         states: &[BlockState],
         q: &StatsQuery,
-    ) -> spot::core::Result<Vec<BlockStats>> {
+    ) -> spot_dlm::core::Result<Vec<BlockStats>> {
         let mask = self.info().mask_id;
         let (tok, c, p) = match self.fault {
             Fault::NanConfidence => row(1, f32::NAN, 0.5),

@@ -6,7 +6,7 @@ mod common;
 
 use common::{case, cases, model};
 use proptest::prelude::*;
-use spot::{
+use spot_dlm::{
     DecodeOutput, DraftFreeDecoder, MatchRule, OracleScorer, RandomScorer, SpotDecoder,
     StaleConfidenceScorer, Transition, TreeConfig,
 };
@@ -136,7 +136,7 @@ proptest! {
                                               tree in tree_config(),
                                               greedy in any::<bool>()) {
         cfg.temperature = 0.0;
-        cfg.confidence = spot::ConfidenceRule::Probability;
+        cfg.confidence = spot_dlm::ConfidenceRule::Probability;
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
         let rule = if greedy { MatchRule::Greedy } else { MatchRule::IndependentSampling };
@@ -150,7 +150,7 @@ proptest! {
 /// documentation is checked, and so that this suite is known to detect a diverging decoder.
 #[test]
 fn ablations_diverge_at_positive_temperature() {
-    use spot::toy::{ToyConfig, ToyModel};
+    use spot_dlm::toy::{ToyConfig, ToyModel};
     let mut diverged = [0u64; 2];
     let n = 60;
     for i in 0..n {
@@ -159,13 +159,13 @@ fn ablations_diverge_at_positive_temperature() {
             peak: 2.0,
             ..ToyConfig::default()
         });
-        let cfg = spot::DecodeConfig {
+        let cfg = spot_dlm::DecodeConfig {
             block_size: 16,
             max_new_tokens: 32,
             temperature: 1.0,
             seed: i * 7 + 1,
             early_stop: false,
-            ..spot::DecodeConfig::default()
+            ..spot_dlm::DecodeConfig::default()
         };
         let prompt = [1 + (i % 40) as u32, 2, 3];
         let reference = DraftFreeDecoder::new()

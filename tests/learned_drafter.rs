@@ -6,7 +6,7 @@
 
 use burn_autodiff::Autodiff;
 use burn_flex::Flex;
-use spot::{DecodeConfig, DraftFreeDecoder, SpotDecoder};
+use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder};
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_drafter::{
     LearnedScorer, OrderModel, OrderModelConfig, SpiffyGraph, SpiffyScorer, TrainConfig, record,

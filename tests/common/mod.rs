@@ -2,8 +2,8 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
-use spot::toy::{ToyConfig, ToyModel};
-use spot::{ConfidenceRule, DecodeConfig, TokenId, Transition};
+use spot_dlm::toy::{ToyConfig, ToyModel};
+use spot_dlm::{ConfidenceRule, DecodeConfig, TokenId, Transition};
 
 /// Property cases per test: 1,000 by default (what CI runs); `SPOT_PROPTEST_CASES` overrides.
 pub fn cases() -> u32 {

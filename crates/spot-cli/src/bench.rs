@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
-use spot::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, Transition};
+use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, Transition};
 
 use crate::bench_report::{Cell, Key, write_outputs};
 use crate::methods::{self, Drafters, Method, Settings};

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use spot::{DecodeOutput, SpotReport};
+use spot_dlm::{DecodeOutput, SpotReport};
 
 /// One configuration of the benchmark grid.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

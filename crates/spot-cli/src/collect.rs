@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use spot::{BlockDiffusionModel, DecodeConfig};
+use spot_dlm::{BlockDiffusionModel, DecodeConfig};
 use spot_drafter::{Manifest, TrajectoryDir, examples, record};
 
 use crate::{load, model_dir, prompts};

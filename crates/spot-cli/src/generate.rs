@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use spot::{
+use spot_dlm::{
     BlockDiffusionModel, BlockObserver, BlockProgress, ConfidenceRule, DecodeConfig, DecodeOutput,
     Transition,
 };

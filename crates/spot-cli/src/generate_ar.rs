@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use spot::{ArConfig, ArOutput, AutoregressiveModel, decode_autoregressive};
+use spot_dlm::{ArConfig, ArOutput, AutoregressiveModel, decode_autoregressive};
 use spot_models::CausalLm;
 
 use crate::Backend;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use spot::{AutoregressiveModel, BlockDiffusionModel};
+use spot_dlm::{AutoregressiveModel, BlockDiffusionModel};
 use spot_models::{CausalLm, Family};
 
 use crate::{Backend, load, model_dir};

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
-use spot::{
+use spot_dlm::{
     BlockDiffusionModel, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace, DraftFreeDecoder,
     OracleScorer, SpotDecoder, SpotReport, StaleConfidenceScorer,
 };

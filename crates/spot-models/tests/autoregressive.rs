@@ -7,7 +7,7 @@ mod common;
 
 use common::{fixture, golden_logits};
 use serde::Deserialize;
-use spot::StatsQuery;
+use spot_dlm::StatsQuery;
 use spot_core::{ArConfig, AutoregressiveModel, decode_autoregressive};
 use spot_models::{CausalLm, CpuBackend, Family};
 

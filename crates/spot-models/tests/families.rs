@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use spot::{
+use spot_dlm::{
     BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
     StaleConfidenceScorer, StatsQuery,
 };
@@ -121,7 +121,7 @@ fn speculative_equals_draft_free_for_every_family() {
         for i in 0..8u64 {
             let len = 1 + (i as usize * 7) % 19;
             let prompt: Vec<u32> = (0..len)
-                .map(|j| (spot::toy::mix64(i * 97 + j as u64) % 360) as u32)
+                .map(|j| (spot_dlm::toy::mix64(i * 97 + j as u64) % 360) as u32)
                 .collect();
             for t in [0.0f32, 1.0] {
                 let cfg = DecodeConfig {
@@ -225,7 +225,7 @@ fn approximate_prefix_cache_is_consistent() {
         m.set_approximate_prefix_cache(true).unwrap();
         for (i, t) in [(0u64, 0.0f32), (1, 1.0), (2, 0.0), (3, 1.0)] {
             let prompt: Vec<u32> = (0..5 + 4 * i)
-                .map(|j| (spot::toy::mix64(i * 31 + j) % 360) as u32)
+                .map(|j| (spot_dlm::toy::mix64(i * 31 + j) % 360) as u32)
                 .collect();
             let cfg = DecodeConfig {
                 block_size: 8,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::*;
 use serde_json::{Value, json};
-use spot::{BlockDiffusionModel, BlockState, StatsQuery};
+use spot_dlm::{BlockDiffusionModel, BlockState, StatsQuery};
 use spot_models::{CausalLm, CpuBackend, DiffusionModel, ModelError};
 
 fn try_load(dir: &Path) -> Result<DiffusionModel<CpuBackend>, ModelError> {
@@ -289,7 +289,7 @@ fn nan_weights_are_errors_not_panics() {
         let mask = m.info().mask_id;
         m.set_generation_end(16).unwrap();
         m.reset_prefix(&[], 8).unwrap();
-        let mut meter = spot::MeteredModel::new(&mut m);
+        let mut meter = spot_dlm::MeteredModel::new(&mut m);
         let e = meter
             .forward(&[BlockState::masked(8, mask)], &StatsQuery::new(0.0, 0))
             .unwrap_err();

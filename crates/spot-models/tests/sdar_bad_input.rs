@@ -8,7 +8,7 @@ use std::path::Path;
 
 use common::*;
 use safetensors::Dtype;
-use spot::{BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder};
+use spot_dlm::{BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder};
 use spot_models::{CpuBackend, ModelError, Sdar};
 
 fn try_load(dir: &Path) -> Result<Sdar<CpuBackend>, ModelError> {
@@ -231,7 +231,7 @@ fn nan_weights_and_long_prompts_are_errors_not_panics() {
         .decode(&mut m, &[1, 2, 3], &cfg)
         .unwrap_err();
     assert!(
-        matches!(e, spot::core::Error::InvalidStatistics { .. }),
+        matches!(e, spot_dlm::core::Error::InvalidStatistics { .. }),
         "{e}"
     );
 
@@ -250,7 +250,7 @@ fn nan_weights_and_long_prompts_are_errors_not_panics() {
     assert!(
         matches!(
             e,
-            spot::core::Error::SequenceTooLong {
+            spot_dlm::core::Error::SequenceTooLong {
                 max_positions: 512,
                 ..
             }
@@ -261,7 +261,7 @@ fn nan_weights_and_long_prompts_are_errors_not_panics() {
     let e = m
         .forward(
             &[BlockState::from_tokens(vec![9999; 8], 372)],
-            &spot::StatsQuery::new(0.0, 0),
+            &spot_dlm::StatsQuery::new(0.0, 0),
         )
         .unwrap_err();
     assert!(e.to_string().contains("9999"), "{e}");

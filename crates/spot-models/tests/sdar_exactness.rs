@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use spot::{BlockDiffusionModel, StatsQuery};
+use spot_dlm::{BlockDiffusionModel, StatsQuery};
 
 /// Statistics with the prefix built block by block (the decoder's cache appends) equal those
 /// with the prefix recomputed in one reset.

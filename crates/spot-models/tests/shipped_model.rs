@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use spot::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
+use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_models::{CpuBackend, Sdar};
 
 #[derive(Deserialize)]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors};
 
 use serde::Deserialize;
-use spot::BlockState;
+use spot_dlm::BlockState;
 use spot_models::{CpuBackend, DiffusionModel, Sdar};
 
 pub const FIXTURES: [&str; 2] = ["sdar-tiny", "sdar-tiny-bf16"];
@@ -84,15 +84,15 @@ pub fn golden_logits(name: &str, key: &str) -> Vec<f32> {
         .collect()
 }
 
-pub fn decode_config(g: &Golden, c: &DecodeCase) -> spot::DecodeConfig {
-    spot::DecodeConfig {
+pub fn decode_config(g: &Golden, c: &DecodeCase) -> spot_dlm::DecodeConfig {
+    spot_dlm::DecodeConfig {
         block_size: g.block_size,
         max_new_tokens: c.max_new_tokens,
         temperature: 0.0,
         seed: 0,
         stop_ids: c.stop_ids.clone(),
         early_stop: c.early_stop,
-        ..spot::DecodeConfig::default()
+        ..spot_dlm::DecodeConfig::default()
     }
 }
 
@@ -145,7 +145,7 @@ pub fn varied_states(mask: u32, n: usize, len: usize, seed: u64) -> Vec<BlockSta
         .map(|i| {
             let tokens = (0..len)
                 .map(|s| {
-                    let h = spot::toy::mix64(seed ^ (i * 131 + s) as u64);
+                    let h = spot_dlm::toy::mix64(seed ^ (i * 131 + s) as u64);
                     if h.is_multiple_of(3) {
                         (h >> 8) as u32 % 300
                     } else {

@@ -10,8 +10,8 @@ use spot_verify::RoundEnd;
 /// only the speculative loop knows.
 ///
 /// ```
-/// use spot::{DecodeConfig, SpotDecoder};
-/// use spot::toy::{ToyConfig, ToyModel};
+/// use spot_dlm::{DecodeConfig, SpotDecoder};
+/// use spot_dlm::toy::{ToyConfig, ToyModel};
 ///
 /// let mut model = ToyModel::new(ToyConfig::default());
 /// let cfg = DecodeConfig { block_size: 8, max_new_tokens: 16, ..DecodeConfig::default() };
@@ -20,7 +20,7 @@ use spot_verify::RoundEnd;
 /// let r = spot.report();
 /// assert_eq!(r.accepted.iter().sum::<u64>(), r.rounds);
 /// assert_eq!(r.complete + r.leaf + r.position_miss + r.token_miss, r.rounds);
-/// # Ok::<(), spot::Error>(())
+/// # Ok::<(), spot_dlm::Error>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SpotReport {

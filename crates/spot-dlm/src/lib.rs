@@ -1,4 +1,4 @@
-//! # spot
+//! # spot-dlm
 //!
 //! Lossless speculative decoding for block-diffusion language models (SPOT: commit-order
 //! speculation). Add this crate, implement (or pick) a [`BlockDiffusionModel`], and decode with
@@ -11,8 +11,8 @@
 //! plus the target's own next choice.
 //!
 //! ```
-//! use spot::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
-//! use spot::toy::{ToyConfig, ToyModel};
+//! use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
+//! use spot_dlm::toy::{ToyConfig, ToyModel};
 //!
 //! let mut model = ToyModel::new(ToyConfig::default());
 //! let cfg = DecodeConfig { block_size: 16, max_new_tokens: 64, temperature: 1.0, seed: 3,
@@ -27,7 +27,7 @@
 //! let fast = spot.decode(&mut model, &prompt, &cfg)?;
 //! assert_eq!(fast.tokens, reference.tokens);
 //! assert!(fast.stats.nfe <= reference.stats.nfe);
-//! # Ok::<(), spot::Error>(())
+//! # Ok::<(), spot_dlm::Error>(())
 //! ```
 
 use std::time::Instant;
