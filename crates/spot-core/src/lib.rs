@@ -33,6 +33,11 @@
 //! # Ok::<(), spot_core::Error>(())
 //! ```
 
+/// The examples of the crate's README (`README.md`), run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod autoregressive;
 pub mod decode;
 pub mod error;

@@ -1,7 +1,7 @@
 //! Draft-free vs speculative decoding on a deterministic toy block-diffusion model.
 //!
 //! ```text
-//! cargo run --release --example toy_speculative -- [--budget 8] [--temperature 1.0] [--prompts 20]
+//! cargo run --release -p spot-dlm --example toy_speculative -- [--budget 8] [--temperature 1.0] [--prompts 20]
 //! ```
 //!
 //! For every method it decodes the same prompts, checks that the tokens equal the draft-free

@@ -30,6 +30,11 @@
 //! # Ok::<(), spot_dlm::Error>(())
 //! ```
 
+/// The examples of the crate's README (`README.md`), run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 use std::time::Instant;
 
 pub use spot_core::{

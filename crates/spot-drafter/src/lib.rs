@@ -16,6 +16,11 @@
 //! - [`train`](mod@train): Algorithm 1 (burn autodiff, Adam, held-out accuracy by depth);
 //! - [`checkpoint`]: safetensors weights plus a JSON config, validated on load.
 
+/// The examples of the crate's README (`README.md`), run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod analysis;
 pub mod checkpoint;
 pub mod collect;

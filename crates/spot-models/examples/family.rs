@@ -1,11 +1,11 @@
 //! Decode one prompt with a model folder of any family, draft-free and speculatively.
 //!
 //! ```text
-//! cargo run --release --example family -- [--family sdar|llada|dream|llada2-moe|llama|qwen2 | MODEL_DIR]
+//! cargo run --release -p spot-models --example family -- [--family sdar|llada|dream|llada2-moe|llama|qwen2 | MODEL_DIR]
 //!     ["prompt text"] [--budget 8] [--max-new-tokens 64] [--block-size L] [--chat]
-//! cargo run --release --example family -- --family llada2-moe        # the committed fixture
-//! cargo run --release --example family -- path/to/LLaDA-8B-Instruct "Write a haiku" --chat
-//! cargo run --release --example family -- /tmp/smollm2-hf "What is the capital of France?" --chat
+//! cargo run --release -p spot-models --example family -- --family llada2-moe        # the committed fixture
+//! cargo run --release -p spot-models --example family -- path/to/LLaDA-8B-Instruct "Write a haiku" --chat
+//! cargo run --release -p spot-models --example family -- /tmp/smollm2-hf "What is the capital of France?" --chat
 //! ```
 //!
 //! Block-diffusion folders (SDAR, LLaDA, Dream, LLaDA2.0-MoE): prints the draft-free and the
@@ -48,7 +48,7 @@ fn fixture(family: &str) -> Result<String, Error> {
         other => return Err(format!("unknown family {other:?}").into()),
     };
     Ok(format!(
-        "{}/crates/spot-models/tests/fixtures/{name}",
+        "{}/tests/fixtures/{name}",
         env!("CARGO_MANIFEST_DIR")
     ))
 }

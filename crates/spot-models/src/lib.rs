@@ -17,7 +17,8 @@
 //! - [`hf`]: `config.json`, (sharded) safetensors with f32/bf16/f16 weights, `tokenizer.json`.
 //!
 //! Backends are Cargo features of the same generic code: `flex` (default, CPU), `ndarray`
-//! (CPU), `wgpu`, `cuda`. [`CpuBackend`] is flex when enabled, else ndarray.
+//! (CPU), `wgpu`, `cuda`. [`CpuBackend`] is flex when enabled, else ndarray. The items that a
+//! feature adds are marked with it on docs.rs.
 //!
 //! ```no_run
 //! use spot_core::{DecodeConfig, DraftFreeDecoder};
@@ -29,6 +30,12 @@
 //! println!("{}", model.tokenizer().unwrap().decode(&out.tokens)?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+/// The examples of the crate's README (`README.md`), run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 mod any;
 mod autoregressive;
@@ -60,21 +67,31 @@ pub use sdar::{Sdar, SdarConfig};
 
 /// The CPU backend when only the `ndarray` feature is enabled.
 #[cfg(all(feature = "ndarray", not(feature = "flex")))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "ndarray", not(feature = "flex")))))]
 pub type CpuBackend = burn_ndarray::NdArray<f32>;
 
 /// The default CPU backend: flex (`flex` feature, on by default; measured faster than ndarray
 /// on the forward benchmark, and batch invariant).
 #[cfg(feature = "flex")]
+#[cfg_attr(docsrs, doc(cfg(feature = "flex")))]
 pub type CpuBackend = burn_flex::Flex<f32>;
 
 /// The flex CPU backend (`flex` feature).
 #[cfg(feature = "flex")]
+#[cfg_attr(docsrs, doc(cfg(feature = "flex")))]
 pub type FlexBackend = burn_flex::Flex<f32>;
+
+/// The ndarray CPU backend (`ndarray` feature).
+#[cfg(feature = "ndarray")]
+#[cfg_attr(docsrs, doc(cfg(feature = "ndarray")))]
+pub type NdArrayBackend = burn_ndarray::NdArray<f32>;
 
 /// The wgpu backend (`wgpu` feature).
 #[cfg(feature = "wgpu")]
+#[cfg_attr(docsrs, doc(cfg(feature = "wgpu")))]
 pub type WgpuBackend = burn_wgpu::Wgpu;
 
 /// The CUDA backend (`cuda` feature).
 #[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub type CudaBackend = burn_cuda::Cuda;

@@ -29,6 +29,11 @@
 //! }
 //! ```
 
+/// The examples of the crate's README (`README.md`), run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod builder;
 mod error;
 mod scorer;

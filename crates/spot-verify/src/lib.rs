@@ -36,6 +36,11 @@
 //! assert_eq!(model.meter().nfe, 2);
 //! ```
 
+/// The examples of the crate's README (`README.md`), run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 use spot_core::{
     BlockState, BlockStats, Commit, Error, MeteredModel, Result, StatsQuery, Transition,
 };
