@@ -1,7 +1,8 @@
 //! SPOT's learned commit-order drafter.
 //!
 //! The drafter predicts which masked position of a hypothesised block state the target commits
-//! next, from nothing but the target's stale output statistics (SPOT.md section 2). This crate
+//! next, from nothing but the target's stale output statistics (the method and its measured
+//! figures: `docs/drafter.md` in the repository). This crate
 //! holds the parts that need no tensor library:
 //!
 //! - [`features`]: the 74 features per block position the order model reads, computed the
