@@ -20,12 +20,12 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="folder with mbpp.jsonl and gsm8k_train.jsonl")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
-    mbpp = [json.loads(l) for l in (a.data / "mbpp.jsonl").open()]
-    gsm = [json.loads(l) for l in (a.data / "gsm8k_train.jsonl").open()]
+    mbpp = [json.loads(line) for line in (a.data / "mbpp.jsonl").open()]
+    gsm = [json.loads(line) for line in (a.data / "gsm8k_train.jsonl").open()]
     out = []
     for i, r in enumerate(mbpp[600:974]):
         code = r["code"].replace("\r\n", "\n").replace("\t", "    ")
-        sig = next((l for l in code.split("\n") if l.startswith("def ")), None)
+        sig = next((line for line in code.split("\n") if line.startswith("def ")), None)
         if sig is None:
             continue
         text = r["text"].strip()

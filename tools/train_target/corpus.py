@@ -25,7 +25,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
-SHARED = "/work/shared/data"
+# The project's shared/ folder lies beside the repository (SPOT_SHARED_DATA overrides).
+SHARED = os.environ.get("SPOT_SHARED_DATA") or os.path.normpath(os.path.join(HERE, "..", "..", "..", "shared", "data"))
 SEED = 1234
 VAL_FRACTION = 0.02
 SKIP_DIRS = {"test", "tests", "idlelib", "site-packages", "__pycache__"}
@@ -93,7 +94,7 @@ def cmd_docs(_args):
 
 def read_docs(name):
     with open(os.path.join(DATA, name), encoding="utf-8") as fh:
-        return [json.loads(l) for l in fh]
+        return [json.loads(line) for line in fh]
 
 
 def cmd_tokenize(_args):

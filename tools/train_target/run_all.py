@@ -2,7 +2,7 @@
 """Reproduce everything from scratch: corpus -> tokenizer -> tokens -> train -> export -> sample.
 
   python3 tools/train_target/run_all.py --max-minutes 105         # the committed model
-  python3 tools/train_target/run_all.py --smoke                   # ~3-4 min, everything under /tmp
+  python3 tools/train_target/run_all.py --smoke                   # ~3-4 min, everything under $TMPDIR/sdar_smoke
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,12 +35,13 @@ def main():
     run(s("build_tokenizer.py"))
     run(s("corpus.py"), "tokenize")
     if a.smoke:
-        logs, out = "/tmp/sdar_smoke/logs", "/tmp/sdar_smoke/model"
+        smoke = os.path.join(tempfile.gettempdir(), "sdar_smoke")  # where train.py --smoke writes
+        logs, out = os.path.join(smoke, "logs"), os.path.join(smoke, "model")
         os.makedirs(logs, exist_ok=True)
         import shutil
         shutil.copyfile(s("logs/corpus_stats.json"), os.path.join(logs, "corpus_stats.json"))
         run(s("train.py"), "--smoke")
-        run(s("export.py"), "--ckpt", "/tmp/sdar_smoke/ckpt/model.pt", "--out", out, "--log-dir", logs,
+        run(s("export.py"), "--ckpt", os.path.join(smoke, "ckpt", "model.pt"), "--out", out, "--log-dir", logs,
             "--command", "python3 tools/train_target/run_all.py --smoke")
         run(s("sample.py"), "--model", out, "--log-dir", logs, "--max-new-tokens", "32")
         run(s("export.py"), "--readme-only", "--out", out, "--log-dir", logs,

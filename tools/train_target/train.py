@@ -15,13 +15,14 @@ import math
 import os
 import random
 import sys
+import tempfile
 import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BLOCK, MASK_ID, VOCAB, block_causal_mask, make_model, noise, sdar_loss, two_stream_mask  # noqa: E402
+from common import BLOCK, VOCAB, block_causal_mask, make_model, noise, sdar_loss, two_stream_mask  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -81,7 +82,7 @@ def evaluate(model, val_x, mask4d, L, batch, seed=777):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--max-minutes", type=float, default=45.0, help="wall-clock budget of the training loop")
-    ap.add_argument("--smoke", action="store_true", help="~2 minute run, logs/ckpt under /tmp")
+    ap.add_argument("--smoke", action="store_true", help="~2 minute run, logs/ckpt under $TMPDIR/sdar_smoke")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -101,8 +102,9 @@ def main(argv=None):
     if a.smoke:
         a.max_minutes = min(a.max_minutes, 1.5)
         a.eval_every, a.val_seqs, a.final_val_seqs, a.warmup = 10, 16, 32, 5
-    a.log_dir = a.log_dir or ("/tmp/sdar_smoke/logs" if a.smoke else os.path.join(HERE, "logs"))
-    a.ckpt = a.ckpt or ("/tmp/sdar_smoke/ckpt" if a.smoke else os.path.join(HERE, "ckpt"))
+    smoke = os.path.join(tempfile.gettempdir(), "sdar_smoke")
+    a.log_dir = a.log_dir or (os.path.join(smoke, "logs") if a.smoke else os.path.join(HERE, "logs"))
+    a.ckpt = a.ckpt or (os.path.join(smoke, "ckpt") if a.smoke else os.path.join(HERE, "ckpt"))
     os.makedirs(a.log_dir, exist_ok=True)
     os.makedirs(a.ckpt, exist_ok=True)
 
