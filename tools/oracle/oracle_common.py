@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -264,9 +265,13 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, stop_ids: list[int]
     saved = model.generation_config.eos_token_id
     if stop_ids is None:
         model.generation_config.eos_token_id = None
+    # transformers 4.5x: use_model_defaults=False keeps the model's generation_config from
+    # overriding the defaults set above; 5.x dropped the argument (and rejects it) and fills
+    # only the fields left None, which gc sets explicitly where they matter.
+    extra = {"use_model_defaults": False} if "use_model_defaults" in inspect.signature(model.generate).parameters else {}
     try:
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc, use_model_defaults=False)
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=gc, **extra)
     finally:
         model.generation_config.eos_token_id = saved
     new = out.sequences[0, len(prompt) :].tolist()
