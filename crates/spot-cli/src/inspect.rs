@@ -1,12 +1,12 @@
-//! `spot inspect`: a model folder's configuration summary.
+//! `spot inspect`: a model folder's configuration summary, from `config.json`,
+//! `tokenizer.json` and the safetensors headers (no weight is loaded).
 
 use std::path::PathBuf;
 
-use anyhow::Result;
-use spot_dlm::{AutoregressiveModel, BlockDiffusionModel};
-use spot_models::{CausalLm, Family};
+use anyhow::{Context, Result};
+use spot_models::FolderSummary;
 
-use crate::{Backend, load, model_dir};
+use crate::model_dir;
 
 /// Arguments of `spot inspect`.
 #[derive(clap::Args)]
@@ -19,52 +19,52 @@ pub struct InspectArgs {
 /// Prints the summary.
 pub fn run(a: &InspectArgs) -> Result<()> {
     let dir = model_dir::resolve(a.model.as_deref())?;
-    let dir = dir.as_path();
-    if !Family::detect(dir)?.is_diffusion() {
-        return autoregressive(dir);
+    let s = FolderSummary::read(&dir)
+        .with_context(|| format!("reading model folder {}", dir.display()))?;
+    let diffusion = s.family.is_diffusion();
+    println!("folder:            {}", dir.display());
+    if diffusion {
+        println!("family:            {}", s.family.name());
+    } else {
+        println!("family:            {} (autoregressive)", s.family.name());
     }
-    let model = load(dir)?;
-    let info = model.info();
-    println!("folder:            {}", dir.display());
-    println!("family:            {}", model.family().name());
-    println!("vocab:             {}", info.vocab_size);
-    println!(
-        "block_size:        {}",
-        model
-            .block_size()
-            .map_or("(not set; 32)".to_string(), |b| b.to_string())
-    );
-    println!("max positions:     {}", info.max_positions);
-    println!("mask id:           {}", info.mask_id);
-    println!("stop ids:          {:?}", info.stop_ids);
-    print_tail(model.tokenizer(), model.parameter_count());
-    Ok(())
-}
-
-/// The summary of an autoregressive (Llama, Qwen2) folder.
-fn autoregressive(dir: &std::path::Path) -> Result<()> {
-    let model = CausalLm::<Backend>::load(dir, &Default::default())?;
-    let info = model.ar_info();
-    println!("folder:            {}", dir.display());
-    println!(
-        "family:            {} (autoregressive)",
-        model.config().model_type
-    );
-    println!("vocab:             {}", info.vocab_size);
-    println!("max positions:     {}", info.max_positions);
-    println!("stop ids:          {:?}", info.stop_ids);
-    print_tail(model.tokenizer(), model.parameter_count());
-    Ok(())
-}
-
-/// The lines every family prints last: tokenizer size and parameter count.
-fn print_tail(tokenizer: Option<&spot_models::hf::Tokenizer>, parameters: usize) {
+    println!("vocab:             {}", s.vocab_size);
+    if diffusion {
+        println!(
+            "block_size:        {}",
+            s.block_size
+                .map_or("(not set; 32)".to_string(), |b| b.to_string())
+        );
+    }
+    println!("max positions:     {}", s.max_positions);
+    if let Some(mask) = s.mask_id {
+        println!("mask id:           {mask}");
+    }
+    println!("stop ids:          {:?}", s.stop_ids);
     println!(
         "tokenizer:         {}",
-        tokenizer.map_or("absent".to_string(), |t| format!(
-            "{} tokens",
-            t.vocab_size()
-        ))
+        s.tokenizer
+            .as_ref()
+            .map_or("absent".to_string(), |t| format!(
+                "{} tokens",
+                t.vocab_size()
+            ))
     );
-    println!("parameters:        {parameters}");
+    let dtypes: Vec<String> = if s.parameters_by_dtype.len() == 1 {
+        s.parameters_by_dtype.keys().cloned().collect()
+    } else {
+        s.parameters_by_dtype
+            .iter()
+            .map(|(d, n)| format!("{d} {n}"))
+            .collect()
+    };
+    println!(
+        "weights:           {} tensors in {} file{}, {}",
+        s.tensors,
+        s.files,
+        if s.files == 1 { "" } else { "s" },
+        dtypes.join(", ")
+    );
+    println!("parameters:        {}", s.parameters);
+    Ok(())
 }

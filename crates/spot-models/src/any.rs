@@ -64,6 +64,17 @@ impl Family {
         !matches!(self, Family::Llama | Family::Qwen2)
     }
 
+    /// The tokenizer strings of the family's mask token, looked up when `config.json` has no
+    /// `mask_token_id`; `None` for autoregressive families.
+    pub(crate) fn mask_tokens(self) -> Option<&'static [&'static str]> {
+        match self {
+            Family::Sdar => Some(&["<|MASK|>"]),
+            Family::Llada => Some(&["<|mdm_mask|>"]),
+            Family::Dream | Family::Llada2Moe => Some(&["<|mask|>"]),
+            Family::Llama | Family::Qwen2 => None,
+        }
+    }
+
     /// A short lowercase name.
     pub fn name(self) -> &'static str {
         match self {

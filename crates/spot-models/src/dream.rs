@@ -39,7 +39,7 @@ impl<B: Backend> FullSequence<B, DreamConfig> {
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
         let (cfg, path) = DecoderConfig::read(dir)?;
         cfg.check(&path, &["Dream", "dream"])?;
-        let (frame, weights) = open::<B>(dir, &cfg, Some(&["<|mask|>"]), device)?;
+        let (frame, weights) = open::<B>(dir, &cfg, crate::Family::Dream.mask_tokens(), device)?;
         let net = dense_net(&cfg.dense_spec(true, false), &QWEN_NAMES, &weights, device)?;
         Ok(Self::assemble(cfg, net, frame, true))
     }

@@ -54,19 +54,54 @@ pub(crate) fn open<B: Backend>(
     mask_tokens: Option<&[&str]>,
     device: &B::Device,
 ) -> Result<(Frame<B>, crate::hf::Weights)> {
-    let mask = mask_tokens.map(|tokens| MaskSpec {
-        configured: cfg.mask_token_id(),
-        tokens,
-    });
-    let frame = Frame::open(
-        dir,
-        cfg.vocab(),
-        cfg.max_positions(),
-        mask,
-        cfg.eos(),
-        device,
-    )?;
+    let files = FolderFiles::read(dir, cfg, mask_tokens)?;
+    let frame = Frame::new(dir, cfg.vocab(), cfg.max_positions(), files, device);
     Ok((frame, crate::hf::Weights::open(dir)?))
+}
+
+/// What a folder's small files say besides `config.json`, read without a device.
+pub(crate) struct FolderFiles {
+    /// `tokenizer.json`, when present.
+    pub tokenizer: Option<Tokenizer>,
+    /// The mask id (block-diffusion families).
+    pub mask_id: Option<TokenId>,
+    /// Stop ids.
+    pub stop_ids: Vec<TokenId>,
+}
+
+impl FolderFiles {
+    /// Reads `tokenizer.json` (optional) and `generation_config.json` (optional; `eos` from
+    /// `config.json` is the fallback), and resolves the mask id when `mask_tokens` is given
+    /// (block-diffusion families).
+    pub fn read(dir: &Path, cfg: &impl FolderFacts, mask_tokens: Option<&[&str]>) -> Result<Self> {
+        let tokenizer = if dir.join("tokenizer.json").exists() {
+            Some(Tokenizer::open(dir)?)
+        } else {
+            None
+        };
+        let config = dir.join("config.json");
+        let mask_id = match mask_tokens {
+            None => None,
+            Some(tokens) => Some(resolve_mask(
+                &config,
+                &MaskSpec {
+                    configured: cfg.mask_token_id(),
+                    tokens,
+                },
+                tokenizer.as_ref(),
+                cfg.vocab(),
+            )?),
+        };
+        let mut stop_ids = generation_stop_ids(dir)?;
+        if stop_ids.is_empty() {
+            stop_ids = token_ids(cfg.eos());
+        }
+        Ok(Self {
+            tokenizer,
+            mask_id,
+            stop_ids,
+        })
+    }
 }
 
 /// The accessors every model wrapper has: `config`, `tokenizer`, `dir`, `parameter_count`
@@ -97,42 +132,25 @@ macro_rules! folder_accessors {
 pub(crate) use folder_accessors;
 
 impl<B: Backend> Frame<B> {
-    /// Opens the folder-level files: `tokenizer.json` (optional), `generation_config.json`
-    /// (optional; `eos` from `config.json` is the fallback), and resolves the mask id when
-    /// `mask` is given (block-diffusion families).
-    pub fn open(
+    /// The frame of a folder whose files were read: uploads the mask's logit bias.
+    pub fn new(
         dir: &Path,
         vocab_size: usize,
         max_positions: usize,
-        mask: Option<MaskSpec<'_>>,
-        eos: Option<&serde_json::Value>,
+        files: FolderFiles,
         device: &B::Device,
-    ) -> Result<Self> {
-        let tokenizer = if dir.join("tokenizer.json").exists() {
-            Some(Tokenizer::open(dir)?)
-        } else {
-            None
-        };
-        let config = dir.join("config.json");
-        let mask_id = match mask {
-            None => None,
-            Some(spec) => Some(resolve_mask(
-                &config,
-                &spec,
-                tokenizer.as_ref(),
-                vocab_size,
-            )?),
-        };
-        let mut stop_ids = generation_stop_ids(dir)?;
-        if stop_ids.is_empty() {
-            stop_ids = token_ids(eos);
-        }
+    ) -> Self {
+        let FolderFiles {
+            tokenizer,
+            mask_id,
+            stop_ids,
+        } = files;
         let mask_bias = mask_id.map(|m| {
             let mut bias = vec![0.0f32; vocab_size];
             bias[m as usize] = f32::NEG_INFINITY;
             Tensor::from_data(TensorData::new(bias, [1, vocab_size]), device)
         });
-        Ok(Self {
+        Self {
             dir: dir.to_path_buf(),
             tokenizer,
             vocab_size,
@@ -142,7 +160,7 @@ impl<B: Backend> Frame<B> {
             device: device.clone(),
             mask_bias,
             noise: None,
-        })
+        }
     }
 
     /// Starts a new request: forgets the Gumbel rows and checks the block size.

@@ -140,6 +140,36 @@ impl Weights {
         self.index.is_empty()
     }
 
+    /// Number of safetensors files (1, or the shards of the index).
+    pub fn file_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Dtype and element count of every tensor (each name once, across shards), from the
+    /// headers read at [`Weights::open`]: the tensor data is never read.
+    fn tensor_sizes(&self) -> impl Iterator<Item = (Dtype, usize)> {
+        self.index.iter().filter_map(|(name, &i)| {
+            let info = self.shards.get(i)?.metadata.info(name)?;
+            Some((info.dtype, info.shape.iter().product()))
+        })
+    }
+
+    /// Number of parameters stored: the sum of the element counts of every tensor, from the
+    /// headers only. A tied head that is not stored is not counted, so this equals the loaded
+    /// model's `parameter_count()` when the folder stores only tensors the architecture uses.
+    pub fn parameter_count(&self) -> usize {
+        self.tensor_sizes().map(|(_, n)| n).sum()
+    }
+
+    /// Parameters stored per dtype (`"F32"`, `"BF16"`, ...), from the headers only.
+    pub fn parameters_by_dtype(&self) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for (dtype, n) in self.tensor_sizes() {
+            *out.entry(dtype.to_string()).or_insert(0) += n;
+        }
+        out
+    }
+
     /// Tensor `name` as f32 values (converted from BF16/F16), checked against `shape`.
     pub fn load_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let shard = self

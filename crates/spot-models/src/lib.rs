@@ -14,7 +14,9 @@
 //! - [`CausalLm`]: autoregressive Llama / Qwen2 / Qwen3 with a KV cache
 //!   ([`spot_core::AutoregressiveModel`]);
 //! - [`chat`]: the folder's Jinja chat template rendered as transformers renders it;
-//! - [`hf`]: `config.json`, (sharded) safetensors with f32/bf16/f16 weights, `tokenizer.json`.
+//! - [`hf`]: `config.json`, (sharded) safetensors with f32/bf16/f16 weights, `tokenizer.json`;
+//! - [`FolderSummary`]: a folder's family, vocabulary, mask and stop ids and parameter count
+//!   from its small files and safetensors headers, without loading a weight.
 //!
 //! Backends are Cargo features of the same generic code: `flex` (default, CPU), `ndarray`
 //! (CPU), `wgpu`, `cuda`. [`CpuBackend`] is flex when enabled, else ndarray. The items that a
@@ -52,6 +54,7 @@ mod llada;
 mod llada2;
 mod reduce;
 mod sdar;
+mod summary;
 mod transformer;
 
 pub use any::{DiffusionModel, Family};
@@ -64,6 +67,7 @@ pub use full_sequence::FullSequence;
 pub use llada::{Llada, LladaConfig};
 pub use llada2::{Llada2Config, Llada2Moe};
 pub use sdar::{Sdar, SdarConfig};
+pub use summary::FolderSummary;
 
 /// The CPU backend when only the `ndarray` feature is enabled.
 #[cfg(all(feature = "ndarray", not(feature = "flex")))]

@@ -246,7 +246,7 @@ impl<B: Backend> FullSequence<B, LladaConfig> {
     /// (single or sharded), `tokenizer.json` (optional).
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
         let cfg = LladaConfig::load(dir)?;
-        let (frame, weights) = open::<B>(dir, &cfg, Some(&["<|mdm_mask|>"]), device)?;
+        let (frame, weights) = open::<B>(dir, &cfg, crate::Family::Llada.mask_tokens(), device)?;
         let d = cfg.d_model / cfg.n_heads;
         let spec = DenseSpec {
             geo: Geometry {

@@ -223,7 +223,8 @@ impl<B: Backend> BlockCausal<B, Llada2Config> {
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
         let cfg = Llada2Config::load(dir)?;
         let b = &cfg.base;
-        let (frame, weights) = open::<B>(dir, &cfg, Some(&["<|mask|>"]), device)?;
+        let (frame, weights) =
+            open::<B>(dir, &cfg, crate::Family::Llada2Moe.mask_tokens(), device)?;
         let ld = Loader::<B> {
             weights: &weights,
             device: device.clone(),
