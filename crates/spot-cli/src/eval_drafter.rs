@@ -34,7 +34,7 @@ pub fn run(a: &EvalArgs) -> Result<()> {
         Some(p) => p.clone(),
         None => model_dir::resolve(a.model.as_deref())?.join(methods::DEFAULT_DRAFTER),
     };
-    let net = checkpoint::load::<Backend>(&path, &Default::default())
+    let net = checkpoint::load::<Backend>(&path, &crate::backend::device()?)
         .with_context(|| format!("loading drafter {}", path.display()))?;
     let mut trajs = Vec::new();
     for d in &a.trajectories {

@@ -22,7 +22,7 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
             a.method.name()
         );
     }
-    let mut model = CausalLm::<Backend>::load(dir, &Default::default())
+    let mut model = CausalLm::<Backend>::load(dir, &crate::backend::device()?)
         .with_context(|| format!("loading model folder {}", dir.display()))?;
     let cfg = ArConfig {
         max_new_tokens: a.max_new_tokens,

@@ -3,6 +3,7 @@
 //! Without `--model` the commands use the workspace's shipped benchmark target,
 //! `models/sdar-tiny-code` (see [`model_dir`]).
 
+mod backend;
 mod bench;
 mod bench_forward;
 mod bench_report;
@@ -21,20 +22,10 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use spot_models::DiffusionModel;
 
-#[cfg(any(feature = "flex", feature = "ndarray"))]
-type Backend = spot_models::CpuBackend;
-#[cfg(all(not(feature = "flex"), not(feature = "ndarray"), feature = "cuda"))]
-type Backend = spot_models::CudaBackend;
-#[cfg(all(
-    not(feature = "flex"),
-    not(feature = "ndarray"),
-    not(feature = "cuda"),
-    feature = "wgpu"
-))]
-type Backend = spot_models::WgpuBackend;
+use backend::Backend;
 
 #[derive(Parser)]
 #[command(
@@ -70,15 +61,20 @@ enum Command {
 }
 
 /// Loads a block-diffusion model folder (any family, by `config.json`'s `model_type`) on the
-/// default device of the compiled backend.
+/// default device of the backend (see [`backend::device`]).
 fn load(dir: &Path) -> Result<DiffusionModel<Backend>> {
-    let device = Default::default();
+    let device = backend::device()?;
     DiffusionModel::<Backend>::load(dir, &device)
         .with_context(|| format!("loading model folder {}", dir.display()))
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `--version` names the backend used and those compiled in.
+    let version: &'static str = Box::leak(backend::version().into_boxed_str());
+    let cli = match Cli::from_arg_matches(&Cli::command().version(version).get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match &cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Inspect(a) => inspect::run(a),

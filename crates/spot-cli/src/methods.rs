@@ -102,7 +102,7 @@ impl Drafters {
         {
             let p = path(drafter, DEFAULT_DRAFTER);
             d.net = Some(
-                spot_drafter::checkpoint::load::<Backend>(&p, &Default::default())
+                spot_drafter::checkpoint::load::<Backend>(&p, &crate::backend::device()?)
                     .with_context(|| format!("loading drafter {}", p.display()))?,
             );
         }

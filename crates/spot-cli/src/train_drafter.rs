@@ -136,6 +136,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         a.trajectories,
         model_cfg.parameter_count()
     );
+    let device = crate::backend::device()?;
     let bar = ProgressBar::new(0);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} steps {msg} [{elapsed}<{eta}]")
@@ -145,7 +146,6 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         bar,
         epochs: a.epochs,
     };
-    let device = Default::default();
     let init = match &a.init {
         Some(p) => Some(
             checkpoint::load::<Backend>(p, &device)

@@ -252,12 +252,18 @@ fn generate_from_text_and_inspect() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stderr).contains("NFE"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("NFE"));
+    // The backend that ran, named once on stderr.
+    assert_eq!(err.matches("spot: backend ").count(), 1, "{err}");
     let out = spot(&["inspect", "--model", dir.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert!(text.contains("parameters:        98688"), "{text}");
     assert!(text.contains("mask id:           372"), "{text}");
+    assert!(text.contains("weights:           "), "{text}");
+    // inspect runs no network: no backend line.
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("spot: backend"));
     // Every family: its name and its parameter count (from the oracles' fixture notes).
     for (name, family, params) in [
         ("llada-tiny", "llada", "123200"),
@@ -537,4 +543,16 @@ fn bench_runs_every_method_and_agrees_with_draft_free() {
             "{bad:?}"
         );
     }
+}
+
+/// `spot --version` names the backend used and the backends compiled in (the default build:
+/// flex).
+#[test]
+fn version_lists_the_backends() {
+    let out = spot(&["--version"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("spot "), "{text}");
+    assert!(text.contains("backend: "), "{text}");
+    assert!(text.contains("compiled in: "), "{text}");
 }
