@@ -10,8 +10,8 @@ use clap::ValueEnum;
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, Transition};
 
-use crate::bench_report::{Cell, Key, write_outputs};
-use crate::methods::{self, Drafters, Method, Settings};
+use crate::bench_report::{Cell, Key, Skipped, write_outputs};
+use crate::methods::{self, DraftFiles, Drafters, Method, Settings};
 use crate::{load, model_dir, prompts};
 
 /// Stopping protocols.
@@ -48,14 +48,11 @@ pub struct BenchArgs {
     /// First N prompts of each set.
     #[arg(long)]
     limit: Option<usize>,
-    /// Methods (df always runs: it is the reference).
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "ssd,blockspec,spiffy,spot,spot-gamma,oracle"
-    )]
-    methods: Vec<Method>,
+    /// Methods (df always runs: it is the reference). Default: ssd, blockspec, spiffy, spot,
+    /// spot-gamma, oracle, skipping (with a note) those whose drafter file the folder lacks;
+    /// a method named here that cannot run is an error.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    methods: Option<Vec<Method>>,
     /// Draft budgets D.
     #[arg(long, value_delimiter = ',', default_value = "8,12,16,20")]
     budgets: Vec<usize>,
@@ -93,6 +90,59 @@ pub struct BenchArgs {
     note: String,
 }
 
+/// The methods `spot bench` runs when `--methods` is not given.
+pub const DEFAULT_METHODS: [Method; 6] = [
+    Method::Ssd,
+    Method::Blockspec,
+    Method::Spiffy,
+    Method::Spot,
+    Method::SpotGamma,
+    Method::Oracle,
+];
+
+/// The speculative methods to run and those skipped with the reason: a default method whose
+/// drafter file is missing is skipped; one named by `--methods`, or whose file was given with
+/// `--drafter` / `--spiffy`, is an error naming the file.
+fn runnable(a: &BenchArgs, files: &DraftFiles<'_>) -> Result<(Vec<Method>, Vec<Skipped>)> {
+    let explicit = a.methods.is_some();
+    let mut spec: Vec<Method> = a
+        .methods
+        .as_deref()
+        .unwrap_or(&DEFAULT_METHODS)
+        .iter()
+        .copied()
+        .filter(|m| m.is_speculative())
+        .collect();
+    spec.sort();
+    spec.dedup();
+    let mut run = Vec::new();
+    let mut skipped = Vec::new();
+    for m in spec {
+        let Some(why) = files.missing(m) else {
+            run.push(m);
+            continue;
+        };
+        if explicit || files.given(m) {
+            let asked = match m {
+                _ if explicit => "--methods",
+                Method::Spiffy => "--spiffy",
+                _ => "--drafter",
+            };
+            bail!(
+                "{asked}: {} cannot run: {why} ({})",
+                m.name(),
+                methods::missing_hint(m)
+            );
+        }
+        eprintln!("spot bench: skipped {}: {why}", m.name());
+        skipped.push(Skipped {
+            method: m.name(),
+            reason: why,
+        });
+    }
+    Ok((run, skipped))
+}
+
 /// Runs `spot bench`.
 pub fn run(a: &BenchArgs) -> Result<()> {
     if a.budgets.is_empty() || a.budgets.contains(&0) {
@@ -105,23 +155,26 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     {
         bail!("--temperatures must be finite and non-negative, got {t}");
     }
-    let mut spec: Vec<Method> = a
+    if let Some(m) = a
         .methods
         .iter()
-        .copied()
-        .filter(|m| m.is_speculative())
-        .collect();
-    if let Some(m) = a.methods.iter().find(|m| **m == Method::Threshold) {
+        .flatten()
+        .find(|m| **m == Method::Threshold)
+    {
         bail!(
             "--methods: {} is not exact (it is not draft-free's output); bench compares exact methods",
             m.name()
         );
     }
-    spec.sort();
-    spec.dedup();
     let dir = model_dir::resolve(a.model.as_deref())?;
+    let files = DraftFiles {
+        dir: &dir,
+        drafter: a.drafter.as_deref(),
+        spiffy: a.spiffy.as_deref(),
+    };
+    let (spec, skipped) = runnable(a, &files)?;
     let mut model = load(&dir)?;
-    let drafters = Drafters::load(&spec, &dir, a.drafter.as_deref(), a.spiffy.as_deref())?;
+    let drafters = Drafters::load(&spec, &files)?;
     let tokenizer = model
         .tokenizer()
         .context("spot bench needs tokenizer.json in the model folder")?
@@ -239,12 +292,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         }
                     }
                 }
-                write_outputs(&a.out, &cells, &a.note, &dir, a.max_new_tokens)?;
+                write_outputs(&a.out, &cells, &a.note, &dir, a.max_new_tokens, &skipped)?;
             }
         }
     }
     bar.finish_and_clear();
-    write_outputs(&a.out, &cells, &a.note, &dir, a.max_new_tokens)?;
+    write_outputs(&a.out, &cells, &a.note, &dir, a.max_new_tokens, &skipped)?;
     eprintln!(
         "wrote {}/bench.md, bench.json, bench.svg and samples.jsonl",
         a.out.display()

@@ -22,6 +22,15 @@ pub struct Key {
     pub budget: Option<usize>,
 }
 
+/// A method `spot bench` did not run, and why (e.g. `no spot-drafter.safetensors in DIR`).
+#[derive(Clone, Debug)]
+pub struct Skipped {
+    /// Method name.
+    pub method: &'static str,
+    /// Why.
+    pub reason: String,
+}
+
 /// Sums over the samples of one [`Key`].
 #[derive(Clone, Debug, Default)]
 pub struct Cell {
@@ -115,13 +124,15 @@ fn groups(cells: &BTreeMap<Key, Cell>) -> BTreeMap<Group, Vec<(&Key, &Cell)>> {
     g
 }
 
-/// Writes bench.json, bench.md and bench.svg into `dir`.
+/// Writes bench.json, bench.md and bench.svg into `dir`; `skipped`: the default methods the
+/// model folder could not run.
 pub fn write_outputs(
     dir: &Path,
     cells: &BTreeMap<Key, Cell>,
     note: &str,
     model: &Path,
     max_new_tokens: usize,
+    skipped: &[Skipped],
 ) -> Result<()> {
     let mut json_groups = Vec::new();
     let mut md = String::new();
@@ -130,6 +141,13 @@ pub fn write_outputs(
         "# spot bench\n\nModel `{}`, {max_new_tokens} new tokens. {note}\n",
         model.display()
     );
+    if !skipped.is_empty() {
+        let list: Vec<String> = skipped
+            .iter()
+            .map(|s| format!("`{}` ({})", s.method, s.reason))
+            .collect();
+        let _ = writeln!(md, "Skipped: {}.\n", list.join("; "));
+    }
     for ((set, t, protocol), mut rows) in groups(cells) {
         rows.sort_by_key(|(k, _)| (method_rank(k.method), k.budget));
         let df = rows
@@ -188,9 +206,13 @@ pub fn write_outputs(
             "set": set, "temperature": t, "protocol": protocol, "rows": summaries,
         }));
     }
+    let skipped: Vec<serde_json::Value> = skipped
+        .iter()
+        .map(|s| serde_json::json!({"method": s.method, "reason": s.reason}))
+        .collect();
     let json = serde_json::json!({
         "model": model.display().to_string(), "max_new_tokens": max_new_tokens, "note": note,
-        "groups": json_groups,
+        "skipped": skipped, "groups": json_groups,
     });
     let write = |name: &str, text: String| -> Result<()> {
         let p = dir.join(name);

@@ -12,7 +12,7 @@ use spot_dlm::{
 };
 use spot_models::{DiffusionModel, Family};
 
-use crate::methods::{self, Drafters, Method, Settings};
+use crate::methods::{self, DraftFiles, Drafters, Method, Settings};
 use crate::{Backend, load, model_dir, prompts};
 
 /// Arguments of `spot generate`.
@@ -192,7 +192,14 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let mut model = load(&dir)?;
     model.set_approximate_prefix_cache(a.approx_prefix_cache)?;
-    let drafter = Drafters::load(&[a.method], &dir, a.drafter.as_deref(), a.spiffy.as_deref())?;
+    let drafter = Drafters::load(
+        &[a.method],
+        &DraftFiles {
+            dir: &dir,
+            drafter: a.drafter.as_deref(),
+            spiffy: a.spiffy.as_deref(),
+        },
+    )?;
     if let Some(path) = &a.prompts {
         return run_file(a, &drafter, &mut model, path);
     }

@@ -75,6 +75,77 @@ pub struct Settings {
     pub spot_gamma: f32,
 }
 
+/// Where the drafter files of a model folder are: `--drafter` / `--spiffy` when given, else
+/// `DIR/spot-drafter.safetensors` and `DIR/spiffy-graph.json`.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftFiles<'a> {
+    /// The model folder.
+    pub dir: &'a Path,
+    /// `--drafter`.
+    pub drafter: Option<&'a Path>,
+    /// `--spiffy`.
+    pub spiffy: Option<&'a Path>,
+}
+
+impl DraftFiles<'_> {
+    /// The files `method` reads: the drafter checkpoint (weights, then its `.json`) of `spot`
+    /// and `spot-gamma`, the graph of `spiffy`; none for the other methods.
+    pub fn needed(&self, method: Method) -> Vec<PathBuf> {
+        let path = |given: Option<&Path>, name: &str| -> PathBuf {
+            given.map_or_else(|| self.dir.join(name), Path::to_path_buf)
+        };
+        match method {
+            Method::Spot | Method::SpotGamma => {
+                let weights = path(self.drafter, DEFAULT_DRAFTER);
+                let config = spot_drafter::checkpoint::config_path(&weights);
+                vec![weights, config]
+            }
+            Method::Spiffy => vec![path(self.spiffy, DEFAULT_SPIFFY)],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether the file of `method` was given on the command line (`--drafter`, `--spiffy`).
+    pub fn given(&self, method: Method) -> bool {
+        match method {
+            Method::Spot | Method::SpotGamma => self.drafter.is_some(),
+            Method::Spiffy => self.spiffy.is_some(),
+            _ => false,
+        }
+    }
+
+    /// Why `method` cannot run, when a file it needs does not exist: e.g.
+    /// `no spot-drafter.safetensors, spot-drafter.json in DIR`.
+    pub fn missing(&self, method: Method) -> Option<String> {
+        let absent: Vec<PathBuf> = self
+            .needed(method)
+            .into_iter()
+            .filter(|p| !p.is_file())
+            .collect();
+        let parent = absent
+            .first()?
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let names: Vec<String> = absent
+            .iter()
+            .map(|p| {
+                p.file_name()
+                    .map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into())
+            })
+            .collect();
+        Some(format!("no {} in {}", names.join(", "), parent.display()))
+    }
+}
+
+/// How to make the file `method` is missing.
+pub fn missing_hint(method: Method) -> &'static str {
+    match method {
+        Method::Spiffy => "calibrate a graph with `spot calibrate-spiffy`, or pass --spiffy PATH",
+        _ => "train a drafter with `spot train-drafter`, or pass --drafter PATH",
+    }
+}
+
 /// The drafters the chosen methods need, loaded once.
 #[derive(Default)]
 pub struct Drafters {
@@ -83,31 +154,27 @@ pub struct Drafters {
 }
 
 impl Drafters {
-    /// Loads what `methods` need: the drafter checkpoint (`drafter`, else
-    /// `DIR/spot-drafter.safetensors`) and the Spiffy graph (`spiffy`, else
-    /// `DIR/spiffy-graph.json`).
-    pub fn load(
-        methods: &[Method],
-        dir: &Path,
-        drafter: Option<&Path>,
-        spiffy: Option<&Path>,
-    ) -> Result<Self> {
+    /// Loads what `methods` need (see [`DraftFiles::needed`]); a missing file is an error
+    /// naming it.
+    pub fn load(methods: &[Method], files: &DraftFiles<'_>) -> Result<Self> {
         let mut d = Drafters::default();
-        let path = |given: Option<&Path>, name: &str| -> PathBuf {
-            given.map_or_else(|| dir.join(name), Path::to_path_buf)
-        };
-        if methods
+        for &m in methods {
+            if let Some(why) = files.missing(m) {
+                bail!("--method {}: {why} ({})", m.name(), missing_hint(m));
+            }
+        }
+        let first = |m: Method| files.needed(m).into_iter().next();
+        if let Some(p) = methods
             .iter()
-            .any(|m| matches!(m, Method::Spot | Method::SpotGamma))
+            .find(|m| matches!(m, Method::Spot | Method::SpotGamma))
+            .and_then(|&m| first(m))
         {
-            let p = path(drafter, DEFAULT_DRAFTER);
             d.net = Some(
                 spot_drafter::checkpoint::load::<Backend>(&p, &crate::backend::device()?)
                     .with_context(|| format!("loading drafter {}", p.display()))?,
             );
         }
-        if methods.contains(&Method::Spiffy) {
-            let p = path(spiffy, DEFAULT_SPIFFY);
+        if let Some(p) = first(Method::Spiffy).filter(|_| methods.contains(&Method::Spiffy)) {
             d.spiffy = Some(
                 SpiffyGraph::load(&p)
                     .with_context(|| format!("loading Spiffy graph {}", p.display()))?,

@@ -474,7 +474,11 @@ fn spot_method_uses_the_shipped_drafter() {
         "/nonexistent/d.safetensors",
     ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/d.json"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no d.safetensors, d.json in /nonexistent"),
+        "{err}"
+    );
 }
 
 /// `spot bench` runs every exact method on the shipped model (shipped drafter and Spiffy
@@ -555,4 +559,83 @@ fn version_lists_the_backends() {
     assert!(text.starts_with("spot "), "{text}");
     assert!(text.contains("backend: "), "{text}");
     assert!(text.contains("compiled in: "), "{text}");
+}
+
+/// `spot bench` with its default methods on a folder without a drafter or Spiffy graph runs
+/// the methods it can (ssd, blockspec, oracle), names the skipped ones on stderr and in the
+/// reports; naming a method that cannot run is an error naming the missing file.
+#[test]
+fn bench_skips_default_methods_the_folder_cannot_run() {
+    let model = fixture("sdar-tiny");
+    let m = model.to_str().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("out");
+    let he = humaneval();
+    let base = [
+        "bench",
+        "--model",
+        m,
+        "--prompts",
+        he.to_str().unwrap(),
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--budgets",
+        "2",
+        "--temperatures",
+        "0",
+        "--protocols",
+        "fixed",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let out = spot(&base);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for (method, file) in [
+        ("spiffy", "spiffy-graph.json"),
+        ("spot", "spot-drafter.safetensors"),
+        ("spot-gamma", "spot-drafter.safetensors"),
+    ] {
+        assert!(
+            err.contains(&format!("spot bench: skipped {method}: no {file}")),
+            "{err}"
+        );
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap())
+            .unwrap();
+    let skipped: Vec<&str> = summary["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(skipped, ["spiffy", "spot", "spot-gamma"]);
+    let rows = summary["groups"][0]["rows"].as_array().unwrap();
+    let ran: Vec<&str> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
+    assert_eq!(ran, ["df", "ssd", "blockspec", "oracle"]);
+    for r in rows {
+        assert_eq!(r["equal"], r["samples"], "{r}");
+    }
+    let md = std::fs::read_to_string(out_dir.join("bench.md")).unwrap();
+    assert!(
+        md.contains("Skipped: `spiffy` (no spiffy-graph.json in"),
+        "{md}"
+    );
+
+    // Asked for by name, a method without its file is an error naming the file.
+    for (method, file) in [
+        ("spot", "spot-drafter.safetensors"),
+        ("spiffy", "spiffy-graph.json"),
+    ] {
+        let out = spot(&[&base[..], &["--methods", method]].concat());
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("--methods: {method} cannot run: no {file}")),
+            "{err}"
+        );
+    }
 }
