@@ -208,7 +208,11 @@ impl BlockDiffusionModel for Faulty {
     fn info(&self) -> &ModelInfo {
         self.inner.info()
     }
-    fn reset_prefix(&mut self, prefix: &[TokenId], l: usize) -> spot_dlm::core::Result<PrefixUpdate> {
+    fn reset_prefix(
+        &mut self,
+        prefix: &[TokenId],
+        l: usize,
+    ) -> spot_dlm::core::Result<PrefixUpdate> {
         self.inner.reset_prefix(prefix, l)
     }
     fn append_block(&mut self, block: &[TokenId]) -> spot_dlm::core::Result<PrefixUpdate> {

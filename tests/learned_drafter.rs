@@ -6,8 +6,8 @@
 
 use burn_autodiff::Autodiff;
 use burn_flex::Flex;
-use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder};
 use spot_core::toy::{ToyConfig, ToyModel};
+use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder};
 use spot_drafter::{
     LearnedScorer, OrderModel, OrderModelConfig, SpiffyGraph, SpiffyScorer, TrainConfig, record,
     train,

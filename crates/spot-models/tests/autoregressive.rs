@@ -7,8 +7,8 @@ mod common;
 
 use common::{fixture, golden_logits};
 use serde::Deserialize;
-use spot_dlm::StatsQuery;
 use spot_core::{ArConfig, AutoregressiveModel, decode_autoregressive};
+use spot_dlm::StatsQuery;
 use spot_models::{CausalLm, CpuBackend, Family};
 
 const AR_FIXTURES: [&str; 2] = ["llama-tiny", "qwen2-tiny"];
