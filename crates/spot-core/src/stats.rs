@@ -29,6 +29,88 @@ pub enum ConfidenceRule {
     NegativeEntropy,
 }
 
+impl ConfidenceRule {
+    /// Every rule, in declaration order.
+    pub const ALL: [ConfidenceRule; 4] = [
+        ConfidenceRule::Probability,
+        ConfidenceRule::RawProbability,
+        ConfidenceRule::Margin,
+        ConfidenceRule::NegativeEntropy,
+    ];
+
+    /// The rule's name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConfidenceRule::Probability => "probability",
+            ConfidenceRule::RawProbability => "raw-probability",
+            ConfidenceRule::Margin => "margin",
+            ConfidenceRule::NegativeEntropy => "negative-entropy",
+        }
+    }
+
+    /// Whether the rule reads the un-tempered probability of the chosen token, which a
+    /// reduction must then compute besides the tempered distribution (only at `T > 0`: at
+    /// `T = 0` it is the tempered one).
+    pub fn reads_raw_probability(self, temperature: f32) -> bool {
+        self == ConfidenceRule::RawProbability && temperature > 0.0
+    }
+
+    /// The confidence of a position: the one definition every reduction (host reference,
+    /// device, host kernel) uses. `token_prob` is the chosen token's tempered probability,
+    /// `raw_prob` its un-tempered one (read when [`ConfidenceRule::reads_raw_probability`]),
+    /// `top_probs` the tempered top-k (descending), `entropy` the tempered entropy in nats.
+    ///
+    /// ```
+    /// use spot_core::ConfidenceRule;
+    /// let c = |r: ConfidenceRule| r.confidence(0.5, Some(0.7), &[0.5, 0.2], 1.25);
+    /// assert_eq!(c(ConfidenceRule::Probability), 0.5);
+    /// assert_eq!(c(ConfidenceRule::RawProbability), 0.7);
+    /// assert!((c(ConfidenceRule::Margin) - 0.3).abs() < 1e-7);
+    /// assert_eq!(c(ConfidenceRule::NegativeEntropy), -1.25);
+    /// ```
+    pub fn confidence(
+        self,
+        token_prob: f64,
+        raw_prob: Option<f64>,
+        top_probs: &[f32],
+        entropy: f64,
+    ) -> f64 {
+        match self {
+            ConfidenceRule::Probability => token_prob,
+            ConfidenceRule::RawProbability => raw_prob.unwrap_or(token_prob),
+            ConfidenceRule::Margin => {
+                let p = |i: usize| f64::from(top_probs.get(i).copied().unwrap_or(0.0));
+                p(0) - p(1)
+            }
+            ConfidenceRule::NegativeEntropy => -entropy,
+        }
+    }
+}
+
+impl std::fmt::Display for ConfidenceRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ConfidenceRule {
+    type Err = Error;
+
+    /// Parses a [`ConfidenceRule::name`].
+    fn from_str(s: &str) -> Result<Self> {
+        ConfidenceRule::ALL
+            .into_iter()
+            .find(|r| r.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ConfidenceRule::ALL.iter().map(|r| r.name()).collect();
+                Error::config(
+                    "confidence",
+                    format!("unknown rule {s:?}; one of {}", names.join(", ")),
+                )
+            })
+    }
+}
+
 /// What a forward must compute, shared by every state of one batch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StatsQuery {
@@ -406,25 +488,18 @@ pub fn reduce_logits(
     scratch.top_probs.truncate(out.top_k());
 
     // 4. The confidence under the selected rule.
-    let confidence = match query.rule {
-        ConfidenceRule::Probability => token_prob,
-        ConfidenceRule::RawProbability => {
-            if t > 0.0 {
-                let mut raw = std::mem::take(&mut scratch.probs);
-                softmax(&|v| logits[v], &mut raw);
-                let c = raw[chosen];
-                scratch.probs = raw;
-                c
-            } else {
-                token_prob
-            }
-        }
-        ConfidenceRule::Margin => {
-            let p = &scratch.top_probs;
-            f64::from(p[0]) - f64::from(p.get(1).copied().unwrap_or(0.0))
-        }
-        ConfidenceRule::NegativeEntropy => -entropy,
+    let raw = if query.rule.reads_raw_probability(t) {
+        let mut raw = std::mem::take(&mut scratch.probs);
+        softmax(&|v| logits[v], &mut raw);
+        let c = raw[chosen];
+        scratch.probs = raw;
+        Some(c)
+    } else {
+        None
     };
+    let confidence = query
+        .rule
+        .confidence(token_prob, raw, &scratch.top_probs, entropy);
     out.push(PositionStats {
         token: chosen as TokenId,
         confidence: confidence as f32,

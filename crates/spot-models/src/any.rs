@@ -171,6 +171,12 @@ impl<B: Backend> DiffusionModel<B> {
         each!(self, m => m.parameter_count())
     }
 
+    /// Moves the output layer and the reduction to `placement` (see
+    /// [`crate::HeadPlacement`]).
+    pub fn set_head_placement(&mut self, placement: crate::HeadPlacement) {
+        each!(self, m => m.set_head_placement(placement))
+    }
+
     /// The trained block size, when the config names it (SDAR folders).
     pub fn block_size(&self) -> Option<usize> {
         match self {

@@ -18,6 +18,7 @@ use crate::config::DecoderConfig;
 use crate::dense::{QWEN_NAMES, dense_net};
 use crate::error::{ModelError, Result};
 use crate::frame::{Frame, open};
+use crate::head::RowPlan;
 use crate::transformer::{Attend, Kv, Net};
 
 /// A causal language model (`model_type` `"llama"`, `"qwen2"` or `"qwen3"`) on backend `B`.
@@ -86,7 +87,7 @@ impl<B: Backend> CausalLm<B> {
     /// tools; decoding uses [`AutoregressiveModel::extend`]).
     pub fn extend_logits(&mut self, tokens: &[TokenId]) -> Result<Vec<f32>> {
         let hidden = self.append(tokens)?;
-        Ok(self.net.logits(hidden).into_data().iter::<f32>().collect())
+        Ok(self.net.head.logits_host(hidden))
     }
 
     fn append(&mut self, tokens: &[TokenId]) -> Result<Tensor<B, 2>> {
@@ -135,10 +136,10 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
         query.validate()?;
         let start = self.len;
         let hidden = self.append(tokens)?;
-        let logits = self.net.logits(hidden);
+        let plan = RowPlan::all(tokens.len());
         let mut stats = self
             .frame
-            .reduce(logits, 1, tokens.len(), start + 1, query)?;
+            .stats(&self.net.head, hidden, &plan, start + 1, query)?;
         Ok(stats.pop().unwrap_or_default())
     }
 }

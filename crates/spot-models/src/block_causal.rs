@@ -13,6 +13,7 @@ use spot_core::{
 
 use crate::error::Result;
 use crate::frame::Frame;
+use crate::head::RowPlan;
 use crate::transformer::{Attend, Kv, Net};
 
 /// A block-causal model on backend `B` with family config `C`, and its prefix KV cache.
@@ -66,7 +67,7 @@ impl<B: Backend, C> BlockCausal<B, C> {
     pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
         let (ids, n, len) = self.frame.check_states(states, self.prefix.len())?;
         let (hidden, _) = self.run(ids, n, len);
-        Ok(self.net.logits(hidden).into_data().iter::<f32>().collect())
+        Ok(self.net.head.logits_host(hidden))
     }
 
     fn run(&self, ids: Vec<i64>, n: usize, len: usize) -> (burn_tensor::Tensor<B, 2>, Vec<Kv<B>>) {
@@ -141,8 +142,10 @@ impl<B: Backend, C> BlockDiffusionModel for BlockCausal<B, C> {
             return Ok(Vec::new());
         }
         let (hidden, _) = self.run(ids, n, len);
-        let logits = self.net.logits(hidden);
+        let plan = RowPlan::masked(states, len);
         let start = self.prefix.len();
-        Ok(self.frame.reduce(logits, n, len, start, query)?)
+        Ok(self
+            .frame
+            .stats(&self.net.head, hidden, &plan, start, query)?)
     }
 }

@@ -4,12 +4,13 @@
 use std::path::{Path, PathBuf};
 
 use burn_tensor::backend::Backend;
-use burn_tensor::{Tensor, TensorData};
+use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{BlockState, BlockStats, StatsQuery, TokenId};
 
 use crate::error::{ModelError, Result};
+use crate::head::{Head, RowPlan, host_values};
 use crate::hf::{Tokenizer, generation_stop_ids, token_ids};
-use crate::reduce::{noise_rows, reduce};
+use crate::reduce::{noise_table, reduce, upload};
 
 /// Folder-level facts and per-request state shared by the model wrappers.
 pub(crate) struct Frame<B: Backend> {
@@ -22,8 +23,18 @@ pub(crate) struct Frame<B: Backend> {
     pub device: B::Device,
     /// `[1, vocab]`: 0, and `-inf` at the mask id (block-diffusion models never predict it).
     mask_bias: Option<Tensor<B, 2>>,
-    /// (seed, first position, rows) and the Gumbel rows uploaded for them.
-    noise: Option<(u64, usize, usize, Tensor<B, 2>)>,
+    /// The Gumbel rows of the current block.
+    noise: Option<Noise<B>>,
+}
+
+/// The Gumbel rows `[len, vocab]` of positions `first..first + len` under one seed, made once
+/// per block and reused by every forward on it (uploaded when a device reduction reads them).
+struct Noise<B: Backend> {
+    seed: u64,
+    first: usize,
+    len: usize,
+    host: Vec<f32>,
+    device: Option<Tensor<B, 2>>,
 }
 
 /// How a family names its mask token.
@@ -127,6 +138,13 @@ macro_rules! folder_accessors {
         pub fn parameter_count(&self) -> usize {
             self.net.parameters()
         }
+
+        /// Moves the output layer and the reduction to `placement` (loading places them by
+        /// [`crate::HeadPlacement::Auto`]). Statistics stay batch invariant; the two
+        /// placements agree within float rounding, not bit for bit.
+        pub fn set_head_placement(&mut self, placement: crate::HeadPlacement) {
+            self.net.place_head(placement);
+        }
     };
 }
 pub(crate) use folder_accessors;
@@ -226,36 +244,87 @@ impl<B: Backend> Frame<B> {
         Ok((ids, states.len(), len))
     }
 
-    /// Reduces logits `[n * len, vocab]` of `n` states whose first position is `start` to
-    /// their statistics, with the Gumbel rows of positions `start..start + len` at `T > 0`
-    /// (uploaded once per block and reused by every forward on it).
-    pub fn reduce(
+    /// The statistics of the rows `plan` names of final hidden states `[n * len, dim]` of `n`
+    /// states whose first row predicts position `first`, through `head`; Gumbel rows for
+    /// positions `first..first + len` at `T > 0`.
+    pub fn stats(
         &mut self,
-        logits: Tensor<B, 2>,
-        n: usize,
-        len: usize,
-        start: usize,
+        head: &Head<B>,
+        hidden: Tensor<B, 2>,
+        plan: &RowPlan,
+        first: usize,
         query: &StatsQuery,
     ) -> Result<Vec<BlockStats>> {
-        let noise = if query.temperature > 0.0 {
+        let k = query.effective_top_k(self.vocab_size);
+        let len = plan.len.max(1);
+        let noisy = query.temperature > 0.0;
+        if noisy {
             let seed = query.noise.seed();
-            let fresh = !matches!(&self.noise, Some((s, a, l, _)) if *s == seed && *a == start && *l == len);
+            let fresh = !matches!(&self.noise, Some(n) if n.seed == seed && n.first == first && n.len == len);
             if fresh {
-                let rows = noise_rows::<B>(query, start, len, self.vocab_size, &self.device);
-                self.noise = Some((seed, start, len, rows));
+                self.noise = Some(Noise {
+                    seed,
+                    first,
+                    len,
+                    host: noise_table(query, first, len, self.vocab_size),
+                    device: None,
+                });
             }
-            self.noise.as_ref().map(|(_, _, _, t)| t.clone())
+        }
+        let rows = if plan.rows.is_empty() {
+            Vec::new()
         } else {
-            None
+            match head {
+                Head::Host(h) => {
+                    let jobs: Vec<_> = plan
+                        .rows
+                        .iter()
+                        .map(|&r| crate::host_head::RowJob {
+                            hidden: r,
+                            noise: r % len,
+                        })
+                        .collect();
+                    let positions: Vec<usize> = plan.rows.iter().map(|r| first + r % len).collect();
+                    let noise = self
+                        .noise
+                        .as_ref()
+                        .filter(|_| noisy)
+                        .map(|n| n.host.as_slice());
+                    h.reduce(
+                        &host_values(hidden),
+                        &jobs,
+                        query,
+                        self.mask_id,
+                        noise,
+                        &positions,
+                    )?
+                }
+                Head::Device(w) => {
+                    let index = |rows: Vec<i64>| {
+                        let n = rows.len();
+                        Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &self.device)
+                    };
+                    let picked = index(plan.rows.iter().map(|&r| r as i64).collect());
+                    let logits = hidden.select(0, picked).matmul(w.clone());
+                    let noise = match self.noise.as_mut().filter(|_| noisy) {
+                        Some(n) => {
+                            let (vocab, device) = (self.vocab_size, &self.device);
+                            let table = n
+                                .device
+                                .get_or_insert_with(|| upload(n.host.clone(), n.len, vocab, device))
+                                .clone();
+                            Some(table.select(
+                                0,
+                                index(plan.rows.iter().map(|&r| (r % len) as i64).collect()),
+                            ))
+                        }
+                        None => None,
+                    };
+                    reduce(logits, query, self.mask_bias.as_ref(), noise)?
+                }
+            }
         };
-        reduce(
-            logits,
-            n,
-            len,
-            query,
-            self.mask_bias.as_ref(),
-            noise.as_ref(),
-        )
+        plan.assemble(k, query.rule, rows)
     }
 }
 

@@ -28,6 +28,7 @@ use spot_core::{
 use crate::block_causal::diffusion_info;
 use crate::error::Result;
 use crate::frame::Frame;
+use crate::head::RowPlan;
 use crate::transformer::{Attend, Kv, Net};
 
 /// A full-sequence block-diffusion model on backend `B` with family config `C`.
@@ -129,12 +130,12 @@ impl<B: Backend, C> FullSequence<B, C> {
     /// Logits `[n, len, vocab]` of `states` after the prefix, with masks up to the generation
     /// end, as host values (for tests and tools).
     pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
-        let (logits, _, _) = self.block_logits(states)?;
-        Ok(logits.into_data().iter::<f32>().collect())
+        let (hidden, _, _) = self.block_hidden(states)?;
+        Ok(self.net.head.logits_host(hidden))
     }
 
-    /// The block rows' logits `[n * len, vocab]`, `n` and `len`.
-    fn block_logits(&self, states: &[BlockState]) -> Result<(Tensor<B, 2>, usize, usize)> {
+    /// The block rows' final hidden states `[n * len, dim]`, `n` and `len`.
+    fn block_hidden(&self, states: &[BlockState]) -> Result<(Tensor<B, 2>, usize, usize)> {
         let start = self.prefix.len();
         let (block, n, len) = self.frame.check_states(states, start)?;
         let total = self.end.max(start + len);
@@ -162,7 +163,7 @@ impl<B: Backend, C> FullSequence<B, C> {
             .collect();
         let rows =
             Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n * len]), &self.frame.device);
-        Ok((self.net.logits(hidden.select(0, rows)), n, len))
+        Ok((hidden.select(0, rows), n, len))
     }
 
     /// Appends tokens to the prefix (no forward: exact mode recomputes the prefix with every
@@ -221,8 +222,11 @@ impl<B: Backend, C> BlockDiffusionModel for FullSequence<B, C> {
         if states.is_empty() {
             return Ok(Vec::new());
         }
-        let (logits, n, len) = self.block_logits(states)?;
+        let (hidden, _, len) = self.block_hidden(states)?;
+        let plan = RowPlan::masked(states, len);
         let start = self.prefix.len();
-        Ok(self.frame.reduce(logits, n, len, start, query)?)
+        Ok(self
+            .frame
+            .stats(&self.net.head, hidden, &plan, start, query)?)
     }
 }

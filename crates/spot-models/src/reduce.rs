@@ -1,52 +1,42 @@
-//! On-device reduction of logits to the per-position statistics decoders need.
+//! The device reduction of logits to the statistics decoders need.
 //!
-//! Only `O(k)` numbers per position cross to the host, never the `V` logits: the chosen token,
-//! its tempered and raw probabilities, the top-k of the tempered distribution and its entropy.
+//! Only `O(k)` numbers per reduced row cross to the host, never the `V` logits: the chosen
+//! token, its tempered (and, when the rule reads it, raw) probability, the top-k of the
+//! tempered distribution and its entropy. The top-k is a selection (`argtopk`), not a sort.
 
 use burn_tensor::activation::softmax;
 use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
-use spot_core::stats::PositionStats;
-use spot_core::{BlockStats, ConfidenceRule, StatsQuery, TokenId};
+use spot_core::{StatsQuery, TokenId};
 
 use crate::error::{ModelError, Result};
-
-fn to_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data().iter::<f32>().collect()
-}
+use crate::head::host_values;
+use crate::host_head::RowStats;
 
 fn to_ids<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Vec<TokenId> {
     t.into_data().iter::<i64>().map(|x| x as TokenId).collect()
 }
 
-/// The Gumbel rows `G[start + s, v]` for a block, uploaded once per block.
-pub(crate) fn noise_rows<B: Backend>(
-    query: &StatsQuery,
-    start: usize,
-    len: usize,
-    vocab: usize,
-    device: &B::Device,
-) -> Tensor<B, 2> {
+/// The Gumbel rows `G[first + s, v]` for `len` positions, on the host.
+pub(crate) fn noise_table(query: &StatsQuery, first: usize, len: usize, vocab: usize) -> Vec<f32> {
     let mut rows = vec![0.0f32; len * vocab];
     for (s, row) in rows.chunks_mut(vocab).enumerate() {
-        query.noise.fill_row((start + s) as u64, row);
+        query.noise.fill_row((first + s) as u64, row);
     }
-    Tensor::from_data(TensorData::new(rows, [len, vocab]), device)
+    rows
 }
 
-/// Reduces `logits` `[n_states * len, vocab]` to one [`BlockStats`] per state.
+/// Reduces `logits` `[rows, vocab]` to one [`RowStats`] per row.
 ///
 /// `mask_bias` is `[1, vocab]`: 0 everywhere and `-inf` at the mask id (none for
-/// autoregressive models). `noise` is `[len, vocab]` (used when `T > 0`).
+/// autoregressive models). `noise` is each row's Gumbel row `[rows, vocab]` (used when `T > 0`).
 pub(crate) fn reduce<B: Backend>(
     logits: Tensor<B, 2>,
-    n_states: usize,
-    len: usize,
     query: &StatsQuery,
     mask_bias: Option<&Tensor<B, 2>>,
-    noise: Option<&Tensor<B, 2>>,
-) -> Result<Vec<BlockStats>> {
-    let [rows, vocab] = logits.dims();
+    noise: Option<Tensor<B, 2>>,
+) -> Result<Vec<RowStats>> {
+    let [_, vocab] = logits.dims();
     let t = query.temperature;
     let logits = match mask_bias {
         Some(b) => logits + b.clone(),
@@ -59,13 +49,7 @@ pub(crate) fn reduce<B: Backend>(
     };
     // 1. Chosen token: argmax of tempered logits (+ noise at T > 0).
     let scores = match (t > 0.0, noise) {
-        (true, Some(g)) => {
-            let g = g
-                .clone()
-                .unsqueeze_dim::<3>(0)
-                .expand([n_states, len, vocab]);
-            tempered.clone() + g.reshape([rows, vocab])
-        }
+        (true, Some(g)) => tempered.clone() + g,
         (true, None) => {
             return Err(ModelError::Request(
                 "internal: noise rows missing at T > 0".to_string(),
@@ -74,48 +58,42 @@ pub(crate) fn reduce<B: Backend>(
         _ => tempered.clone(),
     };
     let chosen = scores.argmax(1); // [rows, 1]
-    // 2. Tempered distribution, its entropy and top-k.
+    // 2. Tempered distribution, its entropy and top-k (a selection kernel, then a gather).
     let probs = softmax(tempered, 1);
     let token_prob = probs.clone().gather(1, chosen.clone());
     let plogp = probs.clone() * probs.clone().clamp_min(1e-30).log();
     let entropy = plogp.sum_dim(1).neg();
     let k = query.effective_top_k(vocab);
-    let (top_p, top_i) = probs.topk_with_indices(k, 1);
-    let raw = if query.rule == ConfidenceRule::RawProbability && t > 0.0 {
-        Some(to_f32(softmax(logits, 1).gather(1, chosen.clone())))
-    } else {
-        None
-    };
-    // 3. To the host: O(k) numbers per position.
+    let top_i = probs.clone().argtopk(k, 1);
+    let top_p = probs.gather(1, top_i.clone());
+    let raw = query
+        .rule
+        .reads_raw_probability(t)
+        .then(|| host_values(softmax(logits, 1).gather(1, chosen.clone())));
+    // 3. To the host: O(k) numbers per row.
     let chosen = to_ids(chosen);
-    let token_prob = to_f32(token_prob);
-    let entropy = to_f32(entropy);
-    let top_p = to_f32(top_p);
+    let token_prob = host_values(token_prob);
+    let entropy = host_values(entropy);
+    let top_p = host_values(top_p);
     let top_i = to_ids(top_i);
-    let mut out = Vec::with_capacity(n_states);
-    for b in 0..n_states {
-        let mut st = BlockStats::new(k);
-        for s in 0..len {
-            let r = b * len + s;
-            let tp = &top_p[r * k..(r + 1) * k];
-            let tail: f32 = 1.0 - tp.iter().sum::<f32>();
-            let confidence = match query.rule {
-                ConfidenceRule::RawProbability => raw.as_ref().map_or(token_prob[r], |v| v[r]),
-                ConfidenceRule::Margin => tp[0] - tp.get(1).copied().unwrap_or(0.0),
-                ConfidenceRule::NegativeEntropy => -entropy[r],
-                _ => token_prob[r],
-            };
-            st.push(PositionStats {
-                token: chosen[r],
-                confidence,
-                token_prob: token_prob[r],
-                entropy: if entropy[r] < 0.0 { 0.0 } else { entropy[r] },
-                tail_mass: tail.clamp(0.0, 1.0),
-                top_ids: &top_i[r * k..(r + 1) * k],
-                top_probs: tp,
-            })?;
-        }
-        out.push(st);
-    }
-    Ok(out)
+    Ok((0..chosen.len())
+        .map(|r| RowStats {
+            token: chosen[r],
+            token_prob: f64::from(token_prob[r]),
+            raw_prob: raw.as_ref().map(|v| f64::from(v[r])),
+            entropy: f64::from(entropy[r].max(0.0)),
+            top_ids: top_i[r * k..(r + 1) * k].to_vec(),
+            top_probs: top_p[r * k..(r + 1) * k].to_vec(),
+        })
+        .collect())
+}
+
+/// The device tensor of `values` `[rows, cols]`.
+pub(crate) fn upload<B: Backend>(
+    values: Vec<f32>,
+    rows: usize,
+    cols: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    Tensor::from_data(TensorData::new(values, [rows, cols]), device)
 }

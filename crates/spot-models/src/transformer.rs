@@ -22,6 +22,7 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::error::{ModelError, Result};
+use crate::head::{Head, HeadPlacement};
 use crate::hf::Weights;
 
 /// Attention shape and numerics shared by every layer.
@@ -319,8 +320,8 @@ impl<B: Backend> Loader<'_, B> {
         })
     }
 
-    /// The embedding `[v, h]`, the head `[h, v]` and whether it is tied: a tied head (no
-    /// `head` tensor and `tie`) multiplies by a contiguous transposed copy of the embedding.
+    /// The embedding `[v, h]`, the head (placed by [`HeadPlacement::Auto`]) and whether it is
+    /// tied (no `head` tensor and `tie`: the head is the embedding matrix).
     pub fn embedding_and_head(
         &self,
         embed: &str,
@@ -328,13 +329,14 @@ impl<B: Backend> Loader<'_, B> {
         tie: bool,
         v: usize,
         h: usize,
-    ) -> Result<(Tensor<B, 2>, Tensor<B, 2>, bool)> {
+    ) -> Result<(Tensor<B, 2>, Head<B>, bool)> {
         let host = self.weights.load_f32(embed, &[v, h])?;
         let tied = tie && !self.weights.contains(head);
         let head = if tied {
-            self.transposed(&host, v, h)
+            Head::new(&host, v, h, HeadPlacement::Auto, &self.device)
         } else {
-            self.linear(head, v, h)?
+            let w = self.weights.load_f32(head, &[v, h])?;
+            Head::new(&w, v, h, HeadPlacement::Auto, &self.device)
         };
         let embed = Tensor::from_data(TensorData::new(host, [v, h]), &self.device);
         Ok((embed, head, tied))
@@ -359,7 +361,7 @@ pub(crate) struct Net<B: Backend> {
     pub embed: Tensor<B, 2>,
     pub layers: Vec<Layer<B>>,
     pub norm: Tensor<B, 2>,
-    pub lm_head: Tensor<B, 2>,
+    pub head: Head<B>,
     inv_freq: Vec<f64>,
     parameters: usize,
 }
@@ -402,12 +404,17 @@ impl<B: Backend> Net<B> {
     pub fn new(
         geo: Geometry,
         device: B::Device,
-        (embed, lm_head, tied): (Tensor<B, 2>, Tensor<B, 2>, bool),
+        (embed, head, tied): (Tensor<B, 2>, Head<B>, bool),
         layers: Vec<Layer<B>>,
         norm: Tensor<B, 2>,
     ) -> Self {
         let parameters = numel(&embed)
-            + if tied { 0 } else { numel(&lm_head) }
+            + if tied {
+                0
+            } else {
+                let (v, h) = head.shape();
+                v * h
+            }
             + numel(&norm)
             + layers.iter().map(Layer::parameters).sum::<usize>();
         let r = geo.rotary_dim;
@@ -420,7 +427,7 @@ impl<B: Backend> Net<B> {
             embed,
             layers,
             norm,
-            lm_head,
+            head,
             inv_freq,
             parameters,
         }
@@ -596,9 +603,9 @@ impl<B: Backend> Net<B> {
         (rms_norm(x, &self.norm, c.eps), new_kv)
     }
 
-    /// Logits `[rows, vocab]` of final hidden states.
-    pub fn logits(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
-        hidden.matmul(self.lm_head.clone())
+    /// Moves the output layer to `placement`.
+    pub fn place_head(&mut self, placement: HeadPlacement) {
+        self.head.place(placement, &self.device);
     }
 
     /// Appends `kv` (one sequence) to `cache`.

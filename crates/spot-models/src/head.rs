@@ -1,0 +1,233 @@
+//! The output layer: on the device (a matrix product, then the device reduction) or on the host
+//! (the fused kernel of [`crate::host_head`], the default on CPU backends), and which rows of a
+//! forward it reduces.
+
+use burn_tensor::backend::Backend;
+use burn_tensor::{Tensor, TensorData};
+use spot_core::stats::PositionStats;
+use spot_core::{BlockState, BlockStats, ConfidenceRule, TokenId};
+
+use crate::error::Result;
+use crate::host_head::{HostHead, RowStats};
+
+/// Where a model computes its output layer and the reduction to statistics.
+///
+/// `Auto` (the default when loading) is the host on the CPU backends (flex, ndarray), where the
+/// fused host kernel never writes the `[rows, vocab]` logits, and the device otherwise. Both
+/// give batch-invariant statistics; they differ from each other within float rounding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeadPlacement {
+    /// The host on CPU backends, the device on GPU backends.
+    #[default]
+    Auto,
+    /// A matrix product and a reduction in the backend's tensor operations.
+    Device,
+    /// The fused host kernel (any backend: the final hidden states are read back, `O(dim)`
+    /// numbers per position).
+    Host,
+}
+
+impl HeadPlacement {
+    /// Whether `Auto` means the host on backend `B` (the CPU backends).
+    fn host_on<B: Backend>(self, device: &B::Device) -> bool {
+        match self {
+            HeadPlacement::Host => true,
+            HeadPlacement::Device => false,
+            HeadPlacement::Auto => matches!(B::name(device).as_str(), "flex" | "ndarray"),
+        }
+    }
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeadPlacement::Auto => "auto",
+            HeadPlacement::Device => "device",
+            HeadPlacement::Host => "host",
+        }
+    }
+}
+
+impl std::str::FromStr for HeadPlacement {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        [
+            HeadPlacement::Auto,
+            HeadPlacement::Device,
+            HeadPlacement::Host,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| format!("unknown head placement {s:?}; one of auto, device, host"))
+    }
+}
+
+/// The output layer's weights where they are used.
+pub(crate) enum Head<B: Backend> {
+    /// `[hidden, vocab]` on the device.
+    Device(Tensor<B, 2>),
+    /// Packed on the host.
+    Host(HostHead),
+}
+
+impl<B: Backend> Head<B> {
+    /// The head of the HF `[vocab, dim]` matrix `w`, placed by `placement`.
+    pub fn new(
+        w: &[f32],
+        vocab: usize,
+        dim: usize,
+        placement: HeadPlacement,
+        device: &B::Device,
+    ) -> Self {
+        if placement.host_on::<B>(device) {
+            Head::Host(HostHead::pack(w, vocab, dim))
+        } else {
+            let mut t = vec![0.0f32; w.len()];
+            for (v, row) in w.chunks_exact(dim).enumerate() {
+                for (k, &x) in row.iter().enumerate() {
+                    t[k * vocab + v] = x;
+                }
+            }
+            Head::Device(Tensor::from_data(TensorData::new(t, [dim, vocab]), device))
+        }
+    }
+
+    /// Moves the head to `placement` (a copy through the host).
+    pub fn place(&mut self, placement: HeadPlacement, device: &B::Device) {
+        let host = placement.host_on::<B>(device);
+        let w = match self {
+            Head::Host(_) if host => return,
+            Head::Device(_) if !host => return,
+            Head::Host(h) => h.unpack(),
+            Head::Device(t) => {
+                let [dim, vocab] = t.dims();
+                let data: Vec<f32> = t.to_data().iter::<f32>().collect();
+                let mut w = vec![0.0f32; data.len()];
+                for (k, row) in data.chunks_exact(vocab).enumerate() {
+                    for (v, &x) in row.iter().enumerate() {
+                        w[v * dim + k] = x;
+                    }
+                }
+                w
+            }
+        };
+        let (vocab, dim) = self.shape();
+        *self = Self::new(&w, vocab, dim, placement, device);
+    }
+
+    /// `(vocab, dim)`.
+    pub fn shape(&self) -> (usize, usize) {
+        match self {
+            Head::Host(h) => (h.vocab(), h.dim()),
+            Head::Device(t) => {
+                let [dim, vocab] = t.dims();
+                (vocab, dim)
+            }
+        }
+    }
+
+    /// Logits `[rows, vocab]` of `hidden` `[rows, dim]`, on the host.
+    pub fn logits_host(&self, hidden: Tensor<B, 2>) -> Vec<f32> {
+        match self {
+            Head::Host(h) => h.logits(&host_values(hidden)),
+            Head::Device(w) => host_values(hidden.matmul(w.clone())),
+        }
+    }
+}
+
+/// A tensor's values on the host.
+pub(crate) fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data().iter::<f32>().collect()
+}
+
+/// Which rows of a forward over `n` states of `len` positions are reduced: the masked
+/// positions of block states (decoders read no other), or every row.
+pub(crate) struct RowPlan {
+    pub n: usize,
+    pub len: usize,
+    /// Reduced rows (`state * len + position`), ascending.
+    pub rows: Vec<usize>,
+    /// The token at every row (the statistics of a row that is not reduced name it).
+    tokens: Vec<TokenId>,
+}
+
+impl RowPlan {
+    /// The masked positions of `states` (all of length `len`).
+    pub fn masked(states: &[BlockState], len: usize) -> Self {
+        let tokens: Vec<TokenId> = states.iter().flat_map(|s| s.tokens()).copied().collect();
+        let rows = states
+            .iter()
+            .enumerate()
+            .flat_map(|(b, s)| s.masked_positions().map(move |p| b * len + p))
+            .collect();
+        Self {
+            n: states.len(),
+            len,
+            rows,
+            tokens,
+        }
+    }
+
+    /// Every row of one sequence of `len` positions.
+    pub fn all(len: usize) -> Self {
+        Self {
+            n: 1,
+            len,
+            rows: (0..len).collect(),
+            tokens: vec![0; len],
+        }
+    }
+
+    /// One [`BlockStats`] per state from the reduced rows' statistics (in `rows` order). A row
+    /// that was not reduced holds its own token with probability 1 and entropy 0.
+    pub fn assemble(
+        &self,
+        k: usize,
+        rule: ConfidenceRule,
+        reduced: Vec<RowStats>,
+    ) -> Result<Vec<BlockStats>> {
+        let mut reduced = reduced.into_iter();
+        let mut next = self.rows.iter().peekable();
+        let mut out = Vec::with_capacity(self.n);
+        let mut one_ids = vec![0; k];
+        let mut one_probs = vec![0.0f32; k];
+        if let Some(p) = one_probs.first_mut() {
+            *p = 1.0;
+        }
+        for b in 0..self.n {
+            let mut st = BlockStats::new(k);
+            for s in 0..self.len {
+                let r = b * self.len + s;
+                if next.next_if(|&&x| x == r).is_some()
+                    && let Some(row) = reduced.next()
+                {
+                    let top_mass: f64 = row.top_probs.iter().map(|&p| f64::from(p)).sum();
+                    st.push(PositionStats {
+                        token: row.token,
+                        confidence: row.confidence(rule) as f32,
+                        token_prob: row.token_prob as f32,
+                        entropy: row.entropy as f32,
+                        tail_mass: (1.0 - top_mass).clamp(0.0, 1.0) as f32,
+                        top_ids: &row.top_ids,
+                        top_probs: &row.top_probs,
+                    })?;
+                } else {
+                    let token = self.tokens[r];
+                    one_ids.fill(token);
+                    st.push(PositionStats {
+                        token,
+                        confidence: 1.0,
+                        token_prob: 1.0,
+                        entropy: 0.0,
+                        tail_mass: 0.0,
+                        top_ids: &one_ids,
+                        top_probs: &one_probs,
+                    })?;
+                }
+            }
+            out.push(st);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,768 @@
+//! The output layer fused with the reduction, on the host (the CPU backends).
+//!
+//! Decoding never needs a position's `V` logits, only a few numbers per position (the chosen
+//! token, its probability, the entropy, the top-k). On a CPU backend [`HostHead`] computes the
+//! logits of a vocabulary tile for a few rows at a time while they are in cache and folds them
+//! straight into running per-row statistics (an online softmax), so the `[rows, V]` logits are
+//! never written to memory, and only the rows whose statistics are read are computed.
+//!
+//! **Exactness.** A row's numbers never depend on the other rows of the call: each logit is one
+//! fused multiply-add chain over the hidden dimension in index order (rows are computed in
+//! groups of [`MR`], each lane its own chain), the vocabulary is cut into tiles and segments
+//! whose sizes depend only on the model's shape, and segments are merged in vocabulary order
+//! whatever the number of threads. So a state's statistics are bit-identical alone and inside any
+//! batch; they are not bit-identical to the device reduction or to the host reference
+//! [`spot_core::stats::reduce_logits`] (same values within float rounding).
+
+use rayon::prelude::*;
+use spot_core::{ConfidenceRule, StatsQuery, TokenId};
+
+use crate::error::{ModelError, Result};
+
+/// Vocabulary columns per packed panel (two 8-lane vectors).
+const PANEL: usize = 16;
+/// Rows per micro-kernel call.
+const MR: usize = 6;
+/// Vocabulary ids per segment: the unit of parallel work and of the fixed merge order.
+const SEGMENT: usize = 8192;
+/// Bytes of packed weights a tile may take (kept in the L2 cache while every row group reads it).
+const TILE_BYTES: usize = 128 * 1024;
+
+/// The output layer's weights, packed for the host kernel.
+#[derive(Clone)]
+pub(crate) struct HostHead {
+    vocab: usize,
+    dim: usize,
+    /// Vocabulary ids per tile (a multiple of [`PANEL`] dividing [`SEGMENT`]).
+    tile: usize,
+    /// Panels of [`PANEL`] vocabulary columns: `packed[p * dim * PANEL + k * PANEL + j]` is the
+    /// weight of hidden unit `k` for id `p * PANEL + j` (zero past the vocabulary).
+    packed: Vec<f32>,
+}
+
+/// What one computed row needs besides its hidden state.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowJob {
+    /// Row of the hidden states.
+    pub hidden: usize,
+    /// Row of the noise table (used at `T > 0`).
+    pub noise: usize,
+}
+
+/// The reduced statistics of one computed row.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RowStats {
+    pub token: TokenId,
+    pub token_prob: f64,
+    /// Probability of `token` under the un-tempered softmax, when the rule reads it.
+    pub raw_prob: Option<f64>,
+    pub entropy: f64,
+    pub top_ids: Vec<TokenId>,
+    pub top_probs: Vec<f32>,
+}
+
+impl RowStats {
+    /// The confidence under `rule` (one definition: [`ConfidenceRule::confidence`]).
+    pub fn confidence(&self, rule: ConfidenceRule) -> f64 {
+        rule.confidence(
+            self.token_prob,
+            self.raw_prob,
+            &self.top_probs,
+            self.entropy,
+        )
+    }
+}
+
+/// How the reduction reads a row's logits.
+struct Plan<'a> {
+    temperature: f32,
+    mask: Option<usize>,
+    k: usize,
+    raw: bool,
+    /// `[rows, vocab]` Gumbel rows (at `T > 0`).
+    noise: Option<&'a [f32]>,
+}
+
+/// The best (noised) score of a row so far.
+#[derive(Clone, Copy, Debug)]
+struct Best {
+    score: f32,
+    id: u32,
+    /// Its un-tempered logit.
+    logit: f32,
+}
+
+/// Running statistics of one row over a range of the vocabulary.
+#[derive(Clone, Debug)]
+struct Partial {
+    /// Largest tempered logit so far (`-inf` before any).
+    max: f32,
+    /// `sum exp(y - max)` and `sum exp(y - max) * (y - max)` over the tempered logits `y`.
+    sum: f64,
+    moment: f64,
+    /// The chosen token so far.
+    best: Option<Best>,
+    /// Top-k tempered logits and ids: value descending, then id ascending.
+    top: Vec<(f32, u32)>,
+    /// Un-tempered maximum and sum (for [`ConfidenceRule::RawProbability`] at `T > 0`).
+    raw_max: f32,
+    raw_sum: f64,
+    nan: bool,
+}
+
+impl Partial {
+    fn new(k: usize) -> Self {
+        Self {
+            max: f32::NEG_INFINITY,
+            sum: 0.0,
+            moment: 0.0,
+            best: None,
+            top: Vec::with_capacity(k + 1),
+            raw_max: f32::NEG_INFINITY,
+            raw_sum: 0.0,
+            nan: false,
+        }
+    }
+
+    /// Moves the running sums to a new maximum `m >= self.max`.
+    fn rescale(sum: f64, moment: f64, from: f32, to: f32) -> (f64, f64) {
+        if from == f32::NEG_INFINITY {
+            return (0.0, 0.0);
+        }
+        let d = f64::from(from) - f64::from(to);
+        let c = d.exp();
+        (sum * c, c * (moment + sum * d))
+    }
+
+    /// Folds the logits `l` of ids `first..first + l.len()` in (overwritten by the tempered
+    /// logits).
+    #[inline(always)]
+    fn update(&mut self, l: &mut [f32], first: usize, plan: &Plan<'_>, noise: Option<&[f32]>) {
+        let t = plan.temperature;
+        // Non-finite logits never win and carry no mass (as in the host reference).
+        let mut nan = false;
+        for x in l.iter_mut() {
+            nan |= x.is_nan();
+            if !x.is_finite() {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+        self.nan |= nan;
+        if let Some(m) = plan.mask
+            && (first..first + l.len()).contains(&m)
+        {
+            l[m - first] = f32::NEG_INFINITY;
+        }
+        if plan.raw {
+            let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if m > self.raw_max {
+                (self.raw_sum, _) = Self::rescale(self.raw_sum, 0.0, self.raw_max, m);
+                self.raw_max = m;
+            }
+            if self.raw_max > f32::NEG_INFINITY {
+                self.raw_sum += exp_sums(l, self.raw_max).0;
+            }
+        }
+        // The chosen token: the first maximum of `l / T + G` (of `l` at `T = 0`).
+        let mut best = self.best;
+        for (j, &x) in l.iter().enumerate() {
+            if x == f32::NEG_INFINITY {
+                continue;
+            }
+            let score = match noise {
+                Some(g) => x / t + g[j],
+                None => x,
+            };
+            if best.is_none_or(|b| score > b.score) {
+                best = Some(Best {
+                    score,
+                    id: (first + j) as u32,
+                    logit: x,
+                });
+            }
+        }
+        self.best = best;
+        if t > 0.0 {
+            l.iter_mut().for_each(|x| *x /= t);
+        }
+        // Online softmax sums.
+        let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if m > self.max {
+            (self.sum, self.moment) = Self::rescale(self.sum, self.moment, self.max, m);
+            self.max = m;
+        }
+        if self.max > f32::NEG_INFINITY {
+            let (s, u) = exp_sums(l, self.max);
+            self.sum += s;
+            self.moment += u;
+        }
+        // Top-k: only values above the current k-th are inserted.
+        let k = plan.k;
+        for (j, &y) in l.iter().enumerate() {
+            let full = self.top.len() == k;
+            if y == f32::NEG_INFINITY || (full && y <= self.top[k - 1].0) {
+                continue;
+            }
+            let at = self.top.partition_point(|&(v, _)| v >= y);
+            self.top.insert(at, (y, (first + j) as u32));
+            self.top.truncate(k);
+        }
+    }
+
+    /// Folds `other` (a later range of the vocabulary) in.
+    fn merge(&mut self, other: Self, k: usize) {
+        self.nan |= other.nan;
+        let m = self.max.max(other.max);
+        if m > f32::NEG_INFINITY {
+            let (s1, u1) = Self::rescale(self.sum, self.moment, self.max, m);
+            let (s2, u2) = Self::rescale(other.sum, other.moment, other.max, m);
+            (self.sum, self.moment, self.max) = (s1 + s2, u1 + u2, m);
+        }
+        let rm = self.raw_max.max(other.raw_max);
+        if rm > f32::NEG_INFINITY {
+            let (s1, _) = Self::rescale(self.raw_sum, 0.0, self.raw_max, rm);
+            let (s2, _) = Self::rescale(other.raw_sum, 0.0, other.raw_max, rm);
+            (self.raw_sum, self.raw_max) = (s1 + s2, rm);
+        }
+        if let Some(b) = other.best
+            && self.best.is_none_or(|a| b.score > a.score)
+        {
+            self.best = Some(b);
+        }
+        // Both lists are sorted; ids of `other` are larger, so equal values keep `self` first.
+        let mut merged = Vec::with_capacity(k + 1);
+        let (mut a, mut b) = (self.top.iter().peekable(), other.top.iter().peekable());
+        while merged.len() < k {
+            let take_a = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) => x.0 >= y.0,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            let next = if take_a { a.next() } else { b.next() };
+            merged.extend(next.copied());
+        }
+        self.top = merged;
+    }
+
+    /// The statistics, or why there are none.
+    fn finish(self, k: usize, temperature: f32, position: usize) -> Result<RowStats> {
+        let nonfinite =
+            |reason| ModelError::from(spot_core::Error::NonFiniteLogits { position, reason });
+        if self.nan {
+            return Err(nonfinite("NaN logit"));
+        }
+        let Some(best) = self.best else {
+            return Err(nonfinite("no finite logit outside the mask token"));
+        };
+        let t = if temperature > 0.0 { temperature } else { 1.0 };
+        let prob = |y: f32| (f64::from(y) - f64::from(self.max)).exp() / self.sum;
+        let entropy = (self.sum.ln() - self.moment / self.sum).max(0.0);
+        let mut top_ids: Vec<TokenId> = self.top.iter().map(|&(_, i)| i).collect();
+        let mut top_probs: Vec<f32> = self.top.iter().map(|&(v, _)| prob(v) as f32).collect();
+        // Pad when fewer than k ids carry mass (tiny vocabularies).
+        while top_ids.len() < k {
+            top_ids.push(top_ids.first().copied().unwrap_or(best.id));
+            top_probs.push(0.0);
+        }
+        let raw_prob = (self.raw_sum > 0.0)
+            .then(|| (f64::from(best.logit) - f64::from(self.raw_max)).exp() / self.raw_sum);
+        Ok(RowStats {
+            token: best.id,
+            token_prob: prob(best.logit / t),
+            raw_prob,
+            entropy,
+            top_ids,
+            top_probs,
+        })
+    }
+}
+
+/// `sum exp(x - m)` and `sum exp(x - m) * (x - m)` over `x` (entries `-inf` add nothing),
+/// accumulated in 16 f32 lanes, then added in lane order.
+#[inline(always)]
+fn exp_sums(x: &[f32], m: f32) -> (f64, f64) {
+    let mut s = [0.0f32; PANEL];
+    let mut u = [0.0f32; PANEL];
+    let mut chunks = x.chunks_exact(PANEL);
+    for c in &mut chunks {
+        for j in 0..PANEL {
+            let d = c[j] - m;
+            let e = fast_exp(d);
+            s[j] += e;
+            u[j] += if e > 0.0 { e * d } else { 0.0 };
+        }
+    }
+    for (j, &v) in chunks.remainder().iter().enumerate() {
+        let d = v - m;
+        let e = fast_exp(d);
+        s[j] += e;
+        u[j] += if e > 0.0 { e * d } else { 0.0 };
+    }
+    let (mut ss, mut uu) = (0.0f64, 0.0f64);
+    for j in 0..PANEL {
+        ss += f64::from(s[j]);
+        uu += f64::from(u[j]);
+    }
+    (ss, uu)
+}
+
+/// `exp(x)` for `x <= 0` in f32 (relative error about 2e-7; 0 below -87, and for `-inf`),
+/// branch-free so that loops over it vectorise.
+#[inline(always)]
+fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let under = x < -87.0;
+    let x = x.max(-87.0);
+    let n = (x * LOG2E + 0.5).floor();
+    let r = x - n * LN2_HI - n * LN2_LO;
+    // exp(r) on [-ln2/2, ln2/2]: Cephes' degree-5 polynomial.
+    let p = 1.987_569_1e-4f32;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 5e-1;
+    let e = p * r * r + r + 1.0;
+    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    if under { 0.0 } else { e * scale }
+}
+
+impl HostHead {
+    /// Packs an HF `[vocab, dim]` output (or tied embedding) matrix.
+    pub fn pack(w: &[f32], vocab: usize, dim: usize) -> Self {
+        debug_assert_eq!(w.len(), vocab * dim);
+        let panels = vocab.div_ceil(PANEL);
+        let mut packed = vec![0.0f32; panels * dim * PANEL];
+        for (v, row) in w.chunks_exact(dim).enumerate() {
+            let (p, j) = (v / PANEL, v % PANEL);
+            let base = p * dim * PANEL + j;
+            for (k, &x) in row.iter().enumerate() {
+                packed[base + k * PANEL] = x;
+            }
+        }
+        let per_panel = dim * PANEL * 4;
+        let mut tile = (TILE_BYTES / per_panel.max(1)).clamp(1, SEGMENT / PANEL) * PANEL;
+        while !SEGMENT.is_multiple_of(tile) {
+            tile -= PANEL;
+        }
+        Self {
+            vocab,
+            dim,
+            tile,
+            packed,
+        }
+    }
+
+    /// Vocabulary size.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    /// Hidden size.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The HF `[vocab, dim]` matrix back.
+    pub fn unpack(&self) -> Vec<f32> {
+        let dim = self.dim;
+        let mut w = vec![0.0f32; self.vocab * dim];
+        for (v, row) in w.chunks_exact_mut(dim).enumerate() {
+            let base = (v / PANEL) * dim * PANEL + v % PANEL;
+            for (k, x) in row.iter_mut().enumerate() {
+                *x = self.packed[base + k * PANEL];
+            }
+        }
+        w
+    }
+
+    /// Logits of `MR` rows (`h`, zero-padded) for the panels `p0..p0 + n`, written to
+    /// `out[r * stride + (p - p0) * PANEL + j]`: per logit one multiply-add chain over `k`.
+    #[inline(always)]
+    fn panels(&self, h: &[f32], p0: usize, n: usize, out: &mut [f32], stride: usize) {
+        let dim = self.dim;
+        for p in p0..p0 + n {
+            let w = &self.packed[p * dim * PANEL..(p + 1) * dim * PANEL];
+            let mut acc = [[0.0f32; PANEL]; MR];
+            for (k, wk) in w.chunks_exact(PANEL).enumerate() {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let b = h[r * dim + k];
+                    for j in 0..PANEL {
+                        a[j] = b.mul_add(wk[j], a[j]);
+                    }
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                let at = r * stride + (p - p0) * PANEL;
+                out[at..at + PANEL].copy_from_slice(a);
+            }
+        }
+    }
+
+    /// The rows of `hidden` named by `rows`, gathered into groups of `MR` (zero-padded).
+    fn gather(&self, hidden: &[f32], rows: impl Iterator<Item = usize>) -> Vec<f32> {
+        let dim = self.dim;
+        let mut out = Vec::new();
+        for r in rows {
+            out.extend_from_slice(&hidden[r * dim..(r + 1) * dim]);
+        }
+        let n = out.len() / dim.max(1);
+        out.resize(n.div_ceil(MR) * MR * dim, 0.0);
+        out
+    }
+
+    /// Runs `sink` over every segment of the vocabulary in parallel (one task per segment, in
+    /// the widest SIMD the CPU has) and returns the sinks in segment order.
+    fn sweep<S: Sink + Send>(&self, h: &[f32], sinks: Vec<S>) -> Vec<S> {
+        sinks
+            .into_par_iter()
+            .enumerate()
+            .map(|(segment, sink)| {
+                pulp::Arch::new().dispatch(Sweep {
+                    head: self,
+                    h,
+                    segment,
+                    sink,
+                })
+            })
+            .collect()
+    }
+
+    /// Logits `[rows, vocab]` of `hidden` `[rows, dim]` (the values the reduction reads).
+    pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
+        let vocab = self.vocab;
+        let rows = hidden.len() / self.dim.max(1);
+        let h = self.gather(hidden, 0..rows);
+        let mut out = vec![0.0f32; rows * vocab];
+        // Each segment fills its column range of every row.
+        let mut sinks: Vec<LogitsSink<'_>> = (0..vocab.div_ceil(SEGMENT))
+            .map(|_| LogitsSink {
+                parts: Vec::with_capacity(rows),
+            })
+            .collect();
+        for row in out.chunks_mut(vocab) {
+            for (s, part) in row.chunks_mut(SEGMENT).enumerate() {
+                sinks[s].parts.push(part);
+            }
+        }
+        self.sweep(&h, sinks);
+        out
+    }
+
+    /// The statistics of the rows `jobs` of `hidden` `[rows, dim]` under `query`. `noise` is the
+    /// `[n, vocab]` Gumbel table the jobs index (required at `T > 0`); `positions[i]` is job
+    /// `i`'s sequence position, named in errors.
+    pub fn reduce(
+        &self,
+        hidden: &[f32],
+        jobs: &[RowJob],
+        query: &StatsQuery,
+        mask: Option<TokenId>,
+        noise: Option<&[f32]>,
+        positions: &[usize],
+    ) -> Result<Vec<RowStats>> {
+        let vocab = self.vocab;
+        let t = query.temperature;
+        if t > 0.0 && noise.is_none() {
+            return Err(ModelError::Request(
+                "internal: noise rows missing at T > 0".to_string(),
+            ));
+        }
+        let plan = Plan {
+            temperature: t,
+            mask: mask.map(|m| m as usize),
+            k: query.effective_top_k(vocab),
+            raw: query.rule.reads_raw_probability(t),
+            noise: if t > 0.0 { noise } else { None },
+        };
+        let h = self.gather(hidden, jobs.iter().map(|j| j.hidden));
+        let sinks = (0..vocab.div_ceil(SEGMENT))
+            .map(|s| ReduceSink {
+                acc: jobs.iter().map(|_| Partial::new(plan.k)).collect(),
+                plan: &plan,
+                jobs,
+                vocab,
+                first: s * SEGMENT,
+            })
+            .collect();
+        let mut segments = self.sweep(&h, sinks).into_iter().map(|s| s.acc);
+        let mut merged = segments.next().unwrap_or_default();
+        for seg in segments {
+            for (m, p) in merged.iter_mut().zip(seg) {
+                m.merge(p, plan.k);
+            }
+        }
+        merged
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| p.finish(plan.k, t, positions.get(i).copied().unwrap_or(i)))
+            .collect()
+    }
+}
+
+/// What a sweep does with the logits of one row over one tile.
+trait Sink {
+    /// `logits` are those of row `row` for ids `first..first + logits.len()`; rows past the
+    /// sink's last are padding.
+    fn row(&mut self, row: usize, first: usize, logits: &mut [f32]);
+}
+
+/// Copies logits out.
+struct LogitsSink<'a> {
+    /// Per row, the segment's columns.
+    parts: Vec<&'a mut [f32]>,
+}
+
+impl Sink for LogitsSink<'_> {
+    #[inline(always)]
+    fn row(&mut self, row: usize, first: usize, logits: &mut [f32]) {
+        if let Some(part) = self.parts.get_mut(row) {
+            let at = first % SEGMENT;
+            part[at..at + logits.len()].copy_from_slice(logits);
+        }
+    }
+}
+
+/// Folds logits into each job's running statistics.
+struct ReduceSink<'a> {
+    acc: Vec<Partial>,
+    plan: &'a Plan<'a>,
+    jobs: &'a [RowJob],
+    vocab: usize,
+    first: usize,
+}
+
+impl Sink for ReduceSink<'_> {
+    #[inline(always)]
+    fn row(&mut self, row: usize, first: usize, logits: &mut [f32]) {
+        let Some(a) = self.acc.get_mut(row) else {
+            return;
+        };
+        debug_assert!(first >= self.first);
+        let noise = self
+            .plan
+            .noise
+            .map(|n| &n[self.jobs[row].noise * self.vocab + first..][..logits.len()]);
+        a.update(logits, first, self.plan, noise);
+    }
+}
+
+/// One segment of a sweep: tiles of the vocabulary, each read by every group of `MR` rows
+/// while it is in cache.
+struct Sweep<'a, S> {
+    head: &'a HostHead,
+    h: &'a [f32],
+    segment: usize,
+    sink: S,
+}
+
+impl<S: Sink> pulp::WithSimd for Sweep<'_, S> {
+    type Output = S;
+
+    #[inline(always)]
+    fn with_simd<V: pulp::Simd>(mut self, _: V) -> S {
+        let head = self.head;
+        let (dim, tile) = (head.dim, head.tile);
+        let first = self.segment * SEGMENT;
+        let end = (first + SEGMENT).min(head.vocab);
+        let mut buf = vec![0.0f32; MR * tile];
+        for t0 in (first..end).step_by(tile) {
+            let width = (end - t0).min(tile);
+            for (g, hg) in self.h.chunks_exact(MR * dim).enumerate() {
+                head.panels(hg, t0 / PANEL, width.div_ceil(PANEL), &mut buf, tile);
+                for r in 0..MR {
+                    self.sink
+                        .row(g * MR + r, t0, &mut buf[r * tile..r * tile + width]);
+                }
+            }
+        }
+        self.sink
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use spot_core::stats::{ReduceScratch, reduce_logits};
+    use spot_core::{BlockStats, ConfidenceRule};
+
+    /// Deterministic values in about [-scale, scale].
+    fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        (0..n as u64)
+            .map(|i| {
+                let x = spot_core::toy::mix64(seed * 1_000_003 + i);
+                ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
+            })
+            .collect()
+    }
+
+    /// Three segments (the last one partial), tiles of several sizes, and a vocabulary that
+    /// is not a multiple of the panel width.
+    const VOCAB: usize = 2 * SEGMENT + 1234;
+
+    fn head(dim: usize) -> HostHead {
+        HostHead::pack(&values(VOCAB * dim, 1, 0.5), VOCAB, dim)
+    }
+
+    #[test]
+    fn logits_are_the_matrix_product() {
+        let dim = 24;
+        let w = values(VOCAB * dim, 1, 0.5);
+        let h = HostHead::pack(&w, VOCAB, dim);
+        assert_eq!(h.unpack(), w);
+        let hidden = values(7 * dim, 2, 1.0);
+        let logits = h.logits(&hidden);
+        for r in 0..7 {
+            for v in (0..VOCAB).step_by(97).chain([VOCAB - 1]) {
+                let want: f64 = (0..dim)
+                    .map(|k| f64::from(hidden[r * dim + k]) * f64::from(w[v * dim + k]))
+                    .sum();
+                let got = logits[r * VOCAB + v];
+                assert!(
+                    (f64::from(got) - want).abs() < 1e-5,
+                    "row {r} id {v}: {got} vs {want}"
+                );
+            }
+        }
+    }
+
+    /// The fused reduction gives the host reference's statistics (within float rounding)
+    /// under every rule, at T = 0, 0.7 and 1, with a mask id.
+    #[test]
+    fn reduction_matches_the_host_reference() {
+        let dim = 16;
+        let h = head(dim);
+        let rows = 9;
+        let hidden = values(rows * dim, 3, 6.0);
+        let logits = h.logits(&hidden);
+        let mask = 4321;
+        for t in [0.0f32, 0.7, 1.0] {
+            for rule in ConfidenceRule::ALL {
+                let q = StatsQuery {
+                    rule,
+                    ..StatsQuery::new(t, 17)
+                };
+                let first = 40;
+                let noise: Vec<f32> = (0..rows)
+                    .flat_map(|s| {
+                        let mut row = vec![0.0f32; VOCAB];
+                        q.noise.fill_row((first + s) as u64, &mut row);
+                        row
+                    })
+                    .collect();
+                let jobs: Vec<RowJob> = (0..rows)
+                    .map(|r| RowJob {
+                        hidden: r,
+                        noise: r,
+                    })
+                    .collect();
+                let positions: Vec<usize> = (0..rows).map(|r| first + r).collect();
+                let got = h
+                    .reduce(&hidden, &jobs, &q, Some(mask), Some(&noise), &positions)
+                    .unwrap();
+                let mut want = BlockStats::new(q.top_k);
+                let mut scratch = ReduceScratch::default();
+                for r in 0..rows {
+                    let l = &logits[r * VOCAB..(r + 1) * VOCAB];
+                    reduce_logits(l, first + r, &q, mask, &mut scratch, &mut want).unwrap();
+                }
+                for (r, g) in got.iter().enumerate() {
+                    let what = format!("T {t} {rule} row {r}");
+                    assert_eq!(g.token, want.token(r), "{what}");
+                    let close = |a: f64, b: f32, tol: f64| (a - f64::from(b)).abs() <= tol;
+                    assert!(close(g.token_prob, want.token_prob(r), 1e-6), "{what}");
+                    assert!(
+                        close(g.entropy, want.entropy(r), 1e-5),
+                        "{what}: {} vs {}",
+                        g.entropy,
+                        want.entropy(r)
+                    );
+                    assert!(
+                        close(g.confidence(rule), want.confidence(r), 1e-5),
+                        "{what}"
+                    );
+                    let (ids, probs) = want.top(r);
+                    assert_eq!(g.top_ids, ids, "{what}");
+                    for (a, b) in g.top_probs.iter().zip(probs) {
+                        assert!((a - b).abs() <= 1e-6, "{what}: {a} vs {b}");
+                    }
+                    assert!(!g.top_ids.contains(&mask));
+                }
+            }
+        }
+    }
+
+    /// A row's statistics do not depend on which other rows are reduced with it.
+    #[test]
+    fn rows_are_independent_of_the_batch() {
+        let dim = 40;
+        let h = head(dim);
+        let hidden = values(20 * dim, 5, 4.0);
+        let q = StatsQuery::new(1.0, 3);
+        let noise: Vec<f32> = (0..4)
+            .flat_map(|s| {
+                let mut row = vec![0.0f32; VOCAB];
+                q.noise.fill_row(s, &mut row);
+                row
+            })
+            .collect();
+        let run = |rows: &[usize]| {
+            let jobs: Vec<RowJob> = rows
+                .iter()
+                .map(|&r| RowJob {
+                    hidden: r,
+                    noise: r % 4,
+                })
+                .collect();
+            h.reduce(&hidden, &jobs, &q, None, Some(&noise), rows)
+                .unwrap()
+        };
+        let all: Vec<usize> = (0..20).collect();
+        let together = run(&all);
+        for r in [0usize, 5, 6, 13, 19] {
+            assert_eq!(run(&[r])[0], together[r], "row {r} alone");
+            assert_eq!(run(&[19, r])[1], together[r], "row {r} second of two");
+        }
+        let logits = h.logits(&hidden);
+        let one = h.logits(&hidden[7 * dim..8 * dim]);
+        assert_eq!(one, logits[7 * VOCAB..8 * VOCAB]);
+    }
+
+    #[test]
+    fn non_finite_logits_are_errors() {
+        let dim = 8;
+        let h = head(dim);
+        let q = StatsQuery::new(0.0, 0);
+        let job = [RowJob {
+            hidden: 0,
+            noise: 0,
+        }];
+        let mut hidden = vec![0.1f32; dim];
+        hidden[3] = f32::NAN;
+        let err = h.reduce(&hidden, &job, &q, None, None, &[12]).unwrap_err();
+        assert!(err.to_string().contains("NaN"), "{err}");
+        assert!(err.to_string().contains("12"), "{err}");
+        // One id and it is the mask.
+        let tiny = HostHead::pack(&[1.0; 8], 1, 8);
+        let err = tiny
+            .reduce(&[1.0; 8], &job, &q, Some(0), None, &[3])
+            .unwrap_err();
+        assert!(err.to_string().contains("no finite logit"), "{err}");
+    }
+
+    #[test]
+    fn fast_exp_is_close() {
+        for i in 0..=1740 {
+            let x = -(i as f32) * 0.05;
+            let (a, b) = (fast_exp(x), x.exp());
+            assert!((a - b).abs() <= 3e-7 * b.max(1e-30), "{x}: {a} vs {b}");
+        }
+        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(fast_exp(-100.0), 0.0);
+    }
+}
