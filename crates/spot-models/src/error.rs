@@ -86,6 +86,10 @@ pub enum ModelError {
     /// A request the model cannot serve (block past the context, bad token id, ...).
     #[error("{0}")]
     Request(String),
+    /// A decoding error detected by the model, e.g.
+    /// [`spot_core::Error::NonFiniteLogits`] (NaN logits name their position).
+    #[error("{0}")]
+    Core(spot_core::Error),
 }
 
 impl ModelError {
@@ -99,13 +103,16 @@ impl ModelError {
 
 impl From<ModelError> for spot_core::Error {
     fn from(e: ModelError) -> Self {
-        spot_core::Error::model(e)
+        match e {
+            ModelError::Core(e) => e,
+            e => spot_core::Error::model(e),
+        }
     }
 }
 
 impl From<spot_core::Error> for ModelError {
     fn from(e: spot_core::Error) -> Self {
-        ModelError::Request(e.to_string())
+        ModelError::Core(e)
     }
 }
 

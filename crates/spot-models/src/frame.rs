@@ -271,6 +271,7 @@ impl<B: Backend> Frame<B> {
                 });
             }
         }
+        let positions: Vec<usize> = plan.rows.iter().map(|r| first + r % len).collect();
         let rows = if plan.rows.is_empty() {
             Vec::new()
         } else {
@@ -284,7 +285,6 @@ impl<B: Backend> Frame<B> {
                             noise: r % len,
                         })
                         .collect();
-                    let positions: Vec<usize> = plan.rows.iter().map(|r| first + r % len).collect();
                     let noise = self
                         .noise
                         .as_ref()
@@ -320,7 +320,7 @@ impl<B: Backend> Frame<B> {
                         }
                         None => None,
                     };
-                    reduce(logits, query, self.mask_bias.as_ref(), noise)?
+                    reduce(logits, query, self.mask_bias.as_ref(), noise, &positions)?
                 }
             }
         };

@@ -30,11 +30,14 @@ pub(crate) fn noise_table(query: &StatsQuery, first: usize, len: usize, vocab: u
 ///
 /// `mask_bias` is `[1, vocab]`: 0 everywhere and `-inf` at the mask id (none for
 /// autoregressive models). `noise` is each row's Gumbel row `[rows, vocab]` (used when `T > 0`).
+/// A NaN logit makes the row's probability NaN: [`spot_core::Error::NonFiniteLogits`] at
+/// `positions[row]`.
 pub(crate) fn reduce<B: Backend>(
     logits: Tensor<B, 2>,
     query: &StatsQuery,
     mask_bias: Option<&Tensor<B, 2>>,
     noise: Option<Tensor<B, 2>>,
+    positions: &[usize],
 ) -> Result<Vec<RowStats>> {
     let [_, vocab] = logits.dims();
     let t = query.temperature;
@@ -64,8 +67,7 @@ pub(crate) fn reduce<B: Backend>(
     let plogp = probs.clone() * probs.clone().clamp_min(1e-30).log();
     let entropy = plogp.sum_dim(1).neg();
     let k = query.effective_top_k(vocab);
-    let top_i = probs.clone().argtopk(k, 1);
-    let top_p = probs.gather(1, top_i.clone());
+    let (top_p, top_i) = top_k(probs, k);
     let raw = query
         .rule
         .reads_raw_probability(t)
@@ -76,6 +78,13 @@ pub(crate) fn reduce<B: Backend>(
     let entropy = host_values(entropy);
     let top_p = host_values(top_p);
     let top_i = to_ids(top_i);
+    if let Some(r) = (0..chosen.len()).find(|&r| token_prob[r].is_nan() || entropy[r].is_nan()) {
+        return Err(spot_core::Error::NonFiniteLogits {
+            position: positions.get(r).copied().unwrap_or(r),
+            reason: "NaN logit",
+        }
+        .into());
+    }
     Ok((0..chosen.len())
         .map(|r| RowStats {
             token: chosen[r],
@@ -86,6 +95,16 @@ pub(crate) fn reduce<B: Backend>(
             top_probs: top_p[r * k..(r + 1) * k].to_vec(),
         })
         .collect())
+}
+
+/// The `k` largest entries of each row and their ids: a selection kernel (`argtopk`), except on
+/// flex, which has none (there burn's sort-based `topk_with_indices`).
+fn top_k<B: Backend>(x: Tensor<B, 2>, k: usize) -> (Tensor<B, 2>, Tensor<B, 2, Int>) {
+    if B::name(&x.device()) == "flex" {
+        return x.topk_with_indices(k, 1);
+    }
+    let ids = x.clone().argtopk(k, 1);
+    (x.gather(1, ids.clone()), ids)
 }
 
 /// The device tensor of `values` `[rows, cols]`.

@@ -9,7 +9,7 @@ use std::path::Path;
 use common::*;
 use safetensors::Dtype;
 use spot_dlm::{BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder};
-use spot_models::{CpuBackend, ModelError, Sdar};
+use spot_models::{CpuBackend, HeadPlacement, ModelError, Sdar};
 
 fn try_load(dir: &Path) -> Result<Sdar<CpuBackend>, ModelError> {
     Sdar::<CpuBackend>::load(dir, &Default::default())
@@ -227,13 +227,23 @@ fn nan_weights_and_long_prompts_are_errors_not_panics() {
         max_new_tokens: 8,
         ..DecodeConfig::default()
     };
-    let e = DraftFreeDecoder::new()
-        .decode(&mut m, &[1, 2, 3], &cfg)
-        .unwrap_err();
-    assert!(
-        matches!(e, spot_dlm::core::Error::InvalidStatistics { .. }),
-        "{e}"
-    );
+    // Both placements of the output layer name the first NaN position.
+    for placement in [HeadPlacement::Host, HeadPlacement::Device] {
+        m.set_head_placement(placement);
+        let e = DraftFreeDecoder::new()
+            .decode(&mut m, &[1, 2, 3], &cfg)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                spot_dlm::core::Error::NonFiniteLogits {
+                    position: 3,
+                    reason: "NaN logit"
+                }
+            ),
+            "{placement:?}: {e}"
+        );
+    }
 
     let mut m = load("sdar-tiny");
     let e = DraftFreeDecoder::new()
