@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 use spot_dlm::{BlockDiffusionModel, BlockState, StatsQuery};
+use spot_models::HeadPlacement;
 
 use crate::{Backend, load, model_dir};
 
@@ -26,6 +27,11 @@ pub struct BenchArgs {
     /// Timed repetitions per batch size (after one warm-up).
     #[arg(long, default_value_t = 10)]
     reps: usize,
+    /// Where the output layer and the reduction run, one or several side by side in this run:
+    /// `auto` (the host kernel on CPU backends, the device on GPUs), `host`, `device`. With
+    /// several, every result key is prefixed with the placement (`host_b1_median_ms`).
+    #[arg(long, value_delimiter = ',', default_value = "auto")]
+    heads: Vec<HeadPlacement>,
 }
 
 fn peak_rss_mib() -> Option<f64> {
@@ -60,8 +66,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
     let q = StatsQuery::new(0.0, 0);
     let mut results = serde_json::Map::new();
-    for &b in &a.batches {
-        let states: Vec<BlockState> = (0..b)
+    let states = |b: usize| -> Vec<BlockState> {
+        (0..b)
             .map(|i| {
                 let tokens = (0..a.block_size)
                     .map(|s| {
@@ -74,25 +80,41 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     .collect();
                 BlockState::from_tokens(tokens, info.mask_id)
             })
-            .collect();
-        model.forward(&states, &q)?;
-        let mut times = Vec::with_capacity(a.reps);
-        for _ in 0..a.reps {
-            let t = Instant::now();
+            .collect()
+    };
+    for &head in &a.heads {
+        model.set_head_placement(head);
+        let key = |k: String| {
+            if a.heads.len() > 1 {
+                format!("{}_{k}", head.name())
+            } else {
+                k
+            }
+        };
+        for &b in &a.batches {
+            let states = states(b);
             model.forward(&states, &q)?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
+            let mut times = Vec::with_capacity(a.reps);
+            for _ in 0..a.reps {
+                let t = Instant::now();
+                model.forward(&states, &q)?;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+            results.insert(key(format!("b{b}_median_ms")), median(&mut times).into());
+            results.insert(key(format!("b{b}_min_ms")), min.into());
+            // The same forward returning raw logits to the host (what PyTorch's figure measures).
+            let mut times = Vec::with_capacity(a.reps);
+            for _ in 0..a.reps {
+                let t = Instant::now();
+                model.forward_logits(&states)?;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            results.insert(
+                key(format!("b{b}_logits_median_ms")),
+                median(&mut times).into(),
+            );
         }
-        let min = times.iter().copied().fold(f64::INFINITY, f64::min);
-        results.insert(format!("b{b}_median_ms"), median(&mut times).into());
-        results.insert(format!("b{b}_min_ms"), min.into());
-        // The same forward returning raw logits to the host (what PyTorch's figure measures).
-        let mut times = Vec::with_capacity(a.reps);
-        for _ in 0..a.reps {
-            let t = Instant::now();
-            model.forward_logits(&states)?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-        }
-        results.insert(format!("b{b}_logits_median_ms"), median(&mut times).into());
     }
     let mut j = serde_json::json!({
         "model": dir.display().to_string(),
@@ -103,7 +125,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         "reps": a.reps,
         "prefill_ms": prefill_ms,
         "peak_rss_mib": peak_rss_mib(),
-        "includes": "forward + on-device reduction to statistics (top-32, entropy, chosen token)",
+        "heads": a.heads.iter().map(|h| h.name()).collect::<Vec<_>>(),
+        "includes": "forward + reduction of the masked positions to statistics (top-32, entropy, chosen token); logits: forward + every position's logits on the host",
     });
     if let Some(obj) = j.as_object_mut() {
         obj.extend(results);
