@@ -6,11 +6,12 @@
 mod common;
 
 use common::*;
+use spot_dlm::core::ConfidenceRule;
 use spot_dlm::{
     BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
     StaleConfidenceScorer, StatsQuery,
 };
-use spot_models::Family;
+use spot_models::{Family, HeadPlacement};
 
 #[test]
 fn families_are_detected_from_config() {
@@ -81,14 +82,19 @@ fn draft_free_tokens_match_transformers() {
     }
 }
 
-/// A state's statistics are bit-identical alone and inside a batch of 13 states, at T = 0 and
-/// T = 1, with prefixes of 0, 8, 16 and 24 tokens (16 once broke this for the cached families
+/// A state's statistics are bit-identical alone and inside a batch of 13 states, with the output
+/// layer on the host kernel and on the device path, at T = 0 and T = 1, with prefixes of 0, 8, 16 and 24 tokens (16 once broke this for the cached families
 /// when the states were folded into one product over the prefix; for the MoE, the experts see
 /// other row counts).
 #[test]
 fn statistics_are_batch_invariant() {
-    for name in DIFFUSION_FIXTURES {
+    for (name, head) in DIFFUSION_FIXTURES
+        .iter()
+        .flat_map(|n| [(n, HeadPlacement::Host), (n, HeadPlacement::Device)])
+    {
         let mut m = load_any(name);
+        m.set_head_placement(head);
+        let name = format!("{name} ({head:?} head)");
         let mask = m.info().mask_id;
         for prefix_len in [0usize, 8, 16, 24] {
             let prefix: Vec<u32> = (0..prefix_len as u32).map(|i| (i * 7) % 300).collect();
@@ -104,6 +110,56 @@ fn statistics_are_batch_invariant() {
                         alone[0], together[i],
                         "{name} prefix {prefix_len} T {t} state {i}"
                     );
+                }
+            }
+        }
+    }
+}
+
+/// The two placements of the output layer give the same statistics within float rounding: the
+/// same chosen tokens and top-k ids, probabilities within 1e-5, under every confidence rule;
+/// positions that are not masked carry their own token with probability 1.
+#[test]
+fn head_placements_agree() {
+    for name in DIFFUSION_FIXTURES {
+        let mut m = load_any(name);
+        let mask = m.info().mask_id;
+        let prefix: Vec<u32> = (0..16u32).map(|i| (i * 11) % 300).collect();
+        m.set_generation_end(40).unwrap();
+        m.reset_prefix(&prefix, 8).unwrap();
+        let batch = varied_states(mask, 5, 8, 4);
+        for t in [0.0f32, 0.8] {
+            for rule in ConfidenceRule::ALL {
+                let q = StatsQuery {
+                    rule,
+                    ..StatsQuery::new(t, 9)
+                };
+                m.set_head_placement(HeadPlacement::Host);
+                let host = m.forward(&batch, &q).unwrap();
+                m.set_head_placement(HeadPlacement::Device);
+                let device = m.forward(&batch, &q).unwrap();
+                for (b, (h, d)) in host.iter().zip(&device).enumerate() {
+                    for s in 0..h.len() {
+                        let what = format!("{name} T {t} {rule} state {b} position {s}");
+                        let own = batch[b].tokens()[s];
+                        if own != mask {
+                            for x in [h, d] {
+                                assert_eq!((x.token(s), x.token_prob(s)), (own, 1.0), "{what}");
+                                assert_eq!(x.top(s), h.top(s), "{what}");
+                            }
+                            continue;
+                        }
+                        assert_eq!(h.token(s), d.token(s), "{what}");
+                        assert_eq!(h.top(s).0, d.top(s).0, "{what}");
+                        for (x, y) in [
+                            (h.token_prob(s), d.token_prob(s)),
+                            (h.confidence(s), d.confidence(s)),
+                            (h.entropy(s), d.entropy(s)),
+                            (h.tail_mass(s), d.tail_mass(s)),
+                        ] {
+                            assert!((x - y).abs() <= 1e-5, "{what}: {x} vs {y}");
+                        }
+                    }
                 }
             }
         }
