@@ -14,12 +14,13 @@ use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
 use spot_core::{ArInfo, AutoregressiveModel, BlockStats, StatsQuery, TokenId};
 
+use crate::attention::{Attend, Kv};
 use crate::config::DecoderConfig;
 use crate::dense::{QWEN_NAMES, dense_net};
 use crate::error::{ModelError, Result};
 use crate::frame::{Frame, open};
 use crate::head::RowPlan;
-use crate::transformer::{Attend, Kv, Net};
+use crate::transformer::Net;
 
 /// A causal language model (`model_type` `"llama"`, `"qwen2"` or `"qwen3"`) on backend `B`.
 ///

@@ -11,10 +11,11 @@ use spot_core::{
     BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId,
 };
 
+use crate::attention::{Attend, Kv};
 use crate::error::Result;
 use crate::frame::Frame;
 use crate::head::RowPlan;
-use crate::transformer::{Attend, Kv, Net};
+use crate::transformer::Net;
 
 /// A block-causal model on backend `B` with family config `C`, and its prefix KV cache.
 /// The families name it: [`crate::Sdar`], [`crate::Llada2Moe`].

@@ -4,9 +4,11 @@
 
 use burn_tensor::backend::Backend;
 
+use crate::attention::Attention;
 use crate::error::Result;
 use crate::hf::Weights;
-use crate::transformer::{Attention, Geometry, Layer, Loader, Mlp, Net};
+use crate::loader::Loader;
+use crate::transformer::{Geometry, Layer, Mlp, Net};
 
 /// Tensor names of a dense decoder; layer names are `layer` with `{n}` replaced, then the part
 /// name and `.weight` (biases: the projection name and `.bias`).

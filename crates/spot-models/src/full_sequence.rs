@@ -25,11 +25,12 @@ use spot_core::{
     BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId,
 };
 
+use crate::attention::{Attend, Kv};
 use crate::block_causal::diffusion_info;
 use crate::error::Result;
 use crate::frame::Frame;
 use crate::head::RowPlan;
-use crate::transformer::{Attend, Kv, Net};
+use crate::transformer::Net;
 
 /// A full-sequence block-diffusion model on backend `B` with family config `C`.
 /// The families name it: [`crate::Llada`], [`crate::Dream`].

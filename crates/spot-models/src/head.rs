@@ -9,6 +9,7 @@ use spot_core::{BlockState, BlockStats, ConfidenceRule, TokenId};
 
 use crate::error::Result;
 use crate::host_head::{HostHead, RowStats};
+use crate::loader::transposed;
 
 /// Where a model computes its output layer and the reduction to statistics.
 ///
@@ -83,12 +84,7 @@ impl<B: Backend> Head<B> {
         if placement.host_on::<B>(device) {
             Head::Host(HostHead::pack(w, vocab, dim))
         } else {
-            let mut t = vec![0.0f32; w.len()];
-            for (v, row) in w.chunks_exact(dim).enumerate() {
-                for (k, &x) in row.iter().enumerate() {
-                    t[k * vocab + v] = x;
-                }
-            }
+            let t = transposed(w, vocab, dim);
             Head::Device(Tensor::from_data(TensorData::new(t, [dim, vocab]), device))
         }
     }
@@ -103,13 +99,7 @@ impl<B: Backend> Head<B> {
             Head::Device(t) => {
                 let [dim, vocab] = t.dims();
                 let data: Vec<f32> = t.to_data().iter::<f32>().collect();
-                let mut w = vec![0.0f32; data.len()];
-                for (k, row) in data.chunks_exact(vocab).enumerate() {
-                    for (v, &x) in row.iter().enumerate() {
-                        w[v * dim + k] = x;
-                    }
-                }
-                w
+                transposed(&data, dim, vocab)
             }
         };
         let (vocab, dim) = self.shape();

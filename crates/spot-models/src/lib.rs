@@ -40,6 +40,7 @@
 struct ReadmeDoctests;
 
 mod any;
+mod attention;
 mod autoregressive;
 mod block_causal;
 pub mod chat;
@@ -54,6 +55,8 @@ pub mod hf;
 mod host_head;
 mod llada;
 mod llada2;
+mod loader;
+mod moe;
 mod reduce;
 mod sdar;
 mod summary;

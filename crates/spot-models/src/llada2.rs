@@ -21,11 +21,14 @@ use std::path::Path;
 use burn_tensor::backend::Backend;
 use serde::Deserialize;
 
+use crate::attention::Attention;
 use crate::block_causal::BlockCausal;
 use crate::config::{Checker, DecoderConfig};
 use crate::error::Result;
 use crate::frame::{FolderFacts, open};
-use crate::transformer::{Attention, Layer, Loader, Mlp, MoeParts, Net, Routing};
+use crate::loader::Loader;
+use crate::moe::{MoeParts, Routing};
+use crate::transformer::{Layer, Mlp, Net};
 
 fn one() -> usize {
     1
