@@ -19,9 +19,10 @@ use spot_core::{ConfidenceRule, StatsQuery, TokenId};
 
 use crate::error::{ModelError, Result};
 
-/// Vocabulary columns per packed panel (two 8-lane vectors).
+/// Vocabulary columns per packed panel (one 16-lane or two 8-lane vectors).
 const PANEL: usize = 16;
-/// Rows per micro-kernel call.
+/// Rows per micro-kernel call: 6 x 16 accumulators (6 AVX-512 or 12 AVX2 registers; larger
+/// blocks stop the compiler from keeping them in registers).
 const MR: usize = 6;
 /// Vocabulary ids per segment: the unit of parallel work and of the fixed merge order.
 const SEGMENT: usize = 8192;
@@ -154,7 +155,7 @@ impl Partial {
             l[m - first] = f32::NEG_INFINITY;
         }
         if plan.raw {
-            let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let m = max_of(l);
             if m > self.raw_max {
                 (self.raw_sum, _) = Self::rescale(self.raw_sum, 0.0, self.raw_max, m);
                 self.raw_max = m;
@@ -163,30 +164,37 @@ impl Partial {
                 self.raw_sum += exp_sums(l, self.raw_max).0;
             }
         }
-        // The chosen token: the first maximum of `l / T + G` (of `l` at `T = 0`).
-        let mut best = self.best;
-        for (j, &x) in l.iter().enumerate() {
-            if x == f32::NEG_INFINITY {
-                continue;
-            }
-            let score = match noise {
-                Some(g) => x / t + g[j],
-                None => x,
-            };
-            if best.is_none_or(|b| score > b.score) {
-                best = Some(Best {
-                    score,
+        // The chosen token: the first maximum of `l / T + G` (of `l` at `T = 0`). The tile's
+        // maximum first (vectorised); the scan for its first index only when it wins.
+        let score = |j: usize, x: f32| match noise {
+            Some(g) => x / t + g[j],
+            None => x,
+        };
+        let top_score = match noise {
+            Some(g) => l.iter().zip(g).fold(f32::NEG_INFINITY, |m, (&x, &g)| {
+                let s = x / t + g;
+                if s > m { s } else { m }
+            }),
+            None => max_of(l),
+        };
+        if top_score > f32::NEG_INFINITY && self.best.is_none_or(|b| top_score > b.score) {
+            let hit = l
+                .iter()
+                .enumerate()
+                .find(|&(j, &x)| x > f32::NEG_INFINITY && score(j, x) == top_score);
+            if let Some((j, &x)) = hit {
+                self.best = Some(Best {
+                    score: top_score,
                     id: (first + j) as u32,
                     logit: x,
                 });
             }
         }
-        self.best = best;
         if t > 0.0 {
             l.iter_mut().for_each(|x| *x /= t);
         }
         // Online softmax sums.
-        let m = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m = max_of(l);
         if m > self.max {
             (self.sum, self.moment) = Self::rescale(self.sum, self.moment, self.max, m);
             self.max = m;
@@ -196,16 +204,31 @@ impl Partial {
             self.sum += s;
             self.moment += u;
         }
-        // Top-k: only values above the current k-th are inserted.
+        // Top-k: only values above the current k-th are inserted; chunks whose maximum is not
+        // above it are skipped whole.
         let k = plan.k;
-        for (j, &y) in l.iter().enumerate() {
-            let full = self.top.len() == k;
-            if y == f32::NEG_INFINITY || (full && y <= self.top[k - 1].0) {
+        let threshold = |top: &Vec<(f32, u32)>| {
+            if top.len() == k {
+                top[k - 1].0
+            } else {
+                f32::NEG_INFINITY
+            }
+        };
+        if m <= threshold(&self.top) {
+            return;
+        }
+        for (c, chunk) in l.chunks(PANEL).enumerate() {
+            if max_of(chunk) <= threshold(&self.top) {
                 continue;
             }
-            let at = self.top.partition_point(|&(v, _)| v >= y);
-            self.top.insert(at, (y, (first + j) as u32));
-            self.top.truncate(k);
+            for (j, &y) in chunk.iter().enumerate() {
+                if y <= threshold(&self.top) {
+                    continue;
+                }
+                let at = self.top.partition_point(|&(v, _)| v >= y);
+                self.top.insert(at, (y, (first + c * PANEL + j) as u32));
+                self.top.truncate(k);
+            }
         }
     }
 
@@ -276,6 +299,23 @@ impl Partial {
             top_probs,
         })
     }
+}
+
+/// The largest entry (`-inf` for none).
+#[inline(always)]
+fn max_of(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let (chunks, rest) = x.as_chunks::<16>();
+    for c in chunks {
+        for (a, &b) in m.iter_mut().zip(c) {
+            *a = if b > *a { b } else { *a };
+        }
+    }
+    for &b in rest {
+        m[0] = if b > m[0] { b } else { m[0] };
+    }
+    m.into_iter()
+        .fold(f32::NEG_INFINITY, |a, b| if b > a { b } else { a })
 }
 
 /// `sum exp(x - m)` and `sum exp(x - m) * (x - m)` over `x` (entries `-inf` add nothing),
@@ -379,19 +419,26 @@ impl HostHead {
         w
     }
 
-    /// Logits of `MR` rows (`h`, zero-padded) for the panels `p0..p0 + n`, written to
-    /// `out[r * stride + (p - p0) * PANEL + j]`: per logit one multiply-add chain over `k`.
+    /// Logits of one group of `M` rows (`h`: `dim` steps of `M` values, zero-padded rows) for
+    /// the panels `p0..p0 + n`, written to `out[r * stride + (p - p0) * PANEL + j]`: per logit
+    /// one multiply-add chain over `k`, in order.
     #[inline(always)]
-    fn panels(&self, h: &[f32], p0: usize, n: usize, out: &mut [f32], stride: usize) {
+    fn panels<const M: usize>(
+        &self,
+        h: &[[f32; M]],
+        p0: usize,
+        n: usize,
+        out: &mut [f32],
+        stride: usize,
+    ) {
         let dim = self.dim;
         for p in p0..p0 + n {
-            let w = &self.packed[p * dim * PANEL..(p + 1) * dim * PANEL];
-            let mut acc = [[0.0f32; PANEL]; MR];
-            for (k, wk) in w.chunks_exact(PANEL).enumerate() {
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let b = h[r * dim + k];
-                    for j in 0..PANEL {
-                        a[j] = b.mul_add(wk[j], a[j]);
+            let (w, _) = self.packed[p * dim * PANEL..(p + 1) * dim * PANEL].as_chunks::<PANEL>();
+            let mut acc = [[0.0f32; PANEL]; M];
+            for (hk, wk) in h.iter().zip(w) {
+                for (a, &b) in acc.iter_mut().zip(hk) {
+                    for (x, &y) in a.iter_mut().zip(wk) {
+                        *x = b.mul_add(y, *x);
                     }
                 }
             }
@@ -402,28 +449,40 @@ impl HostHead {
         }
     }
 
-    /// The rows of `hidden` named by `rows`, gathered into groups of `MR` (zero-padded).
-    fn gather(&self, hidden: &[f32], rows: impl Iterator<Item = usize>) -> Vec<f32> {
+    /// The rows `rows` of `hidden`, in groups of `M` (the last one zero-padded), each group
+    /// interleaved: `dim` steps of `M` values.
+    fn gather<const M: usize>(&self, hidden: &[f32], rows: &[usize]) -> Vec<[f32; M]> {
         let dim = self.dim;
-        let mut out = Vec::new();
-        for r in rows {
-            out.extend_from_slice(&hidden[r * dim..(r + 1) * dim]);
+        let mut out = vec![[0.0f32; M]; rows.len().div_ceil(M) * dim];
+        for (i, &r) in rows.iter().enumerate() {
+            let (g, lane) = (i / M, i % M);
+            for (k, &x) in hidden[r * dim..(r + 1) * dim].iter().enumerate() {
+                out[g * dim + k][lane] = x;
+            }
         }
-        let n = out.len() / dim.max(1);
-        out.resize(n.div_ceil(MR) * MR * dim, 0.0);
         out
     }
 
-    /// Runs `sink` over every segment of the vocabulary in parallel (one task per segment, in
-    /// the widest SIMD the CPU has) and returns the sinks in segment order.
-    fn sweep<S: Sink + Send>(&self, h: &[f32], sinks: Vec<S>) -> Vec<S> {
+    /// Runs `sinks[s]` over segment `s` of the vocabulary for the rows `rows` of `hidden`, the
+    /// segments in parallel, in the widest SIMD the CPU has; returns the sinks in order.
+    fn sweep<S: Sink + Send>(&self, hidden: &[f32], rows: &[usize], sinks: Vec<S>) -> Vec<S> {
+        self.sweep_with::<MR, S>(hidden, rows, sinks)
+    }
+
+    fn sweep_with<const M: usize, S: Sink + Send>(
+        &self,
+        hidden: &[f32],
+        rows: &[usize],
+        sinks: Vec<S>,
+    ) -> Vec<S> {
+        let h = self.gather::<M>(hidden, rows);
         sinks
             .into_par_iter()
             .enumerate()
             .map(|(segment, sink)| {
-                pulp::Arch::new().dispatch(Sweep {
+                pulp::Arch::new().dispatch(Sweep::<'_, S, M> {
                     head: self,
-                    h,
+                    h: &h,
                     segment,
                     sink,
                 })
@@ -435,7 +494,6 @@ impl HostHead {
     pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
         let vocab = self.vocab;
         let rows = hidden.len() / self.dim.max(1);
-        let h = self.gather(hidden, 0..rows);
         let mut out = vec![0.0f32; rows * vocab];
         // Each segment fills its column range of every row.
         let mut sinks: Vec<LogitsSink<'_>> = (0..vocab.div_ceil(SEGMENT))
@@ -448,7 +506,7 @@ impl HostHead {
                 sinks[s].parts.push(part);
             }
         }
-        self.sweep(&h, sinks);
+        self.sweep(hidden, &(0..rows).collect::<Vec<_>>(), sinks);
         out
     }
 
@@ -478,7 +536,7 @@ impl HostHead {
             raw: query.rule.reads_raw_probability(t),
             noise: if t > 0.0 { noise } else { None },
         };
-        let h = self.gather(hidden, jobs.iter().map(|j| j.hidden));
+        let rows: Vec<usize> = jobs.iter().map(|j| j.hidden).collect();
         let sinks = (0..vocab.div_ceil(SEGMENT))
             .map(|s| ReduceSink {
                 acc: jobs.iter().map(|_| Partial::new(plan.k)).collect(),
@@ -488,7 +546,7 @@ impl HostHead {
                 first: s * SEGMENT,
             })
             .collect();
-        let mut segments = self.sweep(&h, sinks).into_iter().map(|s| s.acc);
+        let mut segments = self.sweep(hidden, &rows, sinks).into_iter().map(|s| s.acc);
         let mut merged = segments.next().unwrap_or_default();
         for seg in segments {
             for (m, p) in merged.iter_mut().zip(seg) {
@@ -550,16 +608,16 @@ impl Sink for ReduceSink<'_> {
     }
 }
 
-/// One segment of a sweep: tiles of the vocabulary, each read by every group of `MR` rows
+/// One segment of a sweep: tiles of the vocabulary, each read by every group of `M` rows
 /// while it is in cache.
-struct Sweep<'a, S> {
+struct Sweep<'a, S, const M: usize> {
     head: &'a HostHead,
-    h: &'a [f32],
+    h: &'a [[f32; M]],
     segment: usize,
     sink: S,
 }
 
-impl<S: Sink> pulp::WithSimd for Sweep<'_, S> {
+impl<S: Sink, const M: usize> pulp::WithSimd for Sweep<'_, S, M> {
     type Output = S;
 
     #[inline(always)]
@@ -568,14 +626,14 @@ impl<S: Sink> pulp::WithSimd for Sweep<'_, S> {
         let (dim, tile) = (head.dim, head.tile);
         let first = self.segment * SEGMENT;
         let end = (first + SEGMENT).min(head.vocab);
-        let mut buf = vec![0.0f32; MR * tile];
+        let mut buf = vec![0.0f32; M * tile];
         for t0 in (first..end).step_by(tile) {
             let width = (end - t0).min(tile);
-            for (g, hg) in self.h.chunks_exact(MR * dim).enumerate() {
+            for (g, hg) in self.h.chunks_exact(dim).enumerate() {
                 head.panels(hg, t0 / PANEL, width.div_ceil(PANEL), &mut buf, tile);
-                for r in 0..MR {
+                for r in 0..M {
                     self.sink
-                        .row(g * MR + r, t0, &mut buf[r * tile..r * tile + width]);
+                        .row(g * M + r, t0, &mut buf[r * tile..r * tile + width]);
                 }
             }
         }
