@@ -8,6 +8,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use serde::Deserialize;
 use spot_dlm::BlockState;
+#[cfg(any(feature = "flex", feature = "ndarray"))]
 use spot_models::{CpuBackend, DiffusionModel, Sdar};
 
 pub const FIXTURES: [&str; 2] = ["sdar-tiny", "sdar-tiny-bf16"];
@@ -18,6 +19,7 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+#[cfg(any(feature = "flex", feature = "ndarray"))]
 pub fn load(name: &str) -> Sdar<CpuBackend> {
     Sdar::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
 }
@@ -32,6 +34,7 @@ pub const DIFFUSION_FIXTURES: [&str; 5] = [
     "llada2-moe-tiny",
 ];
 
+#[cfg(any(feature = "flex", feature = "ndarray"))]
 pub fn load_any(name: &str) -> DiffusionModel<CpuBackend> {
     DiffusionModel::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
 }

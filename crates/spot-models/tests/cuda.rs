@@ -1,0 +1,108 @@
+//! The engine on a CUDA GPU (`--features cuda`): batch invariance of the statistics with the
+//! output layer on the device and on the host, and speculative == draft-free, on the SDAR and
+//! LLaDA2.0-MoE fixtures. Where no CUDA driver can be loaded every test prints a skip line and
+//! returns (CI compiles this file; `tools/gpu/run.sh` runs it on a GPU machine).
+#![cfg(feature = "cuda")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{fixture, varied_states};
+use spot_dlm::{
+    BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer,
+    StatsQuery,
+};
+use spot_models::{CudaBackend, DiffusionModel, HeadPlacement};
+
+/// The model on the default CUDA device, or `None` (with a skip line) when CUDA cannot start.
+fn load(name: &str, test: &str) -> Option<DiffusionModel<CudaBackend>> {
+    let device = Default::default();
+    let probe = std::panic::catch_unwind(|| {
+        burn_tensor::Tensor::<CudaBackend, 1>::zeros([1], &device).into_data()
+    });
+    if let Err(e) = probe {
+        let why = e
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| e.downcast_ref::<&str>().copied())
+            .unwrap_or("panic");
+        eprintln!("SKIPPED {test}: no CUDA device ({why})");
+        return None;
+    }
+    Some(DiffusionModel::load(&fixture(name), &device).expect("fixture loads"))
+}
+
+const FIXTURES: [&str; 2] = ["sdar-tiny", "llada2-moe-tiny"];
+
+/// A state's statistics are bit-identical alone and inside batches of 2, 3, 8, 21 and 33 states
+/// (at every row position of the batch), after prefixes of 0 to 8 blocks, at T = 0 and 1, with
+/// the output layer on the device and on the host.
+#[test]
+fn cuda_statistics_are_batch_invariant() {
+    for name in FIXTURES {
+        let Some(mut m) = load(name, "cuda_statistics_are_batch_invariant") else {
+            return;
+        };
+        let mask = m.info().mask_id;
+        for head in [HeadPlacement::Device, HeadPlacement::Host] {
+            m.set_head_placement(head);
+            for blocks in [0usize, 1, 2, 4, 8] {
+                let prefix: Vec<u32> = (0..blocks as u32 * 8).map(|i| (i * 7) % 300).collect();
+                m.reset_prefix(&prefix, 8).unwrap();
+                for t in [0.0f32, 1.0] {
+                    let q = StatsQuery::new(t, 11);
+                    for n in [2usize, 3, 8, 21, 33] {
+                        let batch = varied_states(mask, n, 8, (blocks * 100 + n) as u64);
+                        let together = m.forward(&batch, &q).unwrap();
+                        for (i, s) in batch.iter().enumerate() {
+                            let alone = m.forward(std::slice::from_ref(s), &q).unwrap();
+                            assert_eq!(
+                                alone[0], together[i],
+                                "{name} {head:?} prefix {blocks} blocks T {t} batch {n} state {i}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Speculative decoding returns the draft-free tokens on the GPU (tree and chain, budgets 8
+/// and 20, T = 0 and 1).
+#[test]
+fn cuda_speculative_equals_draft_free() {
+    for name in FIXTURES {
+        let Some(mut m) = load(name, "cuda_speculative_equals_draft_free") else {
+            return;
+        };
+        for i in 0..4u64 {
+            let prompt: Vec<u32> = (0..5 + i as u32 * 3).map(|j| (j * 37 + 11) % 300).collect();
+            for t in [0.0f32, 1.0] {
+                let cfg = DecodeConfig {
+                    block_size: 8,
+                    max_new_tokens: 24,
+                    temperature: t,
+                    seed: i,
+                    stop_ids: m.info().stop_ids.clone(),
+                    ..DecodeConfig::default()
+                };
+                let reference = DraftFreeDecoder::new()
+                    .decode(&mut m, &prompt, &cfg)
+                    .unwrap();
+                for budget in [8usize, 20] {
+                    let mut tree = SpotDecoder::builder()
+                        .budget(budget)
+                        .scorer(StaleConfidenceScorer)
+                        .build()
+                        .unwrap();
+                    let out = tree.decode(&mut m, &prompt, &cfg).unwrap();
+                    assert_eq!(
+                        out.tokens, reference.tokens,
+                        "{name} prompt {i} T {t} D {budget}"
+                    );
+                }
+            }
+        }
+    }
+}
