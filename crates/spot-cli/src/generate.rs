@@ -81,8 +81,8 @@ pub struct GenerateArgs {
     pub(crate) json: bool,
     /// Confidence rule that ranks positions: `probability` (SDAR, default), `raw-probability`
     /// (LLaDA's sampler at T > 0), `margin` or `negative-entropy` (Dream's rules).
-    #[arg(long, value_enum, default_value_t = Confidence::Probability)]
-    confidence: Confidence,
+    #[arg(long, default_value_t = ConfidenceRule::Probability, value_parser = parse_rule)]
+    confidence: ConfidenceRule,
     /// LLaDA / Dream: Fast-dLLM-style approximate prefix cache (the prefix's keys are computed
     /// once per block; changes the model's numbers, speculative still equals draft-free).
     #[arg(long)]
@@ -96,28 +96,9 @@ pub struct GenerateArgs {
     system: Option<String>,
 }
 
-/// `--confidence` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Confidence {
-    /// Probability of the chosen token under the tempered distribution.
-    Probability,
-    /// Probability under the un-tempered distribution.
-    RawProbability,
-    /// Top-1 minus top-2 probability.
-    Margin,
-    /// Negative entropy.
-    NegativeEntropy,
-}
-
-impl From<Confidence> for ConfidenceRule {
-    fn from(c: Confidence) -> Self {
-        match c {
-            Confidence::Probability => ConfidenceRule::Probability,
-            Confidence::RawProbability => ConfidenceRule::RawProbability,
-            Confidence::Margin => ConfidenceRule::Margin,
-            Confidence::NegativeEntropy => ConfidenceRule::NegativeEntropy,
-        }
-    }
+/// `--confidence`: a [`ConfidenceRule::name`] (the rules have one definition, in spot-core).
+fn parse_rule(s: &str) -> Result<ConfidenceRule, String> {
+    s.parse().map_err(|e: spot_dlm::core::Error| e.to_string())
 }
 
 impl GenerateArgs {
@@ -336,7 +317,7 @@ fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeCon
         },
         stop_ids: model.info().stop_ids.clone(),
         early_stop: !a.no_early_stop,
-        confidence: a.confidence.into(),
+        confidence: a.confidence,
         ..DecodeConfig::default()
     }
 }

@@ -166,7 +166,10 @@ impl StatsQuery {
 /// `token_prob(s)` (probability of the chosen token under the tempered distribution),
 /// `entropy(s)`, `tail_mass(s)` (probability outside the top-k) and `top(s)` (the top-k ids and
 /// probabilities of the tempered distribution, descending, ties to the lower id).
-/// Statistics of committed positions are computed too; decoders ignore them.
+/// Decoders read only the statistics of masked positions. Models may skip the others (the
+/// `spot-models` models do): a committed position then holds its own token with probability 1,
+/// entropy 0 and confidence 1; the host reference [`reduce_logits`] computes every position it
+/// is given.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BlockStats {
     top_k: usize,

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{fixture, varied_states};
+use common::{assert_batch_invariant, fixture, varied_states};
 use spot_dlm::{
     BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer,
     StatsQuery,
@@ -53,14 +53,9 @@ fn cuda_statistics_are_batch_invariant() {
                     let q = StatsQuery::new(t, 11);
                     for n in [2usize, 3, 8, 21, 33] {
                         let batch = varied_states(mask, n, 8, (blocks * 100 + n) as u64);
-                        let together = m.forward(&batch, &q).unwrap();
-                        for (i, s) in batch.iter().enumerate() {
-                            let alone = m.forward(std::slice::from_ref(s), &q).unwrap();
-                            assert_eq!(
-                                alone[0], together[i],
-                                "{name} {head:?} prefix {blocks} blocks T {t} batch {n} state {i}"
-                            );
-                        }
+                        let what =
+                            format!("{name} {head:?} prefix {blocks} blocks T {t} batch {n}");
+                        assert_batch_invariant(&mut m, &batch, &q, &what);
                     }
                 }
             }

@@ -103,14 +103,8 @@ fn statistics_are_batch_invariant() {
             for t in [0.0f32, 1.0] {
                 let q = StatsQuery::new(t, 11);
                 let batch = varied_states(mask, 13, 8, prefix_len as u64);
-                let together = m.forward(&batch, &q).unwrap();
-                for (i, s) in batch.iter().enumerate() {
-                    let alone = m.forward(std::slice::from_ref(s), &q).unwrap();
-                    assert_eq!(
-                        alone[0], together[i],
-                        "{name} prefix {prefix_len} T {t} state {i}"
-                    );
-                }
+                let what = format!("{name} prefix {prefix_len} T {t}");
+                assert_batch_invariant(&mut m, &batch, &q, &what);
             }
         }
     }

@@ -160,3 +160,17 @@ pub fn varied_states(mask: u32, n: usize, len: usize, seed: u64) -> Vec<BlockSta
         })
         .collect()
 }
+
+/// Each state's statistics alone equal its statistics inside `batch`.
+pub fn assert_batch_invariant(
+    m: &mut dyn spot_dlm::BlockDiffusionModel,
+    batch: &[BlockState],
+    q: &spot_dlm::StatsQuery,
+    what: &str,
+) {
+    let together = m.forward(batch, q).unwrap();
+    for (i, s) in batch.iter().enumerate() {
+        let alone = m.forward(std::slice::from_ref(s), q).unwrap();
+        assert_eq!(alone[0], together[i], "{what} state {i}");
+    }
+}
