@@ -86,21 +86,30 @@ pub(crate) fn reduce<B: Backend>(
         .into());
     }
     Ok((0..chosen.len())
-        .map(|r| RowStats {
-            token: chosen[r],
-            token_prob: f64::from(token_prob[r]),
-            raw_prob: raw.as_ref().map(|v| f64::from(v[r])),
-            entropy: f64::from(entropy[r].max(0.0)),
-            top_ids: top_i[r * k..(r + 1) * k].to_vec(),
-            top_probs: top_p[r * k..(r + 1) * k].to_vec(),
+        .map(|r| {
+            // Most probable first, ties to the lower id, whatever order the kernel returned.
+            let mut top: Vec<(f32, TokenId)> = top_p[r * k..(r + 1) * k]
+                .iter()
+                .copied()
+                .zip(top_i[r * k..(r + 1) * k].iter().copied())
+                .collect();
+            top.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            RowStats {
+                token: chosen[r],
+                token_prob: f64::from(token_prob[r]),
+                raw_prob: raw.as_ref().map(|v| f64::from(v[r])),
+                entropy: f64::from(entropy[r].max(0.0)),
+                top_ids: top.iter().map(|t| t.1).collect(),
+                top_probs: top.iter().map(|t| t.0).collect(),
+            }
         })
         .collect())
 }
 
 /// The `k` largest entries of each row and their ids: a selection kernel (`argtopk`), except on
-/// flex, which has none (there burn's sort-based `topk_with_indices`).
+/// the CPU backends, which have none (there burn's sort-based `topk_with_indices`).
 fn top_k<B: Backend>(x: Tensor<B, 2>, k: usize) -> (Tensor<B, 2>, Tensor<B, 2, Int>) {
-    if B::name(&x.device()) == "flex" {
+    if matches!(B::name(&x.device()).as_str(), "flex" | "ndarray") {
         return x.topk_with_indices(k, 1);
     }
     let ids = x.clone().argtopk(k, 1);
