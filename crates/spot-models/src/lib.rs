@@ -5,7 +5,8 @@
 //! [`spot_core::BlockDiffusionModel`].
 //!
 //! - [`Sdar`]: SDAR (Qwen3 with block-causal attention), prefix KV cache, batched verification
-//!   forwards, logits reduced on the device;
+//!   forwards, logits reduced to statistics (a fused host kernel on CPU backends, the device on
+//!   GPUs: [`HeadPlacement`]);
 //! - [`Llada`] (LLaDA-8B) and [`Dream`] (Dream-7B): full bidirectional attention, the whole
 //!   sequence recomputed per forward with the future blocks masked ([`FullSequence`]);
 //! - [`Llada2Moe`] (LLaDA2.0-mini): mixture of experts, block-causal with a prefix KV cache
