@@ -419,22 +419,15 @@ impl HostHead {
         w
     }
 
-    /// Logits of one group of `M` rows (`h`: `dim` steps of `M` values, zero-padded rows) for
+    /// Logits of one group of `MR` rows (`h`: `dim` steps of `MR` values, zero-padded rows) for
     /// the panels `p0..p0 + n`, written to `out[r * stride + (p - p0) * PANEL + j]`: per logit
     /// one multiply-add chain over `k`, in order.
     #[inline(always)]
-    fn panels<const M: usize>(
-        &self,
-        h: &[[f32; M]],
-        p0: usize,
-        n: usize,
-        out: &mut [f32],
-        stride: usize,
-    ) {
+    fn panels(&self, h: &[[f32; MR]], p0: usize, n: usize, out: &mut [f32], stride: usize) {
         let dim = self.dim;
         for p in p0..p0 + n {
             let (w, _) = self.packed[p * dim * PANEL..(p + 1) * dim * PANEL].as_chunks::<PANEL>();
-            let mut acc = [[0.0f32; PANEL]; M];
+            let mut acc = [[0.0f32; PANEL]; MR];
             for (hk, wk) in h.iter().zip(w) {
                 for (a, &b) in acc.iter_mut().zip(hk) {
                     for (x, &y) in a.iter_mut().zip(wk) {
@@ -449,13 +442,13 @@ impl HostHead {
         }
     }
 
-    /// The rows `rows` of `hidden`, in groups of `M` (the last one zero-padded), each group
-    /// interleaved: `dim` steps of `M` values.
-    fn gather<const M: usize>(&self, hidden: &[f32], rows: &[usize]) -> Vec<[f32; M]> {
+    /// The rows `rows` of `hidden`, in groups of `MR` (the last one zero-padded), each group
+    /// interleaved: `dim` steps of `MR` values.
+    fn gather(&self, hidden: &[f32], rows: &[usize]) -> Vec<[f32; MR]> {
         let dim = self.dim;
-        let mut out = vec![[0.0f32; M]; rows.len().div_ceil(M) * dim];
+        let mut out = vec![[0.0f32; MR]; rows.len().div_ceil(MR) * dim];
         for (i, &r) in rows.iter().enumerate() {
-            let (g, lane) = (i / M, i % M);
+            let (g, lane) = (i / MR, i % MR);
             for (k, &x) in hidden[r * dim..(r + 1) * dim].iter().enumerate() {
                 out[g * dim + k][lane] = x;
             }
@@ -466,21 +459,12 @@ impl HostHead {
     /// Runs `sinks[s]` over segment `s` of the vocabulary for the rows `rows` of `hidden`, the
     /// segments in parallel, in the widest SIMD the CPU has; returns the sinks in order.
     fn sweep<S: Sink + Send>(&self, hidden: &[f32], rows: &[usize], sinks: Vec<S>) -> Vec<S> {
-        self.sweep_with::<MR, S>(hidden, rows, sinks)
-    }
-
-    fn sweep_with<const M: usize, S: Sink + Send>(
-        &self,
-        hidden: &[f32],
-        rows: &[usize],
-        sinks: Vec<S>,
-    ) -> Vec<S> {
-        let h = self.gather::<M>(hidden, rows);
+        let h = self.gather(hidden, rows);
         sinks
             .into_par_iter()
             .enumerate()
             .map(|(segment, sink)| {
-                pulp::Arch::new().dispatch(Sweep::<'_, S, M> {
+                pulp::Arch::new().dispatch(Sweep {
                     head: self,
                     h: &h,
                     segment,
@@ -538,12 +522,11 @@ impl HostHead {
         };
         let rows: Vec<usize> = jobs.iter().map(|j| j.hidden).collect();
         let sinks = (0..vocab.div_ceil(SEGMENT))
-            .map(|s| ReduceSink {
+            .map(|_| ReduceSink {
                 acc: jobs.iter().map(|_| Partial::new(plan.k)).collect(),
                 plan: &plan,
                 jobs,
                 vocab,
-                first: s * SEGMENT,
             })
             .collect();
         let mut segments = self.sweep(hidden, &rows, sinks).into_iter().map(|s| s.acc);
@@ -590,7 +573,6 @@ struct ReduceSink<'a> {
     plan: &'a Plan<'a>,
     jobs: &'a [RowJob],
     vocab: usize,
-    first: usize,
 }
 
 impl Sink for ReduceSink<'_> {
@@ -599,7 +581,6 @@ impl Sink for ReduceSink<'_> {
         let Some(a) = self.acc.get_mut(row) else {
             return;
         };
-        debug_assert!(first >= self.first);
         let noise = self
             .plan
             .noise
@@ -608,16 +589,16 @@ impl Sink for ReduceSink<'_> {
     }
 }
 
-/// One segment of a sweep: tiles of the vocabulary, each read by every group of `M` rows
+/// One segment of a sweep: tiles of the vocabulary, each read by every group of `MR` rows
 /// while it is in cache.
-struct Sweep<'a, S, const M: usize> {
+struct Sweep<'a, S> {
     head: &'a HostHead,
-    h: &'a [[f32; M]],
+    h: &'a [[f32; MR]],
     segment: usize,
     sink: S,
 }
 
-impl<S: Sink, const M: usize> pulp::WithSimd for Sweep<'_, S, M> {
+impl<S: Sink> pulp::WithSimd for Sweep<'_, S> {
     type Output = S;
 
     #[inline(always)]
@@ -626,14 +607,14 @@ impl<S: Sink, const M: usize> pulp::WithSimd for Sweep<'_, S, M> {
         let (dim, tile) = (head.dim, head.tile);
         let first = self.segment * SEGMENT;
         let end = (first + SEGMENT).min(head.vocab);
-        let mut buf = vec![0.0f32; M * tile];
+        let mut buf = vec![0.0f32; MR * tile];
         for t0 in (first..end).step_by(tile) {
             let width = (end - t0).min(tile);
             for (g, hg) in self.h.chunks_exact(dim).enumerate() {
                 head.panels(hg, t0 / PANEL, width.div_ceil(PANEL), &mut buf, tile);
-                for r in 0..M {
+                for r in 0..MR {
                     self.sink
-                        .row(g * M + r, t0, &mut buf[r * tile..r * tile + width]);
+                        .row(g * MR + r, t0, &mut buf[r * tile..r * tile + width]);
                 }
             }
         }
