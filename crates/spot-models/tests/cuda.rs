@@ -63,7 +63,7 @@ fn cuda_statistics_are_batch_invariant() {
     }
 }
 
-/// Speculative decoding returns the draft-free tokens on the GPU (tree and chain, budgets 8
+/// Speculative decoding returns the draft-free tokens on the GPU (the tree decoder, budgets 8
 /// and 20, T = 0 and 1).
 #[test]
 fn cuda_speculative_equals_draft_free() {
