@@ -59,6 +59,7 @@ mod llada2;
 mod loader;
 mod moe;
 mod reduce;
+mod rope;
 mod sdar;
 mod summary;
 mod transformer;

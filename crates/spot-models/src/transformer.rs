@@ -24,6 +24,7 @@ use burn_tensor::{Int, Tensor, TensorData};
 use crate::attention::{self, Attend, Attention, Kv};
 use crate::head::{Head, HeadPlacement};
 use crate::moe::Moe;
+use crate::rope::Rope;
 
 /// Attention shape and numerics shared by every layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -158,40 +159,6 @@ impl<B: Backend> Net<B> {
         self.parameters
     }
 
-    /// `[1, 1, len, rotary_dim]` cos and sin tables for positions `start..start + len`
-    /// (rotate-half layout: the frequencies repeat in the two halves).
-    fn rope(&self, start: usize, len: usize) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let r = self.geo.rotary_dim;
-        let mut cos = Vec::with_capacity(len * r);
-        let mut sin = Vec::with_capacity(len * r);
-        for p in start..start + len {
-            for f in self.inv_freq.iter().chain(&self.inv_freq) {
-                let a = (p as f32 * *f as f32) as f64;
-                cos.push(a.cos() as f32);
-                sin.push(a.sin() as f32);
-            }
-        }
-        let t = |v| Tensor::<B, 4>::from_data(TensorData::new(v, [1, 1, len, r]), &self.device);
-        (t(cos), t(sin))
-    }
-
-    fn apply_rope(&self, x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
-        let d = x.dims()[3];
-        let r = self.geo.rotary_dim;
-        let rot = |x: Tensor<B, 4>| {
-            let x1 = x.clone().narrow(3, 0, r / 2);
-            let x2 = x.clone().narrow(3, r / 2, r / 2);
-            let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-            x * cos.clone() + rotated * sin.clone()
-        };
-        if r == d {
-            rot(x)
-        } else {
-            let pass = x.clone().narrow(3, r, d - r);
-            Tensor::cat(vec![rot(x.narrow(3, 0, r)), pass], 3)
-        }
-    }
-
     /// Runs `n` sequences of `len` tokens at positions `start..start + len` after the cached
     /// prefix `cache` (one entry per layer, empty for none). Returns the final hidden states
     /// `[n * len, hidden]` and each layer's new keys and values `[n, kv, len, d]`.
@@ -210,7 +177,11 @@ impl<B: Backend> Net<B> {
         let rows = n * len;
         let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
         let mut x = self.embed.clone().select(0, ids);
-        let (cos, sin) = self.rope(start, len);
+        let rope = |heads| {
+            let shape = (heads, d, c.rotary_dim);
+            Rope::<B>::new(&self.inv_freq, (start, len), shape, &self.device)
+        };
+        let (rope_q, rope_k) = (rope(nh), rope(kvh));
         let scale = 1.0 / (d as f64).sqrt();
         let mut new_kv = Vec::with_capacity(self.layers.len());
         for (li, layer) in self.layers.iter().enumerate() {
@@ -235,8 +206,8 @@ impl<B: Backend> Net<B> {
                 Some([qn, kn]) => (rms_norm(q, qn, c.eps), rms_norm(k, kn, c.eps)),
                 None => (q, k),
             };
-            let q = self.apply_rope(q.swap_dims(1, 2), &cos, &sin);
-            let k = self.apply_rope(k.swap_dims(1, 2), &cos, &sin);
+            let q = rope_q.apply(q).swap_dims(1, 2);
+            let k = rope_k.apply(k).swap_dims(1, 2);
             let v = v.swap_dims(1, 2);
             // 3. Group the query heads of each KV head: [n, kv, g * len, d].
             let q = q.reshape([n, kvh, g * len, d]);
