@@ -21,8 +21,9 @@ use crate::error::{ModelError, Result};
 
 /// Vocabulary columns per packed panel (one 16-lane or two 8-lane vectors).
 const PANEL: usize = 16;
-/// Rows per micro-kernel call: 6 x 16 accumulators (6 AVX-512 or 12 AVX2 registers; larger
-/// blocks stop the compiler from keeping them in registers).
+/// Rows per micro-kernel call, which takes two panels: 6 x 2 x 16 accumulators (12 AVX-512
+/// registers; larger blocks, or the same block written generically over the panel count, stop
+/// the compiler from keeping them in registers: ten times slower).
 const MR: usize = 6;
 /// Vocabulary ids per segment: the unit of parallel work and of the fixed merge order.
 const SEGMENT: usize = 8192;
@@ -423,9 +424,42 @@ impl HostHead {
     /// the panels `p0..p0 + n`, written to `out[r * stride + (p - p0) * PANEL + j]`: per logit
     /// one multiply-add chain over `k`, in order.
     #[inline(always)]
-    fn panels(&self, h: &[[f32; MR]], p0: usize, n: usize, out: &mut [f32], stride: usize) {
+    /// `pairs`: two panels per step (only where vectors hold 16 lanes: 12 accumulators need
+    /// 24 registers of 8 lanes, more than AVX2 has).
+    fn panels(
+        &self,
+        h: &[[f32; MR]],
+        (p0, n, pairs): (usize, usize, bool),
+        out: &mut [f32],
+        stride: usize,
+    ) {
         let dim = self.dim;
-        for p in p0..p0 + n {
+        let mut p = p0;
+        // Two panels at a time (12 accumulators: 8 loads per 12 multiply-adds), then one.
+        while pairs && p + 2 <= p0 + n {
+            let (w0, _) = self.packed[p * dim * PANEL..(p + 1) * dim * PANEL].as_chunks::<PANEL>();
+            let (w1, _) =
+                self.packed[(p + 1) * dim * PANEL..(p + 2) * dim * PANEL].as_chunks::<PANEL>();
+            let mut acc0 = [[0.0f32; PANEL]; MR];
+            let mut acc1 = [[0.0f32; PANEL]; MR];
+            for ((hk, wk0), wk1) in h.iter().zip(w0).zip(w1) {
+                for ((a0, a1), &b) in acc0.iter_mut().zip(acc1.iter_mut()).zip(hk) {
+                    for (x, &y) in a0.iter_mut().zip(wk0) {
+                        *x = b.mul_add(y, *x);
+                    }
+                    for (x, &y) in a1.iter_mut().zip(wk1) {
+                        *x = b.mul_add(y, *x);
+                    }
+                }
+            }
+            for r in 0..MR {
+                let at = r * stride + (p - p0) * PANEL;
+                out[at..at + PANEL].copy_from_slice(&acc0[r]);
+                out[at + PANEL..at + 2 * PANEL].copy_from_slice(&acc1[r]);
+            }
+            p += 2;
+        }
+        for p in p..p0 + n {
             let (w, _) = self.packed[p * dim * PANEL..(p + 1) * dim * PANEL].as_chunks::<PANEL>();
             let mut acc = [[0.0f32; PANEL]; MR];
             for (hk, wk) in h.iter().zip(w) {
@@ -459,12 +493,23 @@ impl HostHead {
     /// Runs `sinks[s]` over segment `s` of the vocabulary for the rows `rows` of `hidden`, the
     /// segments in parallel, in the widest SIMD the CPU has; returns the sinks in order.
     fn sweep<S: Sink + Send>(&self, hidden: &[f32], rows: &[usize], sinks: Vec<S>) -> Vec<S> {
+        self.sweep_on(hidden, rows, sinks, &Dispatch)
+    }
+
+    /// [`HostHead::sweep`] with each segment run by `run` (tests pick the instruction set).
+    fn sweep_on<S: Sink + Send>(
+        &self,
+        hidden: &[f32],
+        rows: &[usize],
+        sinks: Vec<S>,
+        isa: &impl Isa,
+    ) -> Vec<S> {
         let h = self.gather(hidden, rows);
         sinks
             .into_par_iter()
             .enumerate()
             .map(|(segment, sink)| {
-                pulp::Arch::new().dispatch(Sweep {
+                isa.run(Sweep {
                     head: self,
                     h: &h,
                     segment,
@@ -476,6 +521,11 @@ impl HostHead {
 
     /// Logits `[rows, vocab]` of `hidden` `[rows, dim]` (the values the reduction reads).
     pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
+        self.logits_on(hidden, &Dispatch)
+    }
+
+    /// [`HostHead::logits`] with each segment run by `run`.
+    fn logits_on(&self, hidden: &[f32], isa: &impl Isa) -> Vec<f32> {
         let vocab = self.vocab;
         let rows = hidden.len() / self.dim.max(1);
         let mut out = vec![0.0f32; rows * vocab];
@@ -490,7 +540,7 @@ impl HostHead {
                 sinks[s].parts.push(part);
             }
         }
-        self.sweep(hidden, &(0..rows).collect::<Vec<_>>(), sinks);
+        self.sweep_on(hidden, &(0..rows).collect::<Vec<_>>(), sinks, isa);
         out
     }
 
@@ -591,6 +641,20 @@ impl Sink for ReduceSink<'_> {
 
 /// One segment of a sweep: tiles of the vocabulary, each read by every group of `MR` rows
 /// while it is in cache.
+/// The instruction set a sweep runs in.
+trait Isa: Sync {
+    fn run<S: Sink>(&self, sweep: Sweep<'_, S>) -> S;
+}
+
+/// The widest the CPU has.
+struct Dispatch;
+
+impl Isa for Dispatch {
+    fn run<S: Sink>(&self, sweep: Sweep<'_, S>) -> S {
+        pulp::Arch::new().dispatch(sweep)
+    }
+}
+
 struct Sweep<'a, S> {
     head: &'a HostHead,
     h: &'a [[f32; MR]],
@@ -611,7 +675,8 @@ impl<S: Sink> pulp::WithSimd for Sweep<'_, S> {
         for t0 in (first..end).step_by(tile) {
             let width = (end - t0).min(tile);
             for (g, hg) in self.h.chunks_exact(dim).enumerate() {
-                head.panels(hg, t0 / PANEL, width.div_ceil(PANEL), &mut buf, tile);
+                let panels = (t0 / PANEL, width.div_ceil(PANEL), V::F32_LANES >= 16);
+                head.panels(hg, panels, &mut buf, tile);
                 for r in 0..MR {
                     self.sink
                         .row(g * MR + r, t0, &mut buf[r * tile..r * tile + width]);
@@ -666,6 +731,38 @@ mod tests {
                     (f64::from(got) - want).abs() < 1e-5,
                     "row {r} id {v}: {got} vs {want}"
                 );
+            }
+        }
+    }
+
+    /// Every instruction set gives the same logits, bit for bit: the 16-lane kernel (two
+    /// panels per step) and the 8-lane and scalar ones (one panel per step) run the same
+    /// multiply-add chain per logit.
+    #[test]
+    fn instruction_sets_agree_bitwise() {
+        let dim = 40;
+        let h = head(dim);
+        let hidden = values(13 * dim, 5, 1.0);
+        struct On<V>(V);
+        impl<V: pulp::Simd + Sync> Isa for On<V> {
+            fn run<S: Sink>(&self, sweep: Sweep<'_, S>) -> S {
+                self.0.vectorize(sweep)
+            }
+        }
+        let scalar = h.logits_on(&hidden, &On(pulp::Scalar::new()));
+        assert_eq!(h.logits(&hidden), scalar, "dispatched vs scalar");
+        #[cfg(target_arch = "x86_64")]
+        {
+            let wide = pulp::x86::V4::try_new().is_some();
+            match pulp::x86::V3::try_new() {
+                Some(v3) => {
+                    let avx2 = h.logits_on(&hidden, &On(v3));
+                    assert_eq!(avx2, scalar, "AVX2 vs scalar");
+                }
+                None => eprintln!("SKIPPED the AVX2 half: this CPU has no AVX2"),
+            }
+            if !wide {
+                eprintln!("SKIPPED the two-panel kernel: this CPU has no AVX-512");
             }
         }
     }
