@@ -39,6 +39,8 @@ pub struct BenchArgs {
     /// Hugging Face model folder (default: `SPOT_MODEL`, else the shipped target).
     #[arg(long)]
     model: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) dtype: crate::DtypeArg,
     /// JSONL prompt sets (repeat the flag or separate with commas); each is reported apart.
     #[arg(long, required = true, value_delimiter = ',', num_args = 1..)]
     prompts: Vec<PathBuf>,
@@ -173,7 +175,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         spiffy: a.spiffy.as_deref(),
     };
     let (spec, skipped) = runnable(a, &files)?;
-    let mut model = load(&dir)?;
+    let mut model = load(&dir, a.dtype)?;
     let drafters = Drafters::load(&spec, &files)?;
     let tokenizer = model
         .tokenizer()

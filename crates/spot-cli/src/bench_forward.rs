@@ -15,6 +15,8 @@ pub struct BenchArgs {
     /// Hugging Face model folder (default: the shipped `models/sdar-tiny-code`).
     #[arg(long)]
     model: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) dtype: crate::DtypeArg,
     /// Cached prefix length in tokens.
     #[arg(long, default_value_t = 256)]
     prefix: usize,
@@ -24,7 +26,8 @@ pub struct BenchArgs {
     /// Batch sizes (block states per forward).
     #[arg(long, value_delimiter = ',', default_value = "1,21")]
     batches: Vec<usize>,
-    /// Timed repetitions per batch size (after one warm-up).
+    /// Timed repetitions per batch size (after one untimed first call, reported as
+    /// `b{B}_first_ms`: on a GPU it includes compiling and autotuning kernels).
     #[arg(long, default_value_t = 10)]
     reps: usize,
     /// Where the output layer and the reduction run, one or several side by side in this run:
@@ -53,7 +56,9 @@ fn median(v: &mut [f64]) -> f64 {
 /// Runs the benchmark and prints one JSON line.
 pub fn run(a: &BenchArgs) -> Result<()> {
     let dir = model_dir::resolve(a.model.as_deref())?;
-    let mut model = load(&dir)?;
+    let t = Instant::now();
+    let mut model = load(&dir, a.dtype)?;
+    let load_s = t.elapsed().as_secs_f64();
     let info = model.info().clone();
     if a.block_size == 0 || !a.prefix.is_multiple_of(a.block_size) {
         bail!("--prefix must be a multiple of --block-size (at least 1)");
@@ -93,7 +98,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         };
         for &b in &a.batches {
             let states = states(b);
+            // The first call (kernel compilation and autotuning on a GPU), on its own line.
+            let t = Instant::now();
             model.forward(&states, &q)?;
+            let first = t.elapsed().as_secs_f64() * 1e3;
+            results.insert(key(format!("b{b}_first_ms")), first.into());
             let mut times = Vec::with_capacity(a.reps);
             for _ in 0..a.reps {
                 let t = Instant::now();
@@ -104,6 +113,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             results.insert(key(format!("b{b}_median_ms")), median(&mut times).into());
             results.insert(key(format!("b{b}_min_ms")), min.into());
             // The same forward returning raw logits to the host (what PyTorch's figure measures).
+            let t = Instant::now();
+            model.forward_logits(&states)?;
+            let first = t.elapsed().as_secs_f64() * 1e3;
+            results.insert(key(format!("b{b}_logits_first_ms")), first.into());
             let mut times = Vec::with_capacity(a.reps);
             for _ in 0..a.reps {
                 let t = Instant::now();
@@ -123,9 +136,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         "prefix": a.prefix,
         "block": a.block_size,
         "reps": a.reps,
+        "load_s": load_s,
         "prefill_ms": prefill_ms,
         "peak_rss_mib": peak_rss_mib(),
         "heads": a.heads.iter().map(|h| h.name()).collect::<Vec<_>>(),
+        "dtype": model.precision().name(),
         "includes": "forward + reduction of the masked positions to statistics (top-32, entropy, chosen token); logits: forward + every position's logits on the host",
     });
     if let Some(obj) = j.as_object_mut() {

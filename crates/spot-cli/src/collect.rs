@@ -16,6 +16,8 @@ pub struct CollectArgs {
     /// Hugging Face model folder (default: the shipped `models/sdar-tiny-code`).
     #[arg(long)]
     model: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) dtype: crate::DtypeArg,
     /// JSONL file of prompts.
     #[arg(long)]
     prompts: PathBuf,
@@ -46,7 +48,7 @@ pub struct CollectArgs {
 /// Runs `spot collect`.
 pub fn run(a: &CollectArgs) -> Result<()> {
     let dir = model_dir::resolve(a.model.as_deref())?;
-    let mut model = load(&dir)?;
+    let mut model = load(&dir, a.dtype)?;
     let set = prompts::load_prompts(&a.prompts, a.field.as_deref(), a.limit)?;
     let field = a.field.clone().unwrap_or_else(|| "(auto)".into());
     let cfg = DecodeConfig {

@@ -22,6 +22,8 @@ pub struct GenerateArgs {
     /// `SPOT_MODEL`, else the shipped `models/sdar-tiny-code`.
     #[arg(long)]
     pub(crate) model: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) dtype: crate::DtypeArg,
     /// Prompt text (tokenised with the folder's tokenizer.json).
     #[arg(long, conflicts_with_all = ["prompt_ids", "prompts"], required_unless_present_any = ["prompt_ids", "prompts"])]
     prompt: Option<String>,
@@ -171,7 +173,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     if !Family::detect(&dir)?.is_diffusion() {
         return crate::generate_ar::run(a, &dir);
     }
-    let mut model = load(&dir)?;
+    let mut model = load(&dir, a.dtype)?;
     model.set_approximate_prefix_cache(a.approx_prefix_cache)?;
     let drafter = Drafters::load(
         &[a.method],

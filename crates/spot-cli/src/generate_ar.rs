@@ -22,8 +22,9 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
             a.method.name()
         );
     }
-    let mut model = CausalLm::<Backend>::load(dir, &crate::backend::device()?)
-        .with_context(|| format!("loading model folder {}", dir.display()))?;
+    let mut model =
+        CausalLm::<Backend>::load_as(dir, &crate::backend::device()?, a.dtype.precision)
+            .with_context(|| format!("loading model folder {}", dir.display()))?;
     let cfg = ArConfig {
         max_new_tokens: a.max_new_tokens,
         temperature: a.temperature,

@@ -23,7 +23,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use spot_models::DiffusionModel;
+use spot_models::{DiffusionModel, Precision};
 
 use backend::Backend;
 
@@ -60,11 +60,20 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// `--dtype`: the float type of the target's weights and activations on the device.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct DtypeArg {
+    /// Weights and activations of the target on the device: `f32` (the reference), `bf16`,
+    /// `f16`, or `auto` (f32 on CPU, the checkpoint's own type on a GPU).
+    #[arg(long = "dtype", default_value_t = Precision::Auto)]
+    pub precision: Precision,
+}
+
 /// Loads a block-diffusion model folder (any family, by `config.json`'s `model_type`) on the
-/// default device of the backend (see [`backend::device`]).
-fn load(dir: &Path) -> Result<DiffusionModel<Backend>> {
+/// default device of the backend (see [`backend::device`]) in `dtype`.
+fn load(dir: &Path, dtype: DtypeArg) -> Result<DiffusionModel<Backend>> {
     let device = backend::device()?;
-    DiffusionModel::<Backend>::load(dir, &device)
+    DiffusionModel::<Backend>::load_as(dir, &device, dtype.precision)
         .with_context(|| format!("loading model folder {}", dir.display()))
 }
 

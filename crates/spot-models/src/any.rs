@@ -10,6 +10,7 @@ use spot_core::{
 
 use crate::error::{ModelError, Result};
 use crate::hf::{Tokenizer, read_json};
+use crate::precision::Precision;
 use crate::{Dream, Llada, Llada2Moe, Sdar};
 
 /// The model families this crate runs.
@@ -128,11 +129,16 @@ impl<B: Backend> DiffusionModel<B> {
     /// Loads the folder with the loader of its family; an autoregressive or unknown
     /// `model_type` is an [`ModelError::InvalidConfig`] naming the field.
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        Self::load_as(dir, device, Precision::Auto)
+    }
+
+    /// [`Self::load`] with the weights and activations in `precision`.
+    pub fn load_as(dir: &Path, device: &B::Device, p: Precision) -> Result<Self> {
         Ok(match Family::detect(dir)? {
-            Family::Sdar => Self::Sdar(Sdar::load(dir, device)?),
-            Family::Llada => Self::Llada(Llada::load(dir, device)?),
-            Family::Dream => Self::Dream(Dream::load(dir, device)?),
-            Family::Llada2Moe => Self::Llada2Moe(Llada2Moe::load(dir, device)?),
+            Family::Sdar => Self::Sdar(Sdar::load_as(dir, device, p)?),
+            Family::Llada => Self::Llada(Llada::load_as(dir, device, p)?),
+            Family::Dream => Self::Dream(Dream::load_as(dir, device, p)?),
+            Family::Llada2Moe => Self::Llada2Moe(Llada2Moe::load_as(dir, device, p)?),
             f @ (Family::Llama | Family::Qwen2) => {
                 return Err(ModelError::InvalidConfig {
                     path: dir.join("config.json"),
@@ -175,6 +181,11 @@ impl<B: Backend> DiffusionModel<B> {
     /// [`crate::HeadPlacement`]).
     pub fn set_head_placement(&mut self, placement: crate::HeadPlacement) {
         each!(self, m => m.set_head_placement(placement))
+    }
+
+    /// The precision the weights and activations are held in (never `Auto`).
+    pub fn precision(&self) -> Precision {
+        each!(self, m => m.precision())
     }
 
     /// The trained block size, when the config names it (SDAR folders).

@@ -2,9 +2,9 @@
 //! block attends to itself (bidirectionally for block diffusion, causally for autoregressive
 //! models), both batch invariant.
 
-use burn_tensor::Tensor;
 use burn_tensor::activation::softmax;
 use burn_tensor::backend::Backend;
+use burn_tensor::{DType, Tensor};
 
 /// How the positions of a block attend to each other (the prefix is always fully visible).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,13 +55,13 @@ pub(crate) fn bidirectional<B: Backend>(
                 .mul_scalar(scale);
             let p = kv.k.dims()[2];
             let s_pre = q.matmul(kv.k.clone().swap_dims(2, 3)).mul_scalar(scale);
-            let w = softmax(Tensor::cat(vec![s_pre, s_blk], 3), 3);
+            let w = softmax_f32(Tensor::cat(vec![s_pre, s_blk], 3));
             let o_pre = w.clone().narrow(3, 0, p).matmul(kv.v.clone());
             o_pre + w.narrow(3, p, len).matmul(v.clone())
         }
         None => {
             let s_blk = q.matmul(k.clone().swap_dims(2, 3)).mul_scalar(scale);
-            softmax(s_blk, 3).matmul(v.clone())
+            softmax_f32(s_blk).matmul(v.clone())
         }
     }
 }
@@ -95,16 +95,22 @@ pub(crate) fn causal<B: Backend>(
             let (ki, vi) = (k.clone().narrow(2, i, 1), v.clone().narrow(2, i, 1));
             let s_self = qi.clone().matmul(ki.swap_dims(2, 3)).mul_scalar(scale);
             let o = if p + i == 0 {
-                softmax(s_self, 3).matmul(vi)
+                softmax_f32(s_self).matmul(vi)
             } else {
                 let pre_k = all_k.clone().narrow(2, 0, p + i);
                 let pre_v = all_v.clone().narrow(2, 0, p + i);
                 let s_pre = qi.matmul(pre_k.swap_dims(2, 3)).mul_scalar(scale);
-                let w = softmax(Tensor::cat(vec![s_pre, s_self], 3), 3);
+                let w = softmax_f32(Tensor::cat(vec![s_pre, s_self], 3));
                 w.clone().narrow(3, 0, p + i).matmul(pre_v) + w.narrow(3, p + i, 1).matmul(vi)
             };
             o.reshape([1, kvh, g, 1, d])
         })
         .collect();
     Tensor::cat(outs, 3).reshape([1, kvh, g * len, d])
+}
+
+/// Softmax over the last dimension in f32, returned in the scores' type (a no-op cast in f32).
+fn softmax_f32<B: Backend>(scores: Tensor<B, 4>) -> Tensor<B, 4> {
+    let dtype = scores.dtype();
+    softmax(scores.cast(DType::F32), 3).cast(dtype)
 }

@@ -20,6 +20,7 @@ use crate::dense::{QWEN_NAMES, dense_net};
 use crate::error::{ModelError, Result};
 use crate::frame::{Frame, open};
 use crate::head::RowPlan;
+use crate::precision::Precision;
 use crate::transformer::Net;
 
 /// A causal language model (`model_type` `"llama"`, `"qwen2"` or `"qwen3"`) on backend `B`.
@@ -56,6 +57,11 @@ impl<B: Backend> CausalLm<B> {
     /// Loads a Llama, Qwen2 or Qwen3 folder: `config.json`, `generation_config.json`
     /// (optional), safetensors (single or sharded), `tokenizer.json` (optional).
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        Self::load_as(dir, device, Precision::Auto)
+    }
+
+    /// [`Self::load`] with the weights and activations in `precision`.
+    pub fn load_as(dir: &Path, device: &B::Device, precision: Precision) -> Result<Self> {
         let (cfg, path) = DecoderConfig::read(dir)?;
         cfg.check(&path, &["llama", "qwen2", "qwen3"])?;
         let bias = cfg.model_type == "qwen2" || cfg.attention_bias;
@@ -65,7 +71,7 @@ impl<B: Backend> CausalLm<B> {
             &cfg.dense_spec(bias, qk_norm),
             &QWEN_NAMES,
             &weights,
-            device,
+            (device, precision),
         )?;
         let info = ArInfo {
             vocab_size: cfg.vocab_size,

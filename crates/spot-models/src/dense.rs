@@ -8,6 +8,7 @@ use crate::attention::Attention;
 use crate::error::Result;
 use crate::hf::Weights;
 use crate::loader::Loader;
+use crate::precision::Precision;
 use crate::transformer::{Geometry, Layer, Mlp, Net};
 
 /// Tensor names of a dense decoder; layer names are `layer` with `{n}` replaced, then the part
@@ -65,11 +66,12 @@ pub(crate) fn dense_net<B: Backend>(
     spec: &DenseSpec,
     names: &DenseNames,
     weights: &Weights,
-    device: &B::Device,
+    (device, precision): (&B::Device, Precision),
 ) -> Result<Net<B>> {
     let ld = Loader::<B> {
         weights,
         device: device.clone(),
+        dtype: precision.resolve::<B>(weights, device)?,
     };
     let (h, i) = (spec.hidden, spec.intermediate);
     let g = &spec.geo;

@@ -19,6 +19,7 @@ use crate::dense::{QWEN_NAMES, dense_net};
 use crate::error::Result;
 use crate::frame::open;
 use crate::full_sequence::FullSequence;
+use crate::precision::Precision;
 
 /// `config.json` of a Dream checkpoint: Qwen2 fields, `model_type` `"Dream"`.
 pub type DreamConfig = DecoderConfig;
@@ -37,10 +38,20 @@ impl<B: Backend> FullSequence<B, DreamConfig> {
     /// Loads a Dream folder: `config.json`, `generation_config.json` (optional), safetensors
     /// (single or sharded), `tokenizer.json` (optional).
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        Self::load_as(dir, device, Precision::Auto)
+    }
+
+    /// [`Self::load`] with the weights and activations in `precision`.
+    pub fn load_as(dir: &Path, device: &B::Device, precision: Precision) -> Result<Self> {
         let (cfg, path) = DecoderConfig::read(dir)?;
         cfg.check(&path, &["Dream", "dream"])?;
         let (frame, weights) = open::<B>(dir, &cfg, crate::Family::Dream.mask_tokens(), device)?;
-        let net = dense_net(&cfg.dense_spec(true, false), &QWEN_NAMES, &weights, device)?;
+        let net = dense_net(
+            &cfg.dense_spec(true, false),
+            &QWEN_NAMES,
+            &weights,
+            (device, precision),
+        )?;
         Ok(Self::assemble(cfg, net, frame, true))
     }
 }

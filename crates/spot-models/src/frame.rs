@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use burn_tensor::backend::Backend;
-use burn_tensor::{Int, Tensor, TensorData};
+use burn_tensor::{DType, Int, Tensor, TensorData};
 use spot_core::{BlockState, BlockStats, StatsQuery, TokenId};
 
 use crate::error::{ModelError, Result};
@@ -144,6 +144,11 @@ macro_rules! folder_accessors {
         /// placements agree within float rounding, not bit for bit.
         pub fn set_head_placement(&mut self, placement: crate::HeadPlacement) {
             self.net.place_head(placement);
+        }
+
+        /// The precision the weights and activations are held in (never `Auto`).
+        pub fn precision(&self) -> crate::Precision {
+            crate::Precision::of_dtype(self.net.dtype)
         }
     };
 }
@@ -305,7 +310,8 @@ impl<B: Backend> Frame<B> {
                         Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &self.device)
                     };
                     let picked = index(plan.rows.iter().map(|&r| r as i64).collect());
-                    let logits = hidden.select(0, picked).matmul(w.clone());
+                    // Logits in the model's type, reduced in f32.
+                    let logits = hidden.select(0, picked).matmul(w.clone()).cast(DType::F32);
                     let noise = match self.noise.as_mut().filter(|_| noisy) {
                         Some(n) => {
                             let (vocab, device) = (self.vocab_size, &self.device);

@@ -3,7 +3,7 @@
 //! forward it reduces.
 
 use burn_tensor::backend::Backend;
-use burn_tensor::{Tensor, TensorData};
+use burn_tensor::{DType, Tensor, TensorData};
 use spot_core::stats::PositionStats;
 use spot_core::{BlockState, BlockStats, ConfidenceRule, TokenId};
 
@@ -35,7 +35,7 @@ impl HeadPlacement {
         match self {
             HeadPlacement::Host => true,
             HeadPlacement::Device => false,
-            HeadPlacement::Auto => matches!(B::name(device).as_str(), "flex" | "ndarray"),
+            HeadPlacement::Auto => runs_on_host::<B>(device),
         }
     }
 
@@ -64,6 +64,11 @@ impl std::str::FromStr for HeadPlacement {
     }
 }
 
+/// Whether `B` is a CPU backend (flex or ndarray).
+pub(crate) fn runs_on_host<B: Backend>(device: &B::Device) -> bool {
+    matches!(B::name(device).as_str(), "flex" | "ndarray")
+}
+
 /// The output layer's weights where they are used.
 pub(crate) enum Head<B: Backend> {
     /// `[hidden, vocab]` on the device.
@@ -79,18 +84,21 @@ impl<B: Backend> Head<B> {
         vocab: usize,
         dim: usize,
         placement: HeadPlacement,
-        device: &B::Device,
+        (device, dtype): (&B::Device, DType),
     ) -> Self {
         if placement.host_on::<B>(device) {
             Head::Host(HostHead::pack(w, vocab, dim))
         } else {
             let t = transposed(w, vocab, dim);
-            Head::Device(Tensor::from_data(TensorData::new(t, [dim, vocab]), device))
+            Head::Device(Tensor::from_data(
+                TensorData::new(t, [dim, vocab]),
+                (device, dtype),
+            ))
         }
     }
 
     /// Moves the head to `placement` (a copy through the host).
-    pub fn place(&mut self, placement: HeadPlacement, device: &B::Device) {
+    pub fn place(&mut self, placement: HeadPlacement, (device, dtype): (&B::Device, DType)) {
         let host = placement.host_on::<B>(device);
         let w = match self {
             Head::Host(_) if host => return,
@@ -103,7 +111,7 @@ impl<B: Backend> Head<B> {
             }
         };
         let (vocab, dim) = self.shape();
-        *self = Self::new(&w, vocab, dim, placement, device);
+        *self = Self::new(&w, vocab, dim, placement, (device, dtype));
     }
 
     /// `(vocab, dim)`.

@@ -58,6 +58,7 @@ mod llada;
 mod llada2;
 mod loader;
 mod moe;
+mod precision;
 mod reduce;
 mod rope;
 mod sdar;
@@ -74,6 +75,7 @@ pub use full_sequence::FullSequence;
 pub use head::HeadPlacement;
 pub use llada::{Llada, LladaConfig};
 pub use llada2::{Llada2Config, Llada2Moe};
+pub use precision::Precision;
 pub use sdar::{Sdar, SdarConfig};
 pub use summary::FolderSummary;
 

@@ -22,6 +22,7 @@ use crate::error::Result;
 use crate::frame::{FolderFacts, open};
 use crate::full_sequence::FullSequence;
 use crate::hf::read_json;
+use crate::precision::Precision;
 use crate::transformer::Geometry;
 
 /// LLaDA's tensor names (OLMo style).
@@ -245,6 +246,11 @@ impl<B: Backend> FullSequence<B, LladaConfig> {
     /// Loads a LLaDA folder: `config.json`, `generation_config.json` (optional), safetensors
     /// (single or sharded), `tokenizer.json` (optional).
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        Self::load_as(dir, device, Precision::Auto)
+    }
+
+    /// [`Self::load`] with the weights and activations in `precision`.
+    pub fn load_as(dir: &Path, device: &B::Device, precision: Precision) -> Result<Self> {
         let cfg = LladaConfig::load(dir)?;
         let (frame, weights) = open::<B>(dir, &cfg, crate::Family::Llada.mask_tokens(), device)?;
         let d = cfg.d_model / cfg.n_heads;
@@ -265,7 +271,7 @@ impl<B: Backend> FullSequence<B, LladaConfig> {
             qkv_bias: false,
             qk_norm: false,
         };
-        let net = dense_net(&spec, &LLADA_NAMES, &weights, device)?;
+        let net = dense_net(&spec, &LLADA_NAMES, &weights, (device, precision))?;
         Ok(Self::assemble(cfg, net, frame, false))
     }
 }

@@ -28,6 +28,7 @@ use crate::error::Result;
 use crate::frame::{FolderFacts, open};
 use crate::loader::Loader;
 use crate::moe::{MoeParts, Routing};
+use crate::precision::Precision;
 use crate::transformer::{Layer, Mlp, Net};
 
 fn one() -> usize {
@@ -224,6 +225,11 @@ impl<B: Backend> BlockCausal<B, Llada2Config> {
     /// Loads a LLaDA2.0 MoE folder: `config.json`, `generation_config.json` (optional),
     /// safetensors (single or sharded), `tokenizer.json` (optional).
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        Self::load_as(dir, device, Precision::Auto)
+    }
+
+    /// [`Self::load`] with the weights and activations in `precision`.
+    pub fn load_as(dir: &Path, device: &B::Device, precision: Precision) -> Result<Self> {
         let cfg = Llada2Config::load(dir)?;
         let b = &cfg.base;
         let (frame, weights) =
@@ -231,6 +237,7 @@ impl<B: Backend> BlockCausal<B, Llada2Config> {
         let ld = Loader::<B> {
             weights: &weights,
             device: device.clone(),
+            dtype: precision.resolve::<B>(&weights, device)?,
         };
         let (h, v) = (b.hidden_size, b.vocab_size);
         let (nh, kvh, d) = (b.num_attention_heads, b.kv_heads(), b.head_dim());

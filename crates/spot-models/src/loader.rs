@@ -1,7 +1,7 @@
 //! Loading tensors by their HF names onto a device, in the layouts the network uses.
 
 use burn_tensor::backend::Backend;
-use burn_tensor::{Tensor, TensorData};
+use burn_tensor::{DType, Tensor, TensorData};
 
 use crate::error::{ModelError, Result};
 use crate::head::{Head, HeadPlacement};
@@ -24,6 +24,8 @@ pub(crate) fn transposed(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 pub(crate) struct Loader<'w, B: Backend> {
     pub weights: &'w Weights,
     pub device: B::Device,
+    /// The float type of the weights on the device.
+    pub dtype: DType,
 }
 
 impl<B: Backend> Loader<'_, B> {
@@ -37,7 +39,7 @@ impl<B: Backend> Loader<'_, B> {
     fn transposed(&self, w: &[f32], out: usize, inp: usize) -> Tensor<B, 2> {
         Tensor::from_data(
             TensorData::new(transposed(w, out, inp), [inp, out]),
-            &self.device,
+            (&self.device, self.dtype),
         )
     }
 
@@ -59,7 +61,10 @@ impl<B: Backend> Loader<'_, B> {
     /// A vector as a `[1, n]` row (norm weights, biases).
     pub fn row(&self, name: &str, n: usize) -> Result<Tensor<B, 2>> {
         let w = self.weights.load_f32(name, &[n])?;
-        Ok(Tensor::from_data(TensorData::new(w, [1, n]), &self.device))
+        Ok(Tensor::from_data(
+            TensorData::new(w, [1, n]),
+            (&self.device, self.dtype),
+        ))
     }
 
     /// A per-head norm weight as `[1, 1, 1, d]`.
@@ -67,7 +72,7 @@ impl<B: Backend> Loader<'_, B> {
         let w = self.weights.load_f32(name, &[d])?;
         Ok(Tensor::from_data(
             TensorData::new(w, [1, 1, 1, d]),
-            &self.device,
+            (&self.device, self.dtype),
         ))
     }
 
@@ -84,7 +89,12 @@ impl<B: Backend> Loader<'_, B> {
     /// SwiGLU experts of width `i` named by `expert(e)`, optional shared expert.
     pub fn moe(&self, parts: MoeParts<'_>, h: usize) -> Result<Moe<B>> {
         let e = parts.experts;
-        let router = self.linear(&parts.router, e, h)?;
+        // The router runs in f32 (as in Hugging Face) whatever the model's type.
+        let w = self.weights.load_f32(&parts.router, &[e, h])?;
+        let router = Tensor::from_data(
+            TensorData::new(transposed(&w, e, h), [h, e]),
+            (&self.device, DType::F32),
+        );
         let bias = match &parts.bias {
             Some(name) => self.weights.load_f32(name, &[e])?,
             None => vec![0.0; e],
@@ -121,12 +131,12 @@ impl<B: Backend> Loader<'_, B> {
         let host = self.weights.load_f32(embed, &[v, h])?;
         let tied = tie && !self.weights.contains(head);
         let head = if tied {
-            Head::new(&host, v, h, HeadPlacement::Auto, &self.device)
+            Head::new(&host, v, h, HeadPlacement::Auto, (&self.device, self.dtype))
         } else {
             let w = self.weights.load_f32(head, &[v, h])?;
-            Head::new(&w, v, h, HeadPlacement::Auto, &self.device)
+            Head::new(&w, v, h, HeadPlacement::Auto, (&self.device, self.dtype))
         };
-        let embed = Tensor::from_data(TensorData::new(host, [v, h]), &self.device);
+        let embed = Tensor::from_data(TensorData::new(host, [v, h]), (&self.device, self.dtype));
         Ok((embed, head, tied))
     }
 }

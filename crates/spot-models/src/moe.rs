@@ -3,7 +3,7 @@
 //! only the selected experts run, each on the rows routed to it.
 
 use burn_tensor::backend::Backend;
-use burn_tensor::{IndexingUpdateOp, Int, Tensor, TensorData};
+use burn_tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use crate::transformer::{Dense, numel};
 
@@ -79,6 +79,7 @@ impl<B: Backend> Moe<B> {
         let device = x.device();
         let logits: Vec<f32> = x
             .clone()
+            .cast(DType::F32)
             .matmul(self.router.clone())
             .into_data()
             .iter::<f32>()
@@ -92,7 +93,8 @@ impl<B: Backend> Moe<B> {
             }
         }
         // Each row sums its experts in expert order, starting from zero.
-        let mut out = Tensor::<B, 2>::zeros([rows, h], &device);
+        let dtype = x.dtype();
+        let mut out = Tensor::<B, 2>::zeros([rows, h], (&device, dtype));
         for (expert, (idx, w)) in self.experts.iter().zip(routed) {
             if idx.is_empty() {
                 continue;
@@ -106,7 +108,7 @@ impl<B: Backend> Moe<B> {
             let gathered =
                 Tensor::<B, 1, Int>::from_data(TensorData::new(gathered, [rows_in]), &device);
             let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [m]), &device);
-            let w = Tensor::<B, 2>::from_data(TensorData::new(w, [m, 1]), &device);
+            let w = Tensor::<B, 2>::from_data(TensorData::new(w, [m, 1]), (&device, dtype));
             let y = expert
                 .forward(x.clone().select(0, gathered))
                 .narrow(0, 0, m)

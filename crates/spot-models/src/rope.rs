@@ -10,9 +10,10 @@
 //! which is `x`.
 
 use burn_tensor::backend::Backend;
-use burn_tensor::{Tensor, TensorData};
+use burn_tensor::{DType, Tensor, TensorData};
 
-/// The tables of one forward for one head count: `[1, len * heads * head_dim]` each.
+/// The tables of one forward for one head count: `[1, len * heads * head_dim]` each, in the
+/// model's float type (as Hugging Face casts them).
 pub(crate) struct Rope<B: Backend> {
     cos: Tensor<B, 2>,
     sin: Tensor<B, 2>,
@@ -26,7 +27,7 @@ impl<B: Backend> Rope<B> {
         inv_freq: &[f64],
         (start, len): (usize, usize),
         (heads, head_dim, rotary): (usize, usize, usize),
-        device: &B::Device,
+        (device, dtype): (&B::Device, DType),
     ) -> Self {
         let half = rotary / 2;
         let n = len * heads * head_dim;
@@ -46,7 +47,7 @@ impl<B: Backend> Rope<B> {
                 sin.extend_from_slice(&row_sin);
             }
         }
-        let t = |v| Tensor::<B, 2>::from_data(TensorData::new(v, [1, n]), device);
+        let t = |v| Tensor::<B, 2>::from_data(TensorData::new(v, [1, n]), (device, dtype));
         Self {
             cos: t(cos),
             sin: t(sin),

@@ -17,6 +17,7 @@ use crate::config::{Checker, DecoderConfig};
 use crate::dense::{QWEN_NAMES, dense_net};
 use crate::error::Result;
 use crate::frame::open;
+use crate::precision::Precision;
 
 /// `config.json` of an SDAR (or plain Qwen3) checkpoint: `model_type` `"sdar"` or `"qwen3"`,
 /// no attention bias.
@@ -37,6 +38,11 @@ impl<B: Backend> BlockCausal<B, SdarConfig> {
     /// `model.safetensors` or a sharded index, and `tokenizer.json` (optional; needed to
     /// resolve the mask token when the config does not name it, and for text).
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self> {
+        Self::load_as(dir, device, Precision::Auto)
+    }
+
+    /// [`Self::load`] with the weights and activations in `precision`.
+    pub fn load_as(dir: &Path, device: &B::Device, precision: Precision) -> Result<Self> {
         let (cfg, path) = DecoderConfig::read(dir)?;
         cfg.check(&path, &["sdar", "qwen3"])?;
         Checker { path: &path }.unsupported(
@@ -45,7 +51,12 @@ impl<B: Backend> BlockCausal<B, SdarConfig> {
             "q/k/v biases are not supported for SDAR",
         )?;
         let (frame, weights) = open::<B>(dir, &cfg, crate::Family::Sdar.mask_tokens(), device)?;
-        let net = dense_net(&cfg.dense_spec(false, true), &QWEN_NAMES, &weights, device)?;
+        let net = dense_net(
+            &cfg.dense_spec(false, true),
+            &QWEN_NAMES,
+            &weights,
+            (device, precision),
+        )?;
         Ok(Self::assemble(cfg, net, frame))
     }
 }

@@ -19,7 +19,7 @@
 
 use burn_tensor::activation::silu;
 use burn_tensor::backend::Backend;
-use burn_tensor::{Int, Tensor, TensorData};
+use burn_tensor::{DType, Int, Tensor, TensorData};
 
 use crate::attention::{self, Attend, Attention, Kv};
 use crate::head::{Head, HeadPlacement};
@@ -76,8 +76,10 @@ pub(crate) fn rms_norm<B: Backend, const D: usize>(
     w: &Tensor<B, D>,
     eps: f64,
 ) -> Tensor<B, D> {
+    let dtype = x.dtype();
+    let x = x.cast(DType::F32);
     let var = x.clone().square().mean_dim(D - 1);
-    x * var.add_scalar(eps).sqrt().recip() * w.clone()
+    (x * var.add_scalar(eps).sqrt().recip()).cast(dtype) * w.clone()
 }
 
 /// Embedding, layers, final norm and head.
@@ -88,6 +90,8 @@ pub(crate) struct Net<B: Backend> {
     pub layers: Vec<Layer<B>>,
     pub norm: Tensor<B, 2>,
     pub head: Head<B>,
+    /// The float type of the weights and activations.
+    pub dtype: DType,
     inv_freq: Vec<f64>,
     parameters: usize,
 }
@@ -129,6 +133,7 @@ impl<B: Backend> Net<B> {
         layers: Vec<Layer<B>>,
         norm: Tensor<B, 2>,
     ) -> Self {
+        let dtype = embed.dtype();
         let parameters = numel(&embed)
             + if tied {
                 0
@@ -149,6 +154,7 @@ impl<B: Backend> Net<B> {
             layers,
             norm,
             head,
+            dtype,
             inv_freq,
             parameters,
         }
@@ -179,7 +185,12 @@ impl<B: Backend> Net<B> {
         let mut x = self.embed.clone().select(0, ids);
         let rope = |heads| {
             let shape = (heads, d, c.rotary_dim);
-            Rope::<B>::new(&self.inv_freq, (start, len), shape, &self.device)
+            Rope::<B>::new(
+                &self.inv_freq,
+                (start, len),
+                shape,
+                (&self.device, self.dtype),
+            )
         };
         let (rope_q, rope_k) = (rope(nh), rope(kvh));
         let scale = 1.0 / (d as f64).sqrt();
@@ -236,7 +247,7 @@ impl<B: Backend> Net<B> {
 
     /// Moves the output layer to `placement`.
     pub fn place_head(&mut self, placement: HeadPlacement) {
-        self.head.place(placement, &self.device);
+        self.head.place(placement, (&self.device, self.dtype));
     }
 
     /// Appends `kv` (one sequence) to `cache`.

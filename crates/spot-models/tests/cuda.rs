@@ -1,6 +1,6 @@
-//! The engine on a CUDA GPU (`--features cuda`): batch invariance of the statistics with the
-//! output layer on the device and on the host, and speculative == draft-free, on the SDAR and
-//! LLaDA2.0-MoE fixtures. Where no CUDA driver can be loaded every test prints a skip line and
+//! The engine on a CUDA GPU (`--features cuda`), in f32 and bf16: batch invariance of the
+//! statistics with the output layer on the device and on the host, and speculative ==
+//! draft-free, on the SDAR and LLaDA2.0-MoE fixtures. Where no CUDA driver can be loaded every test prints a skip line and
 //! returns (CI compiles this file; `tools/gpu/run.sh` runs it on a GPU machine).
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -12,10 +12,11 @@ use spot_dlm::{
     BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer,
     StatsQuery,
 };
-use spot_models::{CudaBackend, DiffusionModel, HeadPlacement};
+use spot_models::{CudaBackend, DiffusionModel, HeadPlacement, Precision};
 
-/// The model on the default CUDA device, or `None` (with a skip line) when CUDA cannot start.
-fn load(name: &str, test: &str) -> Option<DiffusionModel<CudaBackend>> {
+/// The model on the default CUDA device in `precision`, or `None` (with a skip line) when
+/// CUDA cannot start.
+fn load(name: &str, test: &str, precision: Precision) -> Option<DiffusionModel<CudaBackend>> {
     let device = Default::default();
     let probe = std::panic::catch_unwind(|| {
         burn_tensor::Tensor::<CudaBackend, 1>::zeros([1], &device).into_data()
@@ -29,32 +30,46 @@ fn load(name: &str, test: &str) -> Option<DiffusionModel<CudaBackend>> {
         eprintln!("SKIPPED {test}: no CUDA device ({why})");
         return None;
     }
-    Some(DiffusionModel::load(&fixture(name), &device).expect("fixture loads"))
+    let m = DiffusionModel::load_as(&fixture(name), &device, precision).expect("fixture loads");
+    assert_eq!(m.precision(), precision);
+    Some(m)
 }
 
 const FIXTURES: [&str; 2] = ["sdar-tiny", "llada2-moe-tiny"];
 
+/// Every fixture in every precision the tests cover.
+fn cases() -> impl Iterator<Item = (&'static str, Precision)> {
+    FIXTURES
+        .into_iter()
+        .flat_map(|n| [(n, Precision::F32), (n, Precision::Bf16)])
+}
+
 /// A state's statistics are bit-identical alone and inside batches of 2, 3, 8, 21 and 33 states
-/// (at every row position of the batch), after prefixes of 0 to 8 blocks, at T = 0 and 1, with
-/// the output layer on the device and on the host.
+/// (at every row position of the batch), after prefixes of 0 to 8 blocks of 8 and 0 to 4 blocks
+/// of 32, at T = 0 and 1, with the output layer on the device and on the host, in f32 and bf16.
 #[test]
 fn cuda_statistics_are_batch_invariant() {
-    for name in FIXTURES {
-        let Some(mut m) = load(name, "cuda_statistics_are_batch_invariant") else {
+    for (name, precision) in cases() {
+        let Some(mut m) = load(name, "cuda_statistics_are_batch_invariant", precision) else {
             return;
         };
         let mask = m.info().mask_id;
         for head in [HeadPlacement::Device, HeadPlacement::Host] {
             m.set_head_placement(head);
-            for blocks in [0usize, 1, 2, 4, 8] {
-                let prefix: Vec<u32> = (0..blocks as u32 * 8).map(|i| (i * 7) % 300).collect();
-                m.reset_prefix(&prefix, 8).unwrap();
+            for (bs, blocks) in [(8usize, 0usize), (8, 1), (8, 2), (8, 4), (8, 8)]
+                .into_iter()
+                .chain([(32, 0), (32, 1), (32, 2), (32, 4)])
+            {
+                let prefix: Vec<u32> = (0..(blocks * bs) as u32).map(|i| (i * 7) % 300).collect();
+                m.reset_prefix(&prefix, bs).unwrap();
                 for t in [0.0f32, 1.0] {
                     let q = StatsQuery::new(t, 11);
                     for n in [2usize, 3, 8, 21, 33] {
-                        let batch = varied_states(mask, n, 8, (blocks * 100 + n) as u64);
-                        let what =
-                            format!("{name} {head:?} prefix {blocks} blocks T {t} batch {n}");
+                        let batch = varied_states(mask, n, bs, (blocks * 100 + n) as u64);
+                        let what = format!(
+                            "{name} {precision} {head:?} block {bs} prefix {blocks} blocks T {t} \
+                             batch {n}"
+                        );
                         assert_batch_invariant(&mut m, &batch, &q, &what);
                     }
                 }
@@ -64,11 +79,11 @@ fn cuda_statistics_are_batch_invariant() {
 }
 
 /// Speculative decoding returns the draft-free tokens on the GPU (the tree decoder, budgets 8
-/// and 20, T = 0 and 1).
+/// and 20, T = 0 and 1, f32 and bf16).
 #[test]
 fn cuda_speculative_equals_draft_free() {
-    for name in FIXTURES {
-        let Some(mut m) = load(name, "cuda_speculative_equals_draft_free") else {
+    for (name, precision) in cases() {
+        let Some(mut m) = load(name, "cuda_speculative_equals_draft_free", precision) else {
             return;
         };
         for i in 0..4u64 {
@@ -94,7 +109,7 @@ fn cuda_speculative_equals_draft_free() {
                     let out = tree.decode(&mut m, &prompt, &cfg).unwrap();
                     assert_eq!(
                         out.tokens, reference.tokens,
-                        "{name} prompt {i} T {t} D {budget}"
+                        "{name} {precision} prompt {i} T {t} D {budget}"
                     );
                 }
             }

@@ -312,3 +312,99 @@ fn approximate_prefix_cache_is_consistent() {
         m.set_approximate_prefix_cache(false).unwrap();
     }
 }
+
+/// bf16 and f16 (weights and activations in that type; norms, softmax and the reduction in
+/// f32): the logits stay within a few percent of f32 and differ from them (the type is really
+/// used), statistics are batch invariant on both head placements, and speculative decoding
+/// equals draft-free. A backend without the type (ndarray) must refuse it with an error naming
+/// it, and the rest is reported as skipped.
+#[test]
+fn half_precisions_are_exact_and_close() {
+    use burn_tensor::backend::Backend;
+    use spot_models::{CpuBackend, DiffusionModel, Precision};
+    let device = Default::default();
+    for name in DIFFUSION_FIXTURES {
+        let mut reference = load_any(name);
+        let mask = reference.info().mask_id;
+        let prefix: Vec<u32> = (0..16u32).map(|i| (i * 5) % 300).collect();
+        let batch = varied_states(mask, 5, 8, 3);
+        let start = |m: &mut DiffusionModel<CpuBackend>| {
+            m.set_generation_end(40).unwrap();
+            m.reset_prefix(&prefix, 8).unwrap();
+        };
+        start(&mut reference);
+        let want = reference.forward_logits(&batch).unwrap();
+        let scale = want.iter().fold(0f32, |a, x| a.max(x.abs()));
+        for (p, dtype) in [
+            (Precision::Bf16, burn_tensor::DType::BF16),
+            (Precision::F16, burn_tensor::DType::F16),
+        ] {
+            let loaded = DiffusionModel::<CpuBackend>::load_as(&fixture(name), &device, p);
+            if !CpuBackend::supports_dtype(&device, dtype) {
+                let e = match loaded {
+                    Err(e) => e.to_string(),
+                    Ok(_) => panic!("{name}: {p} accepted by a backend without it"),
+                };
+                assert!(e.contains(p.name()), "{e}");
+                eprintln!("SKIPPED {name} in {p}: the CPU backend has no {p} tensors ({e})");
+                continue;
+            }
+            let mut m = loaded.unwrap();
+            assert_eq!(m.precision(), p);
+            start(&mut m);
+            let got = m.forward_logits(&batch).unwrap();
+            let diff = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+            assert!(
+                diff > 0.0,
+                "{name} {p}: logits equal f32's: the type is not used"
+            );
+            eprintln!("{name} {p}: max |logit diff| vs f32 {diff:.3e} (max |logit| {scale:.2})");
+            // Measured: bf16 1.3-7.2% of (1 + max |logit|), f16 0.1-1.4%, about 8x less (the
+            // ratio of their epsilons). The MoE's bf16 is looser: a top-k expert choice can flip
+            // (7.76 of 16.9), so only its f16 is bounded.
+            let bound = match (p, name.contains("moe")) {
+                (Precision::F16, _) => 0.02,
+                (_, false) => 0.1,
+                (_, true) => f32::INFINITY,
+            };
+            assert!(
+                diff <= bound * (1.0 + scale),
+                "{name} {p}: max |diff| {diff}, scale {scale}"
+            );
+            for head in [HeadPlacement::Host, HeadPlacement::Device] {
+                m.set_head_placement(head);
+                for t in [0.0f32, 1.0] {
+                    let q = StatsQuery::new(t, 5);
+                    let many = varied_states(mask, 9, 8, 7);
+                    assert_batch_invariant(
+                        &mut m,
+                        &many,
+                        &q,
+                        &format!("{name} {p} {head:?} T {t}"),
+                    );
+                }
+            }
+            let stop = m.info().stop_ids.clone();
+            for t in [0.0f32, 1.0] {
+                let cfg = DecodeConfig {
+                    block_size: 8,
+                    max_new_tokens: 16,
+                    temperature: t,
+                    seed: 3,
+                    stop_ids: stop.clone(),
+                    ..DecodeConfig::default()
+                };
+                let prompt = [5u32, 17, 29, 41, 53];
+                let df = DraftFreeDecoder::new()
+                    .decode(&mut m, &prompt, &cfg)
+                    .unwrap();
+                let mut spot = SpotDecoder::builder().budget(8).build().unwrap();
+                let out = spot.decode(&mut m, &prompt, &cfg).unwrap();
+                assert_eq!(out.tokens, df.tokens, "{name} {p} T {t}");
+            }
+        }
+    }
+}
