@@ -77,7 +77,13 @@ pub fn golden(name: &str) -> Golden {
 
 /// The golden logits of case `key` as f32 values.
 pub fn golden_logits(name: &str, key: &str) -> Vec<f32> {
-    let bytes = std::fs::read(fixture(name).join("golden.safetensors")).unwrap();
+    golden_logits_in(name, "golden.safetensors", key)
+}
+
+/// The logits of case `key` in the fixture file `file` (`golden.safetensors`, or
+/// `golden_bf16.safetensors`: transformers in bf16) as f32 values.
+pub fn golden_logits_in(name: &str, file: &str, key: &str) -> Vec<f32> {
+    let bytes = std::fs::read(fixture(name).join(file)).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor(key).unwrap();
     assert_eq!(t.dtype(), safetensors::Dtype::F32);
