@@ -38,6 +38,22 @@ pub(crate) struct Geometry {
     pub eps: f64,
 }
 
+/// `x` `[a, b, c, d]` with dimensions 1 and 2 swapped. On the CPU backends (`host`) the result
+/// is built contiguous one index of dimension 2 at a time: each slice is a 2-D strided block that
+/// the backend copies row by row, where copying the 4-D permuted view walks it element by element
+/// (40% of a CPU forward at 21 states). Elsewhere a swapped view, copied by the backend's own
+/// kernels when it is reshaped. The same values either way.
+fn swap_heads<B: Backend>(x: Tensor<B, 4>, host: bool) -> Tensor<B, 4> {
+    let [a, b, c, d] = x.dims();
+    if !host || c == 1 {
+        return x.swap_dims(1, 2);
+    }
+    let slices = (0..c)
+        .map(|i| x.clone().narrow(2, i, 1).reshape([a, 1, b, d]))
+        .collect();
+    Tensor::cat(slices, 1)
+}
+
 /// A SwiGLU MLP: `down(silu(gate(x)) * up(x))`, weights stored `[in, out]`.
 pub(crate) struct Dense<B: Backend> {
     gate: Tensor<B, 2>,
@@ -193,6 +209,7 @@ impl<B: Backend> Net<B> {
             )
         };
         let (rope_q, rope_k) = (rope(nh), rope(kvh));
+        let host = crate::head::runs_on_host::<B>(&self.device);
         let scale = 1.0 / (d as f64).sqrt();
         let mut new_kv = Vec::with_capacity(self.layers.len());
         for (li, layer) in self.layers.iter().enumerate() {
@@ -217,7 +234,7 @@ impl<B: Backend> Net<B> {
                 Some([qn, kn]) => (rms_norm(q, qn, c.eps), rms_norm(k, kn, c.eps)),
                 None => (q, k),
             };
-            let q = rope_q.apply(q).swap_dims(1, 2);
+            let q = swap_heads(rope_q.apply(q), host);
             let k = rope_k.apply(k).swap_dims(1, 2);
             let v = v.swap_dims(1, 2);
             // 3. Group the query heads of each KV head: [n, kv, g * len, d].
@@ -229,10 +246,7 @@ impl<B: Backend> Net<B> {
                 Attend::Bidirectional => attention::bidirectional(q, &k, &v, cached, scale),
             };
             // 5. Heads back to features, output projection, residual.
-            let out = out
-                .reshape([n, nh, len, d])
-                .swap_dims(1, 2)
-                .reshape([rows, nh * d]);
+            let out = swap_heads(out.reshape([n, nh, len, d]), host).reshape([rows, nh * d]);
             x = x + out.matmul(a.o.clone());
             // 6. MLP, residual.
             let hn = rms_norm(x.clone(), &layer.post_norm, c.eps);
