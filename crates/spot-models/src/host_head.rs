@@ -27,6 +27,8 @@ const PANEL: usize = 16;
 const MR: usize = 6;
 /// Vocabulary ids per segment: the unit of parallel work and of the fixed merge order.
 const SEGMENT: usize = 8192;
+/// Vocabulary ids per segment when only logits are written (no merge: finer, for balance).
+const LOGITS_SEGMENT: usize = 2048;
 /// Bytes of packed weights a tile may take (kept in the L2 cache while every row group reads it).
 const TILE_BYTES: usize = 128 * 1024;
 
@@ -530,13 +532,13 @@ impl HostHead {
         let rows = hidden.len() / self.dim.max(1);
         let mut out = vec![0.0f32; rows * vocab];
         // Each segment fills its column range of every row.
-        let mut sinks: Vec<LogitsSink<'_>> = (0..vocab.div_ceil(SEGMENT))
+        let mut sinks: Vec<LogitsSink<'_>> = (0..vocab.div_ceil(LOGITS_SEGMENT))
             .map(|_| LogitsSink {
                 parts: Vec::with_capacity(rows),
             })
             .collect();
         for row in out.chunks_mut(vocab) {
-            for (s, part) in row.chunks_mut(SEGMENT).enumerate() {
+            for (s, part) in row.chunks_mut(LOGITS_SEGMENT).enumerate() {
                 sinks[s].parts.push(part);
             }
         }
@@ -596,6 +598,9 @@ impl HostHead {
 
 /// What a sweep does with the logits of one row over one tile.
 trait Sink {
+    /// Vocabulary ids per segment.
+    const SEGMENT: usize = SEGMENT;
+
     /// `logits` are those of row `row` for ids `first..first + logits.len()`; rows past the
     /// sink's last are padding.
     fn row(&mut self, row: usize, first: usize, logits: &mut [f32]);
@@ -608,10 +613,12 @@ struct LogitsSink<'a> {
 }
 
 impl Sink for LogitsSink<'_> {
+    const SEGMENT: usize = LOGITS_SEGMENT;
+
     #[inline(always)]
     fn row(&mut self, row: usize, first: usize, logits: &mut [f32]) {
         if let Some(part) = self.parts.get_mut(row) {
-            let at = first % SEGMENT;
+            let at = first % LOGITS_SEGMENT;
             part[at..at + logits.len()].copy_from_slice(logits);
         }
     }
@@ -669,8 +676,9 @@ impl<S: Sink> pulp::WithSimd for Sweep<'_, S> {
     fn with_simd<V: pulp::Simd>(mut self, _: V) -> S {
         let head = self.head;
         let (dim, tile) = (head.dim, head.tile);
-        let first = self.segment * SEGMENT;
-        let end = (first + SEGMENT).min(head.vocab);
+        let len = S::SEGMENT;
+        let first = self.segment * len;
+        let end = (first + len).min(head.vocab);
         let mut buf = vec![0.0f32; MR * tile];
         for t0 in (first..end).step_by(tile) {
             let width = (end - t0).min(tile);
