@@ -127,6 +127,10 @@ pub fn device() -> Result<<Backend as burn_tensor::backend::BackendTypes>::Devic
     static PROBE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     let probe = PROBE.get_or_init(|| {
         eprintln!("spot: backend {}", ACTIVE.describe());
+        // Compiled kernels persist on disk (CubeCL's cache is off by default): once per
+        // machine, not once per process. Must precede the first tensor on the device.
+        #[cfg(any(feature = "cuda", feature = "wgpu"))]
+        spot_models::enable_kernel_cache();
         probe()
     });
     match probe {

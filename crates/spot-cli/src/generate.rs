@@ -7,10 +7,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{
-    BlockDiffusionModel, BlockObserver, BlockProgress, ConfidenceRule, DecodeConfig, DecodeOutput,
-    Transition,
+    BatchDriver, BlockDiffusionModel, BlockObserver, BlockProgress, ConfidenceRule, DecodeConfig,
+    DecodeOutput, Request, Transition, run_request,
 };
-use spot_models::{DiffusionModel, Family};
+use spot_models::{DiffusionModel, Family, StopStrings};
 
 use crate::methods::{self, DraftFiles, Drafters, Method, Settings};
 use crate::{Backend, load, model_dir, prompts};
@@ -41,6 +41,16 @@ pub struct GenerateArgs {
     /// Decode only the first N prompts of `--prompts`.
     #[arg(long)]
     limit: Option<usize>,
+    /// With `--prompts`: decode up to N prompts at a time through one model, their forwards
+    /// merged into one (continuous batching: a finished prompt's place goes to the next).
+    /// Outputs are identical to `--batch 1`; lines are printed in file order.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    batch: u64,
+    /// Stop string (repeatable): decoding ends at the first block end whose text contains
+    /// one; the output keeps the fewest tokens whose text holds it, and the text ends before
+    /// it.
+    #[arg(long)]
+    stop: Vec<String>,
     /// Tokens to generate.
     #[arg(long, default_value_t = 256)]
     pub(crate) max_new_tokens: usize,
@@ -171,7 +181,13 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
     if !Family::detect(&dir)?.is_diffusion() {
+        if a.batch > 1 || !a.stop.is_empty() {
+            bail!("--batch and --stop apply to block-diffusion models only");
+        }
         return crate::generate_ar::run(a, &dir);
+    }
+    if a.batch > 1 && a.prompts.is_none() {
+        bail!("--batch applies to --prompts FILE.jsonl only");
     }
     let mut model = load(&dir, a.dtype)?;
     model.set_approximate_prefix_cache(a.approx_prefix_cache)?;
@@ -228,12 +244,29 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
             bar.suspend(|| print!("{text}"));
         }
     };
+    let stops = stop_strings(a, &model)?;
     let start = Instant::now();
-    let out = decode(a, &drafter, &mut model, &prompt, &cfg, &mut on_block)?;
+    let out = decode(
+        a,
+        &drafter,
+        &mut model,
+        (&prompt, &cfg),
+        stops.clone(),
+        &mut on_block,
+    )?;
     let wall = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
     if a.json {
-        println!("{}", result_json(a, &model, prompt.len(), &out, wall)?);
+        println!(
+            "{}",
+            result_json(
+                a,
+                (model.tokenizer(), stops.as_ref()),
+                prompt.len(),
+                &out,
+                wall
+            )?
+        );
     } else {
         println!();
         eprintln!(
@@ -248,7 +281,8 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// Every prompt of a JSONL file: one JSON line each on stdout, a summary on stderr.
+/// Every prompt of a JSONL file: one JSON line each on stdout (in file order), a summary on
+/// stderr; `--batch N` decodes N at a time.
 fn run_file(
     a: &GenerateArgs,
     drafter: &Drafters,
@@ -257,44 +291,121 @@ fn run_file(
 ) -> Result<()> {
     let set = a.file_prompts(model.dir(), model.tokenizer(), path)?;
     let cfg = decode_config(a, model);
+    let stops = stop_strings(a, model)?;
     let bar = ProgressBar::new(set.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:30} {pos}/{len} prompts {msg} [{elapsed}<{eta}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let (mut nfe, mut tokens, mut forwards, mut wall_total) = (0u64, 0usize, 0u64, 0f64);
-    for (id, ids) in &set {
-        let start = Instant::now();
-        let out = decode(a, drafter, model, ids, &cfg, &mut ())
-            .with_context(|| format!("prompt {id}"))?;
-        let wall = start.elapsed().as_secs_f64();
-        let mut j = result_json(a, model, ids.len(), &out, wall)?;
+    let mut summary = Summary::default();
+    let tokenizer = model.tokenizer().cloned();
+    let mut print = |id: &str, prompt_len: usize, out: &DecodeOutput, wall: f64| -> Result<()> {
+        let text = (tokenizer.as_ref(), stops.as_ref());
+        let mut j = result_json(a, text, prompt_len, out, wall)?;
         if let Some(obj) = j.as_object_mut() {
-            obj.insert("id".into(), id.clone().into());
+            obj.insert("id".into(), id.into());
         }
         bar.suspend(|| println!("{j}"));
-        nfe += out.stats.nfe;
-        tokens += out.tokens.len();
-        forwards += out.stats.block_forwards;
-        wall_total += wall;
+        summary.add(out);
         bar.inc(1);
-        bar.set_message(format!(
-            "mean NFE {:.1}",
-            nfe as f64 / bar.position() as f64
-        ));
+        bar.set_message(format!("mean NFE {:.1}", summary.mean_nfe()));
+        Ok(())
+    };
+    let start = Instant::now();
+    if a.batch <= 1 {
+        for (id, ids) in &set {
+            let t0 = Instant::now();
+            let out = decode(a, drafter, model, (ids, &cfg), stops.clone(), &mut ())
+                .with_context(|| format!("prompt {id}"))?;
+            print(id, ids.len(), &out, t0.elapsed().as_secs_f64())?;
+        }
+    } else {
+        let info = model.info().clone();
+        let mut driver = BatchDriver::new(a.batch as usize)?;
+        for (id, ids) in &set {
+            let strategy =
+                methods::strategy(a.method, settings(a), drafter, model, (ids, &cfg), None)?;
+            let mut r =
+                Request::new(ids, &cfg, &info, strategy).with_context(|| format!("prompt {id}"))?;
+            if let Some(s) = &stops {
+                r = r.with_stop_check(s.clone());
+            }
+            driver.submit(r);
+        }
+        // Lines go out in file order: a result waits for those before it.
+        let mut done: Vec<Option<(DecodeOutput, f64)>> = set.iter().map(|_| None).collect();
+        let mut next = 0;
+        while !driver.is_idle() {
+            for f in driver.step(model)? {
+                let i = f.id as usize;
+                let out = f.output.with_context(|| format!("prompt {}", set[i].0))?;
+                done[i] = Some((out, start.elapsed().as_secs_f64()));
+            }
+            while let Some((out, wall)) = done.get_mut(next).and_then(Option::take) {
+                print(&set[next].0, set[next].1.len(), &out, wall)?;
+                next += 1;
+            }
+        }
     }
     bar.finish_and_clear();
-    let n = set.len().max(1) as f64;
-    eprintln!(
-        "[{} prompts from {}: mean NFE {:.2}, mean {:.1} tokens, {:.2} commits/block forward, {:.2} s]",
-        set.len(),
-        path.display(),
-        nfe as f64 / n,
-        tokens as f64 / n,
-        (tokens as f64) / (forwards.max(1) as f64),
-        wall_total
-    );
+    summary.report(&set, path, a.batch, start.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Totals of a `--prompts` run.
+#[derive(Default)]
+struct Summary {
+    n: usize,
+    nfe: u64,
+    tokens: usize,
+    forwards: u64,
+}
+
+impl Summary {
+    fn add(&mut self, out: &DecodeOutput) {
+        self.n += 1;
+        self.nfe += out.stats.nfe;
+        self.tokens += out.tokens.len();
+        self.forwards += out.stats.block_forwards;
+    }
+
+    fn mean_nfe(&self) -> f64 {
+        self.nfe as f64 / self.n.max(1) as f64
+    }
+
+    fn report(&self, set: &[(String, Vec<u32>)], path: &std::path::Path, batch: u64, wall: f64) {
+        let n = set.len().max(1) as f64;
+        eprintln!(
+            "[{} prompts from {} (batch {batch}): mean NFE {:.2}, mean {:.1} tokens, {:.2} \
+             commits/block forward, {:.2} s, {:.1} tokens/s]",
+            set.len(),
+            path.display(),
+            self.nfe as f64 / n,
+            self.tokens as f64 / n,
+            (self.tokens as f64) / (self.forwards.max(1) as f64),
+            wall,
+            self.tokens as f64 / wall.max(1e-9),
+        );
+    }
+}
+
+/// `--stop`, compiled against the folder's tokenizer (none without `--stop`).
+fn stop_strings(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> Result<Option<StopStrings>> {
+    if a.stop.is_empty() {
+        return Ok(None);
+    }
+    let tokenizer = model
+        .tokenizer()
+        .context("--stop needs tokenizer.json in the model folder")?;
+    Ok(Some(StopStrings::new(tokenizer, a.stop.clone())?))
+}
+
+fn settings(a: &GenerateArgs) -> Settings {
+    Settings {
+        budget: a.budget,
+        gamma: a.gamma,
+        spot_gamma: a.spot_gamma,
+    }
 }
 
 pub(crate) fn encode(
@@ -328,32 +439,33 @@ fn decode(
     a: &GenerateArgs,
     drafters: &Drafters,
     model: &mut DiffusionModel<Backend>,
-    prompt: &[u32],
-    cfg: &DecodeConfig,
+    (prompt, cfg): (&[u32], &DecodeConfig),
+    stops: Option<StopStrings>,
     on_block: &mut dyn BlockObserver,
 ) -> Result<DecodeOutput> {
-    let settings = Settings {
-        budget: a.budget,
-        gamma: a.gamma,
-        spot_gamma: a.spot_gamma,
-    };
-    Ok(methods::run(
-        a.method, settings, drafters, model, prompt, cfg, None, on_block,
-    )?
-    .out)
+    let strategy = methods::strategy(a.method, settings(a), drafters, model, (prompt, cfg), None)?;
+    let mut request = Request::new(prompt, cfg, model.info(), strategy)?;
+    if let Some(s) = stops {
+        request = request.with_stop_check(s);
+    }
+    Ok(run_request(model, request, on_block)?)
 }
 
+/// The JSON line of one decode; the text through the tokenizer, cut at a stop string.
 fn result_json(
     a: &GenerateArgs,
-    model: &DiffusionModel<Backend>,
+    (tokenizer, stops): (Option<&spot_models::hf::Tokenizer>, Option<&StopStrings>),
     prompt_tokens: usize,
     out: &DecodeOutput,
     wall: f64,
 ) -> Result<serde_json::Value> {
-    let text = match model.tokenizer() {
+    let mut text = match tokenizer {
         Some(t) => t.decode(&out.tokens)?,
         None => String::new(),
     };
+    if let Some(s) = stops {
+        text.truncate(s.cut(&text).len());
+    }
     let s = &out.stats;
     Ok(serde_json::json!({
         "method": a.method.name(),

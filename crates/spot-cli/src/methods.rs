@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use spot_dlm::{
     BlockDiffusionModel, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace, DraftFreeDecoder,
-    OracleScorer, SpotDecoder, SpotReport, StaleConfidenceScorer,
+    OracleScorer, Request, SpotDecoder, SpotReport, StaleConfidenceScorer, Strategy, run_request,
 };
 use spot_drafter::{LearnedScorer, OrderModel, SpiffyGraph, SpiffyScorer};
 
@@ -194,32 +194,21 @@ pub struct Run {
     pub report: Option<SpotReport>,
 }
 
-/// Decodes `prompt` with `method`. `reference` is a draft-free trace of the same inputs for the
-/// oracle (computed here when absent).
-#[allow(clippy::too_many_arguments)]
-pub fn run(
+/// The decoder of `method`, ready to complete a [`Request`]. `reference` is a draft-free
+/// trace of the same inputs for the oracle (computed here, on `model`, when absent).
+pub fn strategy(
     method: Method,
     settings: Settings,
     drafters: &Drafters,
     model: &mut dyn BlockDiffusionModel,
-    prompt: &[u32],
-    cfg: &DecodeConfig,
+    (prompt, cfg): (&[u32], &DecodeConfig),
     reference: Option<&DecodeTrace>,
-    observer: &mut dyn BlockObserver,
-) -> Result<Run> {
+) -> Result<Strategy> {
     let b = SpotDecoder::builder()
         .budget(settings.budget)
         .gamma(settings.gamma);
     let b = match method {
-        Method::Df | Method::Threshold => {
-            let start = Instant::now();
-            let out = DraftFreeDecoder::new().decode_observed(model, prompt, cfg, observer)?;
-            return Ok(Run {
-                out,
-                wall: start.elapsed().as_secs_f64(),
-                report: None,
-            });
-        }
+        Method::Df | Method::Threshold => return Ok(Strategy::draft_free()),
         Method::Ssd => b.chain(),
         Method::Blockspec => b.scorer(StaleConfidenceScorer),
         Method::Spot | Method::SpotGamma => {
@@ -256,12 +245,28 @@ pub fn run(
             b.scorer(OracleScorer::from_trace(trace, false)?)
         }
     };
-    let mut dec = b.build()?;
+    Ok(b.build()?.into())
+}
+
+/// Decodes `prompt` with `method` (see [`strategy`]).
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    method: Method,
+    settings: Settings,
+    drafters: &Drafters,
+    model: &mut dyn BlockDiffusionModel,
+    prompt: &[u32],
+    cfg: &DecodeConfig,
+    reference: Option<&DecodeTrace>,
+    observer: &mut dyn BlockObserver,
+) -> Result<Run> {
+    let mut strategy = strategy(method, settings, drafters, model, (prompt, cfg), reference)?;
     let start = Instant::now();
-    let out = dec.decode_observed(model, prompt, cfg, observer)?;
+    let request = Request::new(prompt, cfg, model.info(), &mut strategy)?;
+    let out = run_request(model, request, observer)?;
     Ok(Run {
         out,
         wall: start.elapsed().as_secs_f64(),
-        report: Some(dec.report().clone()),
+        report: strategy.report().cloned(),
     })
 }

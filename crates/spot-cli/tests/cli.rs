@@ -381,7 +381,7 @@ fn bad_arguments_fail_with_a_message() {
 fn generate_over_a_prompt_file() {
     let dir = fixture("sdar-tiny");
     let he = humaneval();
-    let run = |method: &str| {
+    let run = |method: &str, batch: &str| {
         let out = spot(&[
             "generate",
             "--model",
@@ -394,6 +394,8 @@ fn generate_over_a_prompt_file() {
             "12",
             "--method",
             method,
+            "--batch",
+            batch,
         ]);
         assert!(
             out.status.success(),
@@ -408,8 +410,8 @@ fn generate_over_a_prompt_file() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("3 prompts from"));
         lines
     };
-    let df = run("df");
-    let spec = run("blockspec");
+    let df = run("df", "1");
+    let spec = run("blockspec", "1");
     assert_eq!(df.len(), 3);
     for (i, (a, b)) in df.iter().zip(&spec).enumerate() {
         assert_eq!(a["id"], format!("HumanEval/{i}"));
@@ -417,6 +419,63 @@ fn generate_over_a_prompt_file() {
         assert!(!a["tokens"].as_array().unwrap().is_empty());
         assert!(b["nfe"].as_u64() <= a["nfe"].as_u64());
     }
+    // `--batch 2`: the same lines in the same order (two prompts share forwards, the third
+    // joins when the first leaves), for draft-free and speculative decoding.
+    for (method, alone) in [("df", &df), ("blockspec", &spec)] {
+        let batched = run(method, "2");
+        assert_eq!(batched.len(), 3);
+        for (a, b) in alone.iter().zip(&batched) {
+            for key in ["id", "tokens", "text", "nfe", "forwards", "states_scored"] {
+                assert_eq!(a[key], b[key], "{method} {key}");
+            }
+        }
+    }
+}
+
+/// `--stop`: the text ends before the stop string, the tokens are a prefix of the decode
+/// without it, for every method alike; `--batch` without `--prompts` is refused.
+#[test]
+fn stop_strings_cut_the_output() {
+    let run = |method: &str, stop: Option<&str>| {
+        let mut args = vec![
+            "generate",
+            "--prompt",
+            "def fibonacci(n):",
+            "--max-new-tokens",
+            "64",
+            "--no-early-stop",
+            "--json",
+            "--method",
+            method,
+        ];
+        if let Some(s) = stop {
+            args.extend(["--stop", s]);
+        }
+        json(&spot(&args))
+    };
+    let full = run("df", None);
+    let text = full["text"].as_str().unwrap().to_string();
+    // A stop string that occurs in the middle of the decoded text.
+    let stop: String = text
+        .chars()
+        .skip(text.chars().count() / 2)
+        .take(3)
+        .collect();
+    let cut_at = text.find(&stop).unwrap();
+    for method in ["df", "ssd"] {
+        let out = run(method, Some(&stop));
+        assert_eq!(out["text"].as_str().unwrap(), &text[..cut_at], "{method}");
+        assert_eq!(out["stopped"], true, "{method}");
+        let (all, kept) = (
+            full["tokens"].as_array().unwrap(),
+            out["tokens"].as_array().unwrap(),
+        );
+        assert!(kept.len() < all.len(), "{method}");
+        assert_eq!(&all[..kept.len()], &kept[..], "{method}");
+    }
+    let out = spot(&["generate", "--prompt", "x", "--batch", "2"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--batch applies to --prompts"));
 }
 
 /// Without `--model`, `spot generate` runs the shipped trained target.

@@ -1,9 +1,10 @@
 //! The block loop shared by every decoder, and the draft-free decoder (the ground truth).
 
 use crate::error::{Error, Result};
-use crate::model::{BlockDiffusionModel, Meter, MeteredModel};
+use crate::model::{BlockDiffusionModel, Meter, ModelInfo};
+use crate::request::{BlockRun, Need, Request, StepStrategy};
 use crate::state::{BlockState, Commit, TokenId};
-use crate::stats::{ConfidenceRule, StatsQuery};
+use crate::stats::{BlockStats, ConfidenceRule, StatsQuery};
 use crate::transition::Transition;
 
 /// Everything that determines the decoded tokens, besides the model and the prompt.
@@ -51,6 +52,24 @@ impl Default for DecodeConfig {
 }
 
 impl DecodeConfig {
+    /// The defaults for a model: its declared block size (32 when it declares none) and its
+    /// stop ids, everything else as [`DecodeConfig::default`].
+    ///
+    /// ```
+    /// use spot_core::{BlockDiffusionModel, DecodeConfig, toy::{ToyConfig, ToyModel}};
+    /// let model = ToyModel::new(ToyConfig { stop_ids: vec![0, 5], ..ToyConfig::default() });
+    /// let cfg = DecodeConfig::for_model(model.info());
+    /// assert_eq!(cfg.stop_ids, vec![0, 5]);
+    /// assert_eq!(cfg.block_size, 32);
+    /// ```
+    pub fn for_model(info: &ModelInfo) -> Self {
+        Self {
+            block_size: info.block_size.unwrap_or(32),
+            stop_ids: info.stop_ids.clone(),
+            ..Self::default()
+        }
+    }
+
     /// Checks every field that has a range.
     pub fn validate(&self) -> Result<()> {
         if self.block_size == 0 {
@@ -116,7 +135,7 @@ impl DecodeStats {
         }
     }
 
-    fn absorb(&mut self, m: &Meter) {
+    pub(crate) fn absorb(&mut self, m: &Meter) {
         self.nfe = m.nfe;
         self.positions_processed = m.positions_processed;
         self.block_forwards = m.block_forwards;
@@ -151,106 +170,16 @@ pub struct DecodeOutput {
     pub tokens: Vec<TokenId>,
     /// Every decoded id after the prompt (whole blocks, nothing cut).
     pub generated: Vec<TokenId>,
-    /// Whether decoding ended at a stop id.
+    /// Whether decoding ended early: at a stop id, or where a
+    /// [`StopCheck`](crate::StopCheck) said so.
     pub stopped: bool,
+    /// Whether the request was cancelled ([`CancelHandle`](crate::CancelHandle)); the output
+    /// then holds the blocks finished before.
+    pub cancelled: bool,
     /// Work counters.
     pub stats: DecodeStats,
     /// Commit history, when requested.
     pub trace: Option<DecodeTrace>,
-}
-
-/// The block being decoded, as handed to a [`BlockDecoder`].
-#[derive(Debug)]
-pub struct BlockRun<'a> {
-    state: BlockState,
-    start: usize,
-    index: usize,
-    query: StatsQuery,
-    transition: Transition,
-    stats: &'a mut DecodeStats,
-    trace: Option<&'a mut BlockTrace>,
-    pending: u32,
-}
-
-impl BlockRun<'_> {
-    /// The current state.
-    pub fn state(&self) -> &BlockState {
-        &self.state
-    }
-
-    /// Absolute position of the block's first slot.
-    pub fn start(&self) -> usize {
-        self.start
-    }
-
-    /// Index of the block in this decode (0 = the block holding the prompt tail).
-    pub fn index(&self) -> usize {
-        self.index
-    }
-
-    /// The query every forward of this decode uses.
-    pub fn query(&self) -> &StatsQuery {
-        &self.query
-    }
-
-    /// The commit rule.
-    pub fn transition(&self) -> Transition {
-        self.transition
-    }
-
-    /// Applies one transition step (the commits of one `Φ` application).
-    pub fn apply_step(&mut self, commits: &[Commit]) -> Result<()> {
-        for &c in commits {
-            self.state.commit(c)?;
-        }
-        self.pending += commits.len() as u32;
-        if let Some(t) = self.trace.as_deref_mut() {
-            t.steps.push(commits.to_vec());
-        }
-        Ok(())
-    }
-
-    /// One draft-free step: a forward over the current state alone, the transition's commits
-    /// applied, the forward closed. Returns the forward's statistics (a speculative decoder
-    /// keeps them as the next stale distribution). `scratch` is a reusable buffer.
-    pub fn plain_step(
-        &mut self,
-        model: &mut MeteredModel<'_>,
-        scratch: &mut Vec<Commit>,
-    ) -> Result<crate::BlockStats> {
-        let stats = model
-            .forward(std::slice::from_ref(&self.state), &self.query)?
-            .swap_remove(0);
-        scratch.clear();
-        self.transition.commits(&self.state, &stats, scratch)?;
-        self.apply_step(scratch)?;
-        self.finish_forward(0, 0);
-        Ok(stats)
-    }
-
-    /// Closes the current forward: everything applied since the last call was paid by one
-    /// forward. Also records draft counts for speculative decoders.
-    pub fn finish_forward(&mut self, draft_nodes: usize, accepted_nodes: usize) {
-        self.stats.commits_per_forward.push(self.pending);
-        self.stats.committed += u64::from(self.pending);
-        self.stats.draft_nodes += draft_nodes as u64;
-        self.stats.accepted_nodes += accepted_nodes as u64;
-        self.pending = 0;
-    }
-}
-
-/// A strategy that completes one block; the block loop ([`run_decode`]) does the rest.
-pub trait BlockDecoder {
-    /// The strategy's error type; core errors convert into it.
-    type Error: From<Error>;
-
-    /// Decodes `block` until its state is complete, calling [`BlockRun::apply_step`] for every
-    /// transition step and [`BlockRun::finish_forward`] after every forward.
-    fn decode_block(
-        &mut self,
-        model: &mut MeteredModel<'_>,
-        block: &mut BlockRun<'_>,
-    ) -> Result<(), Self::Error>;
 }
 
 /// The block plan for a prompt: where the first block starts and how many blocks to decode.
@@ -357,99 +286,65 @@ impl<F: FnMut(&BlockProgress<'_>)> BlockObserver for F {
     }
 }
 
-/// Runs the block loop with `strategy` completing each block.
+/// Decodes `prompt` with `strategy` completing each block: builds a [`Request`] and drives
+/// it through `model` ([`run_request`]).
 ///
 /// Prefill of the whole prompt blocks, the prompt tail inside the first block (as SDAR does),
 /// stop ids, the fixed-length protocol and the cache append of every finished block (skipped
-/// after the last block, which no later block reads) are handled here once, so every decoder
-/// shares the same semantics and the same work accounting.
-pub fn run_decode<S: BlockDecoder + ?Sized>(
+/// after the last block, which no later block reads) are handled by the request once, so every
+/// decoder shares the same semantics and the same work accounting.
+pub fn run_decode<S: StepStrategy>(
     model: &mut dyn BlockDiffusionModel,
     prompt: &[TokenId],
     cfg: &DecodeConfig,
-    strategy: &mut S,
+    strategy: S,
     record_trace: bool,
     observer: &mut dyn BlockObserver,
 ) -> Result<DecodeOutput, S::Error> {
-    let plan = plan_blocks(prompt, cfg, model.info())?;
-    let mut model = MeteredModel::new(model);
-    let info = model.info().clone();
-    let l = cfg.block_size;
-    model.set_generation_end(plan.first_start + plan.blocks * l)?;
-    model.reset_prefix(&prompt[..plan.first_start], l)?;
-    let mut stats = DecodeStats::default();
-    let mut trace = record_trace.then(DecodeTrace::default);
-    let mut generated = Vec::with_capacity(plan.blocks * l);
-    let mut stopped = false;
-    for index in 0..plan.blocks {
-        let start = plan.first_start + index * l;
-        if model.prefix_len() != start {
-            return Err(Error::ShapeMismatch {
-                what: "model prefix length",
-                expected: start,
-                actual: model.prefix_len(),
+    let request = Request::new(prompt, cfg, model.info(), strategy)?.with_trace(record_trace);
+    run_request(model, request, observer)
+}
+
+/// Drives one [`Request`] to its end through `model`, reporting every finished block to
+/// `observer`. Every forward is checked (batch size, statistics) by the request.
+pub fn run_request<S: StepStrategy>(
+    model: &mut dyn BlockDiffusionModel,
+    mut request: Request<S>,
+    observer: &mut dyn BlockObserver,
+) -> Result<DecodeOutput, S::Error> {
+    loop {
+        match request.need() {
+            Need::Prefill {
+                prefix,
+                block_size,
+                generation_end,
+            } => {
+                model.set_generation_end(generation_end)?;
+                let update = model.reset_prefix(prefix, block_size)?;
+                request.prefix_done(update)?;
             }
-            .into());
+            Need::Append { block } => {
+                let update = model.append_block(block)?;
+                request.prefix_done(update)?;
+            }
+            Need::Score { states, query } => {
+                let len = states.first().map_or(0, BlockState::len);
+                let positions = states.len() * model.positions_per_state(len);
+                let stats = model.forward(states, query)?;
+                request.scored(stats, positions as u64)?;
+            }
+            Need::Done => break,
         }
-        let tail = prompt.get(start..).unwrap_or(&[]);
-        let mut tokens = vec![info.mask_id; l];
-        tokens[..tail.len()].copy_from_slice(tail);
-        let initial = BlockState::from_tokens(tokens, info.mask_id);
-        if let Some(t) = trace.as_mut() {
-            t.blocks.push(BlockTrace {
-                start,
-                initial: initial.clone(),
-                steps: Vec::new(),
+        while let Some(e) = request.next_event() {
+            observer.block_done(&BlockProgress {
+                index: e.index,
+                total: e.total,
+                tokens: &e.tokens,
+                block_forwards: e.block_forwards,
             });
         }
-        let mut run = BlockRun {
-            state: initial,
-            start,
-            index,
-            query: cfg.query(),
-            transition: cfg.transition,
-            stats: &mut stats,
-            trace: trace.as_mut().and_then(|t| t.blocks.last_mut()),
-            pending: 0,
-        };
-        strategy.decode_block(&mut model, &mut run)?;
-        if !run.state.is_complete() {
-            return Err(
-                Error::config("strategy", "a block decoder returned an incomplete block").into(),
-            );
-        }
-        let block = run.state.into_tokens();
-        stats.blocks += 1;
-        let new = &block[tail.len()..];
-        generated.extend_from_slice(new);
-        observer.block_done(&BlockProgress {
-            index,
-            total: plan.blocks,
-            tokens: new,
-            block_forwards: model.meter().block_forwards,
-        });
-        if cfg.early_stop && new.iter().any(|t| cfg.stop_ids.contains(t)) {
-            stopped = true;
-            break;
-        }
-        if index + 1 < plan.blocks {
-            model.append_block(&block)?;
-        }
     }
-    stats.absorb(model.meter());
-    let mut tokens: Vec<TokenId> = generated.iter().copied().take(cfg.max_new_tokens).collect();
-    if cfg.early_stop
-        && let Some(i) = tokens.iter().position(|t| cfg.stop_ids.contains(t))
-    {
-        tokens.truncate(i + 1);
-    }
-    Ok(DecodeOutput {
-        tokens,
-        generated,
-        stopped,
-        stats,
-        trace,
-    })
+    request.finish()
 }
 
 /// The draft-free decoder: one forward per transition step. This is the ground truth every
@@ -506,17 +401,26 @@ impl DraftFreeDecoder {
     }
 }
 
-impl BlockDecoder for DraftFreeDecoder {
+impl StepStrategy for DraftFreeDecoder {
     type Error = Error;
 
-    fn decode_block(
-        &mut self,
-        model: &mut MeteredModel<'_>,
-        block: &mut BlockRun<'_>,
-    ) -> Result<()> {
-        while !block.state().is_complete() {
-            block.plain_step(model, &mut self.scratch)?;
-        }
+    fn propose(&mut self, block: &BlockRun, states: &mut Vec<BlockState>) -> Result<()> {
+        states.push(block.state().clone());
         Ok(())
     }
+
+    fn absorb(&mut self, block: &mut BlockRun, stats: Vec<BlockStats>) -> Result<()> {
+        let stats = first_stats(stats)?;
+        block.plain_absorb(stats, &mut self.scratch)?;
+        Ok(())
+    }
+}
+
+/// The statistics of the first proposed state (the current one, for the draft-free step).
+pub fn first_stats(stats: Vec<BlockStats>) -> Result<BlockStats> {
+    stats.into_iter().next().ok_or(Error::ShapeMismatch {
+        what: "statistics per batch",
+        expected: 1,
+        actual: 0,
+    })
 }

@@ -86,6 +86,15 @@ pub enum Error {
         /// Why the commit is invalid.
         reason: &'static str,
     },
+    /// A [`crate::Request`] was answered out of order (e.g. statistics where it needed a
+    /// prefill), or finished before it was done.
+    #[error("request protocol: it needed {expected}, got {got}")]
+    RequestState {
+        /// What the request needed.
+        expected: &'static str,
+        /// What it was given.
+        got: &'static str,
+    },
     /// The model implementation failed.
     #[error("model error: {0}")]
     Model(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),

@@ -8,8 +8,11 @@
 //! - [`GumbelNoise`]: the coupled noise table `G[a, v]`, a pure function of
 //!   `(seed, absolute position, token)`;
 //! - [`Transition`]: the exact commit rule `Φ` and the threshold rule `Φ^τ`;
-//! - [`DraftFreeDecoder`]: the ground truth, and [`run_decode`], the block loop every decoder
-//!   shares (prefill, prompt tail in the first block, stop ids, fixed length, counters);
+//! - [`DraftFreeDecoder`]: the ground truth;
+//! - [`Request`]: one decode as a state machine (prefill, prompt tail in the first block,
+//!   stop ids and stop checks, fixed length, counters, events, cancellation) that a
+//!   [`StepStrategy`] completes block by block; [`run_decode`] drives one through a
+//!   [`BlockDiffusionModel`], [`BatchDriver`] many through one [`MultiRequestModel`];
 //! - [`autoregressive`]: causal targets with a KV cache and their token-by-token decoder;
 //! - [`toy`]: deterministic toy models for tests.
 //!
@@ -39,23 +42,30 @@
 struct ReadmeDoctests;
 
 pub mod autoregressive;
+pub mod batch;
 pub mod decode;
 pub mod error;
 pub mod model;
 pub mod noise;
+pub mod request;
 pub mod state;
 pub mod stats;
 pub mod toy;
 pub mod transition;
 
 pub use autoregressive::{ArConfig, ArInfo, ArOutput, AutoregressiveModel, decode_autoregressive};
+pub use batch::{BatchDriver, Finished, RequestId};
 pub use decode::{
-    BlockDecoder, BlockObserver, BlockProgress, BlockRun, BlockTrace, DecodeConfig, DecodeOutput,
-    DecodeStats, DecodeTrace, DraftFreeDecoder, run_decode,
+    BlockObserver, BlockPlan, BlockProgress, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats,
+    DecodeTrace, DraftFreeDecoder, first_stats, plan_blocks, run_decode, run_request,
 };
 pub use error::{Error, Result};
-pub use model::{BlockDiffusionModel, Meter, MeteredModel, ModelInfo, PrefixUpdate};
+pub use model::{
+    BlockDiffusionModel, CacheSlot, Meter, MeteredModel, ModelInfo, MultiRequestModel,
+    PrefixUpdate, ScoreGroup, Slots, check_distinct_slots,
+};
 pub use noise::GumbelNoise;
+pub use request::{BlockEvent, BlockRun, CancelHandle, Need, Request, StepStrategy, StopCheck};
 pub use state::{BlockState, Commit, TokenId};
 pub use stats::{BlockStats, ConfidenceRule, StatsQuery};
 pub use transition::{Transition, exact_commit};

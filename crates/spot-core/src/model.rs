@@ -15,6 +15,9 @@ pub struct ModelInfo {
     pub max_positions: usize,
     /// Stop ids the model's generation config declares (may be empty).
     pub stop_ids: Vec<TokenId>,
+    /// The block size the checkpoint declares (`block_size` in SDAR's and LLaDA2.0's
+    /// `config.json`), when it declares one; [`crate::DecodeConfig::for_model`] uses it.
+    pub block_size: Option<usize>,
 }
 
 /// What a prefix update cost.
@@ -225,4 +228,254 @@ impl<'m> MeteredModel<'m> {
         }
         Ok(out)
     }
+}
+
+/// Handle of one request's prefix cache inside a [`MultiRequestModel`].
+///
+/// Slot 0 always exists: it is the cache the single-request [`BlockDiffusionModel`] methods
+/// use. [`MultiRequestModel::open_slot`] hands out the others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CacheSlot(pub usize);
+
+/// One request's share of a merged forward: its block states, scored after its own cached
+/// prefix with its own query.
+#[derive(Clone, Copy, Debug)]
+pub struct ScoreGroup<'a> {
+    /// The request's cache.
+    pub slot: CacheSlot,
+    /// States of equal length, right after the slot's prefix.
+    pub states: &'a [BlockState],
+    /// The request's query (temperature, noise seed, confidence rule, top-k).
+    pub query: &'a StatsQuery,
+}
+
+/// A model that holds the prefix caches of several requests and scores the block states of
+/// all of them in one forward.
+///
+/// Every method is the [`BlockDiffusionModel`] method of the same name applied to one slot.
+/// [`MultiRequestModel::forward_groups`] runs one forward over several groups; each group's
+/// statistics must be **bit-identical** to a [`BlockDiffusionModel::forward`] over that group
+/// alone, with only its own request's prefix in the cache. That is what lets a batch driver
+/// ([`crate::BatchDriver`]) merge requests without changing any request's tokens.
+pub trait MultiRequestModel: BlockDiffusionModel {
+    /// Opens an empty cache slot.
+    fn open_slot(&mut self) -> Result<CacheSlot>;
+
+    /// Frees a slot and its cache (slot 0 is only emptied). Unknown slots are ignored.
+    fn close_slot(&mut self, slot: CacheSlot);
+
+    /// [`BlockDiffusionModel::set_generation_end`] for `slot`.
+    fn set_generation_end_in(&mut self, slot: CacheSlot, end: usize) -> Result<()>;
+
+    /// [`BlockDiffusionModel::reset_prefix`] for `slot`.
+    fn reset_prefix_in(
+        &mut self,
+        slot: CacheSlot,
+        prefix: &[TokenId],
+        block_size: usize,
+    ) -> Result<PrefixUpdate>;
+
+    /// [`BlockDiffusionModel::append_block`] for `slot`.
+    fn append_block_in(&mut self, slot: CacheSlot, block: &[TokenId]) -> Result<PrefixUpdate>;
+
+    /// [`BlockDiffusionModel::prefix_len`] for `slot` (0 for an unknown slot).
+    fn prefix_len_in(&self, slot: CacheSlot) -> usize;
+
+    /// [`BlockDiffusionModel::positions_per_state`] for `slot`.
+    fn positions_per_state_in(&self, slot: CacheSlot, block_len: usize) -> usize {
+        let _ = slot;
+        block_len
+    }
+
+    /// One forward over the states of every group (each group after its own slot's prefix);
+    /// one entry of statistics per group, in order. A slot may appear in one group only.
+    fn forward_groups(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<Vec<BlockStats>>>;
+}
+
+/// A table of per-request caches indexed by [`CacheSlot`], for [`MultiRequestModel`]
+/// implementations: slot 0 always exists, closed slots are reused, and a slot that is not
+/// open is a typed error.
+///
+/// ```
+/// use spot_core::{CacheSlot, Slots};
+/// let mut slots: Slots<Vec<u32>> = Slots::new();
+/// let a = slots.open();
+/// slots.get_mut(a).unwrap().push(7);
+/// slots.close(a);
+/// assert!(slots.get(a).is_err());
+/// assert_eq!(slots.open(), a); // reused
+/// assert!(slots.get(CacheSlot(0)).is_ok());
+/// ```
+#[derive(Clone, Debug)]
+pub struct Slots<T> {
+    slots: Vec<Option<T>>,
+}
+
+impl<T: Default> Default for Slots<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T: Default> Slots<T> {
+    /// A table with slot 0 open.
+    pub fn new() -> Self {
+        Self {
+            slots: vec![Some(T::default())],
+        }
+    }
+
+    /// Opens an empty slot (the lowest closed index, or a new one).
+    pub fn open(&mut self) -> CacheSlot {
+        match self.slots.iter().position(Option::is_none) {
+            Some(i) => {
+                self.slots[i] = Some(T::default());
+                CacheSlot(i)
+            }
+            None => {
+                self.slots.push(Some(T::default()));
+                CacheSlot(self.slots.len() - 1)
+            }
+        }
+    }
+
+    /// Closes `slot` (slot 0 is emptied instead); unknown slots are ignored.
+    pub fn close(&mut self, slot: CacheSlot) {
+        if slot.0 == 0 {
+            self.slots[0] = Some(T::default());
+        } else if let Some(s) = self.slots.get_mut(slot.0) {
+            *s = None;
+        }
+    }
+
+    /// The cache of an open slot.
+    pub fn get(&self, slot: CacheSlot) -> Result<&T> {
+        self.slots
+            .get(slot.0)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| not_open(slot))
+    }
+
+    /// The cache of an open slot, mutably.
+    pub fn get_mut(&mut self, slot: CacheSlot) -> Result<&mut T> {
+        self.slots
+            .get_mut(slot.0)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| not_open(slot))
+    }
+
+    /// Every open slot's cache.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        self.slots.iter_mut().flatten()
+    }
+
+    /// Open slots, slot 0 included.
+    pub fn open_count(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+fn not_open(slot: CacheSlot) -> Error {
+    Error::config("slot", format!("cache slot {} is not open", slot.0))
+}
+
+/// Fails when a slot appears in two groups of one forward.
+pub fn check_distinct_slots(groups: &[ScoreGroup<'_>]) -> Result<()> {
+    for (i, g) in groups.iter().enumerate() {
+        if groups[..i].iter().any(|h| h.slot == g.slot) {
+            return Err(Error::config(
+                "groups",
+                format!(
+                    "cache slot {} appears in two groups of one forward",
+                    g.slot.0
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The single-request methods of [`BlockDiffusionModel`] for a [`MultiRequestModel`], each
+/// applied to slot 0 (everything but `info`). Use it inside the `impl BlockDiffusionModel`
+/// block of a model whose [`MultiRequestModel`] methods do the work:
+///
+/// ```
+/// use spot_core::{BlockDiffusionModel, BlockStats, CacheSlot, ModelInfo, MultiRequestModel,
+///     PrefixUpdate, Result, ScoreGroup, TokenId};
+///
+/// struct Echo(ModelInfo);
+///
+/// impl BlockDiffusionModel for Echo {
+///     fn info(&self) -> &ModelInfo {
+///         &self.0
+///     }
+///     spot_core::slot0_methods!();
+/// }
+///
+/// impl MultiRequestModel for Echo {
+///     fn open_slot(&mut self) -> Result<CacheSlot> { Ok(CacheSlot(1)) }
+///     fn close_slot(&mut self, _: CacheSlot) {}
+///     fn set_generation_end_in(&mut self, _: CacheSlot, _: usize) -> Result<()> { Ok(()) }
+///     fn reset_prefix_in(&mut self, _: CacheSlot, p: &[TokenId], _: usize) -> Result<PrefixUpdate> {
+///         Ok(PrefixUpdate { ran_forward: false, positions: p.len() })
+///     }
+///     fn append_block_in(&mut self, _: CacheSlot, b: &[TokenId]) -> Result<PrefixUpdate> {
+///         Ok(PrefixUpdate { ran_forward: false, positions: b.len() })
+///     }
+///     fn prefix_len_in(&self, _: CacheSlot) -> usize { 0 }
+///     fn forward_groups(&mut self, g: &[ScoreGroup<'_>]) -> Result<Vec<Vec<BlockStats>>> {
+///         Ok(g.iter().map(|_| Vec::new()).collect())
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! slot0_methods {
+    () => {
+        fn set_generation_end(&mut self, end: usize) -> $crate::Result<()> {
+            $crate::MultiRequestModel::set_generation_end_in(self, $crate::CacheSlot(0), end)
+        }
+
+        fn reset_prefix(
+            &mut self,
+            prefix: &[$crate::TokenId],
+            block_size: usize,
+        ) -> $crate::Result<$crate::PrefixUpdate> {
+            $crate::MultiRequestModel::reset_prefix_in(
+                self,
+                $crate::CacheSlot(0),
+                prefix,
+                block_size,
+            )
+        }
+
+        fn append_block(
+            &mut self,
+            block: &[$crate::TokenId],
+        ) -> $crate::Result<$crate::PrefixUpdate> {
+            $crate::MultiRequestModel::append_block_in(self, $crate::CacheSlot(0), block)
+        }
+
+        fn prefix_len(&self) -> usize {
+            $crate::MultiRequestModel::prefix_len_in(self, $crate::CacheSlot(0))
+        }
+
+        fn positions_per_state(&self, block_len: usize) -> usize {
+            $crate::MultiRequestModel::positions_per_state_in(self, $crate::CacheSlot(0), block_len)
+        }
+
+        fn forward(
+            &mut self,
+            states: &[$crate::BlockState],
+            query: &$crate::StatsQuery,
+        ) -> $crate::Result<Vec<$crate::BlockStats>> {
+            let group = $crate::ScoreGroup {
+                slot: $crate::CacheSlot(0),
+                states,
+                query,
+            };
+            Ok($crate::MultiRequestModel::forward_groups(self, &[group])?
+                .pop()
+                .unwrap_or_default())
+        }
+    };
 }

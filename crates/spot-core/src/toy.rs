@@ -7,7 +7,10 @@
 //! and how often confidences tie, so that the tie-breaking rules are exercised.
 
 use crate::error::{Error, Result};
-use crate::model::{BlockDiffusionModel, ModelInfo, PrefixUpdate};
+use crate::model::{
+    BlockDiffusionModel, CacheSlot, ModelInfo, MultiRequestModel, PrefixUpdate, ScoreGroup, Slots,
+    check_distinct_slots,
+};
 use crate::state::{BlockState, TokenId};
 use crate::stats::{BlockStats, ReduceScratch, StatsQuery, reduce_logits};
 
@@ -67,8 +70,7 @@ impl Default for ToyConfig {
 pub struct ToyModel {
     cfg: ToyConfig,
     info: ModelInfo,
-    prefix: Vec<TokenId>,
-    prefix_hash: u64,
+    slots: Slots<Prefix>,
     forwards: u64,
     logits: Vec<f32>,
     scratch: ReduceScratch,
@@ -80,6 +82,13 @@ pub fn mix64(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     x ^ (x >> 31)
+}
+
+/// One request's committed prefix and its running hash.
+#[derive(Clone, Debug, Default)]
+struct Prefix {
+    tokens: Vec<TokenId>,
+    hash: u64,
 }
 
 fn unit(h: u64) -> f32 {
@@ -96,12 +105,12 @@ impl ToyModel {
             mask_id: cfg.mask_id,
             max_positions: cfg.max_positions,
             stop_ids: cfg.stop_ids.clone(),
+            block_size: None,
         };
         Self {
             cfg,
             info,
-            prefix: Vec::new(),
-            prefix_hash: 0,
+            slots: Slots::new(),
             forwards: 0,
             logits: Vec::new(),
             scratch: ReduceScratch::default(),
@@ -124,9 +133,12 @@ impl ToyModel {
             .fold(mix64(seed), |h, &t| mix64(h ^ u64::from(t)))
     }
 
-    /// The logits of position `s` of `state`, written into `out` (one per vocabulary id).
+    /// The logits of position `s` of `state` after the prefix of slot 0, written into `out`
+    /// (one per vocabulary id).
     pub fn logits_into(&self, state: &BlockState, s: usize, out: &mut Vec<f32>) {
-        self.row_logits(self.state_hash(state), s, out);
+        if let Ok(p) = self.slots.get(CacheSlot(0)) {
+            self.row_logits(p, self.state_hash(state), s, out);
+        }
     }
 
     fn state_hash(&self, state: &BlockState) -> u64 {
@@ -134,17 +146,17 @@ impl ToyModel {
     }
 
     /// [`logits_into`](Self::logits_into) with the state's hash computed once by the caller.
-    fn row_logits(&self, state_hash: u64, s: usize, out: &mut Vec<f32>) {
+    fn row_logits(&self, prefix: &Prefix, state_hash: u64, s: usize, out: &mut Vec<f32>) {
         let c = &self.cfg;
-        let abs = (self.prefix.len() + s) as u64;
-        let tie = unit(mix64(self.prefix_hash ^ mix64(abs ^ c.seed))) * 0.5 + 0.5 < c.tie_rate;
+        let abs = (prefix.tokens.len() + s) as u64;
+        let tie = unit(mix64(prefix.hash ^ mix64(abs ^ c.seed))) * 0.5 + 0.5 < c.tie_rate;
         // Tied positions share one row per block, keyed by the block start instead of `s`.
         let key = if tie {
-            u64::MAX - self.prefix.len() as u64
+            u64::MAX - prefix.tokens.len() as u64
         } else {
             abs
         };
-        let stable = mix64(self.prefix_hash ^ mix64(key));
+        let stable = mix64(prefix.hash ^ mix64(key));
         let moving = mix64(state_hash ^ mix64(key.wrapping_add(0xabc)));
         out.clear();
         out.extend((0..c.vocab_size as u64).map(|v| {
@@ -156,35 +168,13 @@ impl ToyModel {
     }
 }
 
-impl BlockDiffusionModel for ToyModel {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    fn reset_prefix(&mut self, prefix: &[TokenId], _block_size: usize) -> Result<PrefixUpdate> {
-        self.prefix.clear();
-        self.prefix_hash = mix64(self.cfg.seed);
-        self.append_block(prefix)
-    }
-
-    fn append_block(&mut self, block: &[TokenId]) -> Result<PrefixUpdate> {
-        self.prefix.extend_from_slice(block);
-        self.prefix_hash = Self::hash_tokens(self.prefix_hash, block);
-        Ok(PrefixUpdate {
-            ran_forward: self.cfg.prefix_forwards && !block.is_empty(),
-            positions: if self.cfg.prefix_forwards {
-                block.len()
-            } else {
-                0
-            },
-        })
-    }
-
-    fn prefix_len(&self) -> usize {
-        self.prefix.len()
-    }
-
-    fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>> {
+impl ToyModel {
+    fn score(
+        &mut self,
+        slot: CacheSlot,
+        states: &[BlockState],
+        query: &StatsQuery,
+    ) -> Result<Vec<BlockStats>> {
         if self.cfg.mask_id as usize >= self.cfg.vocab_size {
             return Err(Error::model(format!(
                 "toy model: mask id {} outside vocabulary of {}",
@@ -192,29 +182,91 @@ impl BlockDiffusionModel for ToyModel {
             )));
         }
         query.validate()?;
+        let prefix = self.slots.get(slot)?;
         let k = query.effective_top_k(self.cfg.vocab_size);
         let mut out = Vec::with_capacity(states.len());
         let mut logits = std::mem::take(&mut self.logits);
+        let mut scratch = std::mem::take(&mut self.scratch);
         for state in states {
-            if self.prefix.len() + state.len() > self.cfg.max_positions {
+            if prefix.tokens.len() + state.len() > self.cfg.max_positions {
                 return Err(Error::model("toy model: block extends past max_positions"));
             }
             let mut stats = BlockStats::new(k);
             let state_hash = self.state_hash(state);
             for s in 0..state.len() {
-                self.row_logits(state_hash, s, &mut logits);
+                self.row_logits(prefix, state_hash, s, &mut logits);
                 reduce_logits(
                     &logits,
-                    self.prefix.len() + s,
+                    prefix.tokens.len() + s,
                     query,
                     self.cfg.mask_id,
-                    &mut self.scratch,
+                    &mut scratch,
                     &mut stats,
                 )?;
             }
             out.push(stats);
         }
         self.logits = logits;
+        self.scratch = scratch;
+        Ok(out)
+    }
+}
+
+impl BlockDiffusionModel for ToyModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    crate::slot0_methods!();
+}
+
+impl MultiRequestModel for ToyModel {
+    fn open_slot(&mut self) -> Result<CacheSlot> {
+        Ok(self.slots.open())
+    }
+
+    fn close_slot(&mut self, slot: CacheSlot) {
+        self.slots.close(slot);
+    }
+
+    fn set_generation_end_in(&mut self, slot: CacheSlot, _end: usize) -> Result<()> {
+        self.slots.get(slot).map(|_| ())
+    }
+
+    fn reset_prefix_in(
+        &mut self,
+        slot: CacheSlot,
+        prefix: &[TokenId],
+        _block_size: usize,
+    ) -> Result<PrefixUpdate> {
+        let seed = self.cfg.seed;
+        let p = self.slots.get_mut(slot)?;
+        p.tokens.clear();
+        p.hash = mix64(seed);
+        self.append_block_in(slot, prefix)
+    }
+
+    fn append_block_in(&mut self, slot: CacheSlot, block: &[TokenId]) -> Result<PrefixUpdate> {
+        let p = self.slots.get_mut(slot)?;
+        p.tokens.extend_from_slice(block);
+        p.hash = Self::hash_tokens(p.hash, block);
+        let forwards = self.cfg.prefix_forwards;
+        Ok(PrefixUpdate {
+            ran_forward: forwards && !block.is_empty(),
+            positions: if forwards { block.len() } else { 0 },
+        })
+    }
+
+    fn prefix_len_in(&self, slot: CacheSlot) -> usize {
+        self.slots.get(slot).map_or(0, |p| p.tokens.len())
+    }
+
+    fn forward_groups(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<Vec<BlockStats>>> {
+        check_distinct_slots(groups)?;
+        let out = groups
+            .iter()
+            .map(|g| self.score(g.slot, g.states, g.query))
+            .collect::<Result<Vec<_>>>()?;
         self.forwards += 1;
         Ok(out)
     }

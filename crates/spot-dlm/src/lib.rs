@@ -38,11 +38,12 @@ struct ReadmeDoctests;
 use std::time::Instant;
 
 pub use spot_core::{
-    self as core, ArConfig, ArInfo, ArOutput, AutoregressiveModel, BlockDecoder,
-    BlockDiffusionModel, BlockObserver, BlockProgress, BlockRun, BlockState, BlockStats, Commit,
-    ConfidenceRule, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder,
-    GumbelNoise, MeteredModel, ModelInfo, StatsQuery, TokenId, Transition, decode_autoregressive,
-    exact_commit, run_decode, toy,
+    self as core, ArConfig, ArInfo, ArOutput, AutoregressiveModel, BatchDriver,
+    BlockDiffusionModel, BlockEvent, BlockObserver, BlockProgress, BlockRun, BlockState,
+    BlockStats, CacheSlot, CancelHandle, Commit, ConfidenceRule, DecodeConfig, DecodeOutput,
+    DecodeStats, DecodeTrace, DraftFreeDecoder, Finished, GumbelNoise, MeteredModel, ModelInfo,
+    MultiRequestModel, Need, Request, RequestId, ScoreGroup, StatsQuery, StepStrategy, StopCheck,
+    TokenId, Transition, decode_autoregressive, exact_commit, run_decode, run_request, toy,
 };
 pub use spot_tree::{
     self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
@@ -68,7 +69,7 @@ pub enum Error {
 /// How a [`SpotDecoder`] drafts.
 enum Drafter {
     /// Best-first tree ranked by an order scorer (SPOT, BlockSpec, oracle, ...).
-    Tree(Box<dyn OrderScorer>),
+    Tree(Box<dyn OrderScorer + Send>),
     /// SSD-style chain by stale confidence.
     Chain,
 }
@@ -123,7 +124,7 @@ impl SpotDecoderBuilder {
 
     /// Draft a best-first tree ranked by `scorer` (the default is
     /// [`StaleConfidenceScorer`], the BlockSpec-style tree).
-    pub fn scorer(mut self, scorer: impl OrderScorer + 'static) -> Self {
+    pub fn scorer(mut self, scorer: impl OrderScorer + Send + 'static) -> Self {
         self.drafter = Drafter::Tree(Box::new(scorer));
         self
     }
@@ -156,6 +157,8 @@ impl SpotDecoderBuilder {
             scratch: Vec::new(),
             round: 0,
             report: SpotReport::default(),
+            stale: None,
+            drafted: None,
         })
     }
 }
@@ -163,7 +166,8 @@ impl SpotDecoderBuilder {
 /// The speculative decoder: draft tree -> one-forward verification -> commit, block by block.
 ///
 /// Same inputs, same stop and length semantics and same output as [`DraftFreeDecoder`]; see the
-/// crate documentation for an example.
+/// crate documentation for an example. As a [`StepStrategy`] it drives a [`Request`] (one
+/// decoder per request; its [`SpotDecoder::report`] covers the requests it completed).
 pub struct SpotDecoder {
     builder: TreeBuilder,
     drafter: Drafter,
@@ -172,6 +176,11 @@ pub struct SpotDecoder {
     scratch: Vec<Commit>,
     round: u64,
     report: SpotReport,
+    /// The statistics of the last verified state of the current block.
+    stale: Option<BlockStats>,
+    /// When the tree of the pending forward was built and how long drafting took (`None`:
+    /// the pending forward is a plain step).
+    drafted: Option<(Instant, std::time::Duration)>,
 }
 
 impl std::fmt::Debug for SpotDecoder {
@@ -219,59 +228,185 @@ impl SpotDecoder {
         cfg: &DecodeConfig,
         observer: &mut dyn BlockObserver,
     ) -> Result<DecodeOutput, Error> {
-        self.round = 0;
-        self.report = SpotReport::default();
+        self.reset();
         let record = self.record_trace;
         run_decode(model, prompt, cfg, self, record, observer)
     }
+
+    /// A [`Request`] for `prompt` that this decoder completes (its report and round count
+    /// start afresh); drive it with [`run_request`] or a [`BatchDriver`].
+    pub fn request(
+        &mut self,
+        prompt: &[TokenId],
+        cfg: &DecodeConfig,
+        info: &ModelInfo,
+    ) -> Result<Request<&mut Self>, Error> {
+        self.reset();
+        let record = self.record_trace;
+        Ok(Request::new(prompt, cfg, info, self)?.with_trace(record))
+    }
+
+    fn reset(&mut self) {
+        self.round = 0;
+        self.report = SpotReport::default();
+        self.stale = None;
+        self.drafted = None;
+    }
 }
 
-impl BlockDecoder for SpotDecoder {
+impl StepStrategy for SpotDecoder {
     type Error = Error;
 
-    fn decode_block(
-        &mut self,
-        model: &mut MeteredModel<'_>,
-        block: &mut BlockRun<'_>,
-    ) -> Result<(), Error> {
-        if block.state().is_complete() {
-            return Ok(());
-        }
+    fn propose(&mut self, block: &BlockRun, states: &mut Vec<BlockState>) -> Result<(), Error> {
         // The first forward of a block has no stale distribution: a plain step.
-        let mut stale = block.plain_step(model, &mut self.scratch)?;
-        while !block.state().is_complete() {
-            let root = block.state().clone();
-            let ctx = ScoreContext {
-                root: &root,
-                stale: &stale,
-                block_start: block.start(),
-            };
-            let t0 = Instant::now();
-            let tree = match &mut self.drafter {
-                Drafter::Tree(scorer) => self.builder.build(&ctx, scorer.as_mut())?,
-                Drafter::Chain => self.builder.build_chain(&ctx)?,
-            };
-            let t1 = Instant::now();
-            let outcome =
-                self.verifier
-                    .verify(model, tree, block.query(), block.transition(), self.round)?;
-            let t2 = Instant::now();
-            self.report.record(
-                outcome.walk.accepted_nodes,
-                RoundEnd::classify(tree, &outcome.walk),
-                t1 - t0,
-                t2 - t1,
-            );
-            self.round += 1;
-            for step in outcome.walk.steps() {
-                block.apply_step(step)?;
+        let stale = match &self.stale {
+            Some(s) if block.forwards() > 0 => s,
+            _ => {
+                self.drafted = None;
+                states.push(block.state().clone());
+                return Ok(());
             }
-            block.finish_forward(tree.draft_count(), outcome.walk.accepted_nodes);
-            match outcome.stale {
-                Some(s) => stale = s,
-                None => break,
-            }
-        }
+        };
+        let ctx = ScoreContext {
+            root: block.state(),
+            stale,
+            block_start: block.start(),
+        };
+        let t0 = Instant::now();
+        let tree = match &mut self.drafter {
+            Drafter::Tree(scorer) => self.builder.build(&ctx, scorer.as_mut())?,
+            Drafter::Chain => self.builder.build_chain(&ctx)?,
+        };
+        self.verifier.batch(tree, states);
+        self.drafted = Some((Instant::now(), t0.elapsed()));
         Ok(())
+    }
+
+    fn round_query(&self, base: &StatsQuery) -> StatsQuery {
+        match self.drafted {
+            Some(_) => self.verifier.round_query(base, self.round),
+            None => *base,
+        }
+    }
+
+    fn absorb(&mut self, block: &mut BlockRun, stats: Vec<BlockStats>) -> Result<(), Error> {
+        let Some((built, drafting)) = self.drafted.take() else {
+            self.stale =
+                Some(block.plain_absorb(spot_core::first_stats(stats)?, &mut self.scratch)?);
+            return Ok(());
+        };
+        let tree = self.builder.tree();
+        let outcome = self.verifier.walk_stats(tree, stats, block.transition())?;
+        self.report.record(
+            outcome.walk.accepted_nodes,
+            RoundEnd::classify(tree, &outcome.walk),
+            drafting,
+            built.elapsed(),
+        );
+        self.round += 1;
+        for step in outcome.walk.steps() {
+            block.apply_step(step)?;
+        }
+        block.finish_forward(tree.draft_count(), outcome.walk.accepted_nodes);
+        self.stale = outcome.stale;
+        Ok(())
+    }
+}
+
+/// Either decoder as one [`StepStrategy`] type, so that one [`BatchDriver`] can run
+/// draft-free and speculative requests side by side.
+///
+/// ```
+/// use spot_dlm::{BatchDriver, BlockDiffusionModel, DecodeConfig, Request, SpotDecoder, Strategy};
+/// use spot_dlm::toy::{ToyConfig, ToyModel};
+///
+/// let mut model = ToyModel::new(ToyConfig::default());
+/// let cfg = DecodeConfig { block_size: 8, max_new_tokens: 16, ..DecodeConfig::default() };
+/// let mut driver = BatchDriver::new(4)?;
+/// let info = model.info().clone();
+/// driver.submit(Request::new(&[1, 2], &cfg, &info, Strategy::draft_free())?);
+/// let spot = SpotDecoder::builder().budget(4).build()?;
+/// driver.submit(Request::new(&[1, 2], &cfg, &info, Strategy::from(spot))?);
+/// let done = driver.run(&mut model)?;
+/// let [a, b] = [&done[0], &done[1]].map(|f| f.output.as_ref().unwrap().tokens.clone());
+/// assert_eq!(a, b); // the same tokens, fewer forwards for the speculative one
+/// # Ok::<(), spot_dlm::Error>(())
+/// ```
+#[derive(Debug)]
+pub enum Strategy {
+    /// The draft-free decoder.
+    DraftFree(DraftFreeDecoder),
+    /// A speculative decoder.
+    Spot(Box<SpotDecoder>),
+}
+
+impl Strategy {
+    /// The draft-free decoder.
+    pub fn draft_free() -> Self {
+        Strategy::DraftFree(DraftFreeDecoder::new())
+    }
+
+    /// The speculative decoder's diagnostics (`None` for draft-free decoding).
+    pub fn report(&self) -> Option<&SpotReport> {
+        match self {
+            Strategy::DraftFree(_) => None,
+            Strategy::Spot(d) => Some(d.report()),
+        }
+    }
+}
+
+impl From<SpotDecoder> for Strategy {
+    fn from(d: SpotDecoder) -> Self {
+        Strategy::Spot(Box::new(d))
+    }
+}
+
+impl From<DraftFreeDecoder> for Strategy {
+    fn from(d: DraftFreeDecoder) -> Self {
+        Strategy::DraftFree(d)
+    }
+}
+
+impl StepStrategy for Strategy {
+    type Error = Error;
+
+    fn propose(&mut self, block: &BlockRun, states: &mut Vec<BlockState>) -> Result<(), Error> {
+        match self {
+            Strategy::DraftFree(d) => Ok(d.propose(block, states)?),
+            Strategy::Spot(d) => d.propose(block, states),
+        }
+    }
+
+    fn absorb(&mut self, block: &mut BlockRun, stats: Vec<BlockStats>) -> Result<(), Error> {
+        match self {
+            Strategy::DraftFree(d) => Ok(d.absorb(block, stats)?),
+            Strategy::Spot(d) => d.absorb(block, stats),
+        }
+    }
+
+    fn round_query(&self, base: &StatsQuery) -> StatsQuery {
+        match self {
+            Strategy::DraftFree(d) => d.round_query(base),
+            Strategy::Spot(d) => d.round_query(base),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn decoding_types_are_send() {
+        assert_send::<SpotDecoder>();
+        assert_send::<DraftFreeDecoder>();
+        assert_send::<Request<SpotDecoder>>();
+        assert_send::<Request<DraftFreeDecoder>>();
+        assert_send::<BatchDriver<SpotDecoder>>();
+        assert_send::<BatchDriver<Strategy>>();
+        assert_send::<DecodeOutput>();
+        assert_send::<CancelHandle>();
     }
 }

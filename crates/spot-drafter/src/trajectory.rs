@@ -31,8 +31,8 @@
 use std::path::{Path, PathBuf};
 
 use spot_core::{
-    BlockDecoder, BlockDiffusionModel, BlockRun, Commit, DecodeConfig, DecodeOutput, MeteredModel,
-    TokenId, run_decode,
+    BlockDiffusionModel, BlockRun, BlockState, BlockStats, Commit, DecodeConfig, DecodeOutput,
+    StepStrategy, TokenId, run_decode,
 };
 
 use crate::features::{PositionStale, StaleSource};
@@ -172,7 +172,7 @@ pub struct Trajectory {
     pub blocks: Vec<BlockRecord>,
 }
 
-/// A [`BlockDecoder`] that decodes draft-free and records every step.
+/// A [`StepStrategy`] that decodes draft-free and records every step.
 #[derive(Debug, Default)]
 pub struct Recorder {
     blocks: Vec<BlockRecord>,
@@ -180,45 +180,53 @@ pub struct Recorder {
     top_k: Option<usize>,
 }
 
-impl BlockDecoder for Recorder {
+impl StepStrategy for Recorder {
     type Error = spot_core::Error;
 
-    fn decode_block(
-        &mut self,
-        model: &mut MeteredModel<'_>,
-        block: &mut BlockRun<'_>,
-    ) -> spot_core::Result<()> {
-        let initial = block.state().tokens().to_vec();
-        let mut steps = Vec::new();
-        while !block.state().is_complete() {
-            let before: Vec<usize> = block.state().masked_positions().collect();
-            let stats = block.plain_step(model, &mut self.scratch)?;
-            self.top_k.get_or_insert(stats.top_k());
-            let positions = before
-                .into_iter()
-                .map(|s| {
-                    let (ids, probs) = stats.top(s);
-                    StoredPosition {
-                        position: s as u32,
-                        token: stats.token(s),
-                        runner_up: ids.get(1).copied().unwrap_or(stats.token(s)),
-                        confidence: stats.confidence(s),
-                        entropy: stats.entropy(s),
-                        tail_mass: stats.tail_mass(s),
-                        top_probs: probs.to_vec(),
-                    }
-                })
-                .collect();
-            steps.push(StepRecord {
-                commits: self.scratch.clone(),
-                positions,
+    fn propose(&mut self, block: &BlockRun, states: &mut Vec<BlockState>) -> spot_core::Result<()> {
+        if block.forwards() == 0 {
+            self.blocks.push(BlockRecord {
+                start: block.start() as u64,
+                initial: block.state().tokens().to_vec(),
+                steps: Vec::new(),
             });
         }
-        self.blocks.push(BlockRecord {
-            start: block.start() as u64,
-            initial,
-            steps,
-        });
+        states.push(block.state().clone());
+        Ok(())
+    }
+
+    fn absorb(&mut self, block: &mut BlockRun, stats: Vec<BlockStats>) -> spot_core::Result<()> {
+        let before: Vec<usize> = block.state().masked_positions().collect();
+        let stats = block.plain_absorb(spot_core::first_stats(stats)?, &mut self.scratch)?;
+        self.top_k.get_or_insert(stats.top_k());
+        let positions = before
+            .into_iter()
+            .map(|s| {
+                let (ids, probs) = stats.top(s);
+                StoredPosition {
+                    position: s as u32,
+                    token: stats.token(s),
+                    runner_up: ids.get(1).copied().unwrap_or(stats.token(s)),
+                    confidence: stats.confidence(s),
+                    entropy: stats.entropy(s),
+                    tail_mass: stats.tail_mass(s),
+                    top_probs: probs.to_vec(),
+                }
+            })
+            .collect();
+        let step = StepRecord {
+            commits: self.scratch.clone(),
+            positions,
+        };
+        match self.blocks.last_mut() {
+            Some(b) => b.steps.push(step),
+            None => {
+                return Err(spot_core::Error::RequestState {
+                    expected: "a proposed block",
+                    got: "statistics",
+                });
+            }
+        }
         Ok(())
     }
 }

@@ -5,7 +5,8 @@ use std::path::Path;
 use burn_tensor::backend::Backend;
 use serde::Deserialize;
 use spot_core::{
-    BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId,
+    BlockDiffusionModel, BlockState, BlockStats, CacheSlot, ModelInfo, MultiRequestModel,
+    PrefixUpdate, ScoreGroup, StatsQuery, TokenId,
 };
 
 use crate::error::{ModelError, Result};
@@ -257,5 +258,51 @@ impl<B: Backend> BlockDiffusionModel for DiffusionModel<B> {
 
     fn positions_per_state(&self, block_len: usize) -> usize {
         each!(self, m => m.positions_per_state(block_len))
+    }
+}
+
+impl<B: Backend> MultiRequestModel for DiffusionModel<B> {
+    fn open_slot(&mut self) -> spot_core::Result<CacheSlot> {
+        each!(self, m => m.open_slot())
+    }
+
+    fn close_slot(&mut self, slot: CacheSlot) {
+        each!(self, m => m.close_slot(slot))
+    }
+
+    fn set_generation_end_in(&mut self, slot: CacheSlot, end: usize) -> spot_core::Result<()> {
+        each!(self, m => m.set_generation_end_in(slot, end))
+    }
+
+    fn reset_prefix_in(
+        &mut self,
+        slot: CacheSlot,
+        prefix: &[TokenId],
+        block_size: usize,
+    ) -> spot_core::Result<PrefixUpdate> {
+        each!(self, m => m.reset_prefix_in(slot, prefix, block_size))
+    }
+
+    fn append_block_in(
+        &mut self,
+        slot: CacheSlot,
+        block: &[TokenId],
+    ) -> spot_core::Result<PrefixUpdate> {
+        each!(self, m => m.append_block_in(slot, block))
+    }
+
+    fn prefix_len_in(&self, slot: CacheSlot) -> usize {
+        each!(self, m => m.prefix_len_in(slot))
+    }
+
+    fn positions_per_state_in(&self, slot: CacheSlot, block_len: usize) -> usize {
+        each!(self, m => m.positions_per_state_in(slot, block_len))
+    }
+
+    fn forward_groups(
+        &mut self,
+        groups: &[ScoreGroup<'_>],
+    ) -> spot_core::Result<Vec<Vec<BlockStats>>> {
+        each!(self, m => m.forward_groups(groups))
     }
 }

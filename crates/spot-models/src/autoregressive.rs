@@ -41,6 +41,7 @@ pub struct CausalLm<B: Backend> {
     info: ArInfo,
     cache: Vec<Kv<B>>,
     len: usize,
+    noise: crate::frame::NoiseCache<B>,
 }
 
 impl<B: Backend> std::fmt::Debug for CausalLm<B> {
@@ -85,6 +86,7 @@ impl<B: Backend> CausalLm<B> {
             info,
             cache: Vec::new(),
             len: 0,
+            noise: Default::default(),
         })
     }
 
@@ -129,7 +131,7 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
         self.len = len;
         if len == 0 {
             self.cache.clear();
-            self.frame.reset_noise();
+            self.noise.clear();
         } else {
             for c in &mut self.cache {
                 c.k = c.k.clone().narrow(2, 0, len);
@@ -144,9 +146,13 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
         let start = self.len;
         let hidden = self.append(tokens)?;
         let plan = RowPlan::all(tokens.len());
-        let mut stats = self
-            .frame
-            .stats(&self.net.head, hidden, &plan, start + 1, query)?;
+        let mut stats = self.frame.stats(
+            &self.net.head,
+            hidden,
+            &plan,
+            (start + 1, &mut self.noise),
+            query,
+        )?;
         Ok(stats.pop().unwrap_or_default())
     }
 }

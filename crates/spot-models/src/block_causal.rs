@@ -8,24 +8,42 @@
 
 use burn_tensor::backend::Backend;
 use spot_core::{
-    BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId,
+    BlockDiffusionModel, BlockState, BlockStats, CacheSlot, ModelInfo, MultiRequestModel,
+    PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
 };
 
 use crate::attention::{Attend, Kv};
 use crate::error::Result;
-use crate::frame::Frame;
+use crate::frame::{Frame, NoiseCache};
 use crate::head::RowPlan;
-use crate::transformer::Net;
+use crate::transformer::{Net, Segment};
 
-/// A block-causal model on backend `B` with family config `C`, and its prefix KV cache.
+/// One request's committed prefix, its KV cache and the Gumbel rows of its current block.
+pub(crate) struct PrefixSlot<B: Backend> {
+    pub cache: Vec<Kv<B>>,
+    pub prefix: Vec<TokenId>,
+    pub noise: NoiseCache<B>,
+}
+
+impl<B: Backend> Default for PrefixSlot<B> {
+    fn default() -> Self {
+        Self {
+            cache: Vec::new(),
+            prefix: Vec::new(),
+            noise: NoiseCache::default(),
+        }
+    }
+}
+
+/// A block-causal model on backend `B` with family config `C`, and its prefix KV caches (one
+/// per request slot; slot 0 serves the single-request [`BlockDiffusionModel`] methods).
 /// The families name it: [`crate::Sdar`], [`crate::Llada2Moe`].
 pub struct BlockCausal<B: Backend, C> {
     cfg: C,
     net: Net<B>,
     frame: Frame<B>,
     info: ModelInfo,
-    cache: Vec<Kv<B>>,
-    prefix: Vec<TokenId>,
+    slots: Slots<PrefixSlot<B>>,
 }
 
 impl<B: Backend, C: std::fmt::Debug> std::fmt::Debug for BlockCausal<B, C> {
@@ -33,7 +51,8 @@ impl<B: Backend, C: std::fmt::Debug> std::fmt::Debug for BlockCausal<B, C> {
         f.debug_struct("BlockCausal")
             .field("dir", &self.frame.dir)
             .field("config", &self.cfg)
-            .field("prefix_len", &self.prefix.len())
+            .field("prefix_len", &self.prefix_len())
+            .field("slots", &self.slots.open_count())
             .finish_non_exhaustive()
     }
 }
@@ -45,8 +64,11 @@ pub(crate) fn diffusion_info<B: Backend>(frame: &Frame<B>) -> ModelInfo {
         mask_id: frame.mask_id.unwrap_or_default(),
         max_positions: frame.max_positions,
         stop_ids: frame.stop_ids.clone(),
+        block_size: frame.block_size,
     }
 }
+
+const SLOT0: CacheSlot = CacheSlot(0);
 
 impl<B: Backend, C> BlockCausal<B, C> {
     pub(crate) fn assemble(cfg: C, net: Net<B>, frame: Frame<B>) -> Self {
@@ -55,8 +77,7 @@ impl<B: Backend, C> BlockCausal<B, C> {
             cfg,
             net,
             frame,
-            cache: Vec::new(),
-            prefix: Vec::new(),
+            slots: Slots::new(),
         }
     }
 
@@ -66,34 +87,39 @@ impl<B: Backend, C> BlockCausal<B, C> {
     /// tests and tools; decoding uses [`BlockDiffusionModel::forward`], which never copies
     /// logits to the host).
     pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
-        let (ids, n, len) = self.frame.check_states(states, self.prefix.len())?;
-        let (hidden, _) = self.run(ids, n, len);
-        Ok(self.net.head.logits_host(hidden))
-    }
-
-    fn run(&self, ids: Vec<i64>, n: usize, len: usize) -> (burn_tensor::Tensor<B, 2>, Vec<Kv<B>>) {
-        self.net.run(
+        let slot = self.slots.get(SLOT0)?;
+        let (ids, n, len) = self.frame.check_states(states, slot.prefix.len())?;
+        let (hidden, _) = self.net.run(
             ids,
             n,
             len,
-            self.prefix.len(),
-            &self.cache,
+            slot.prefix.len(),
+            &slot.cache,
             Attend::Bidirectional,
-        )
+        );
+        Ok(self.net.head.logits_host(hidden))
     }
 
-    /// Appends one block to the KV cache (one forward).
-    fn append(&mut self, block: &[TokenId]) -> Result<()> {
+    /// Appends one block to a slot's KV cache (one forward).
+    fn append(&mut self, slot: CacheSlot, block: &[TokenId]) -> Result<()> {
+        let s = self.slots.get_mut(slot)?;
         if block.is_empty() {
             return Ok(());
         }
         self.frame
-            .check_end(self.prefix.len() + block.len(), "prefix")?;
+            .check_end(s.prefix.len() + block.len(), "prefix")?;
         let mut ids = Vec::with_capacity(block.len());
         self.frame.push_ids(block, &mut ids)?;
-        let (_, kv) = self.run(ids, 1, block.len());
-        Net::extend_cache(&mut self.cache, kv);
-        self.prefix.extend_from_slice(block);
+        let (_, kv) = self.net.run(
+            ids,
+            1,
+            block.len(),
+            s.prefix.len(),
+            &s.cache,
+            Attend::Bidirectional,
+        );
+        Net::extend_cache(&mut s.cache, kv);
+        s.prefix.extend_from_slice(block);
         Ok(())
     }
 }
@@ -103,16 +129,32 @@ impl<B: Backend, C> BlockDiffusionModel for BlockCausal<B, C> {
         &self.info
     }
 
-    fn reset_prefix(
+    spot_core::slot0_methods!();
+}
+
+impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
+    fn open_slot(&mut self) -> spot_core::Result<CacheSlot> {
+        Ok(self.slots.open())
+    }
+
+    fn close_slot(&mut self, slot: CacheSlot) {
+        self.slots.close(slot);
+    }
+
+    fn set_generation_end_in(&mut self, slot: CacheSlot, _end: usize) -> spot_core::Result<()> {
+        self.slots.get(slot).map(|_| ())
+    }
+
+    fn reset_prefix_in(
         &mut self,
+        slot: CacheSlot,
         prefix: &[TokenId],
         block_size: usize,
     ) -> spot_core::Result<PrefixUpdate> {
-        self.cache.clear();
-        self.prefix.clear();
+        *self.slots.get_mut(slot)? = PrefixSlot::default();
         self.frame.begin(block_size)?;
         for chunk in prefix.chunks(block_size) {
-            self.append(chunk)?;
+            self.append(slot, chunk)?;
         }
         Ok(PrefixUpdate {
             ran_forward: !prefix.is_empty(),
@@ -120,33 +162,78 @@ impl<B: Backend, C> BlockDiffusionModel for BlockCausal<B, C> {
         })
     }
 
-    fn append_block(&mut self, block: &[TokenId]) -> spot_core::Result<PrefixUpdate> {
-        self.append(block)?;
+    fn append_block_in(
+        &mut self,
+        slot: CacheSlot,
+        block: &[TokenId],
+    ) -> spot_core::Result<PrefixUpdate> {
+        self.append(slot, block)?;
         Ok(PrefixUpdate {
             ran_forward: !block.is_empty(),
             positions: block.len(),
         })
     }
 
-    fn prefix_len(&self) -> usize {
-        self.prefix.len()
+    fn prefix_len_in(&self, slot: CacheSlot) -> usize {
+        self.slots.get(slot).map_or(0, |s| s.prefix.len())
     }
 
-    fn forward(
+    fn forward_groups(
         &mut self,
-        states: &[BlockState],
-        query: &StatsQuery,
-    ) -> spot_core::Result<Vec<BlockStats>> {
-        query.validate()?;
-        let (ids, n, len) = self.frame.check_states(states, self.prefix.len())?;
-        if n == 0 {
-            return Ok(Vec::new());
+        groups: &[ScoreGroup<'_>],
+    ) -> spot_core::Result<Vec<Vec<BlockStats>>> {
+        check_distinct_slots(groups)?;
+        let mut ids = Vec::new();
+        let mut shapes = Vec::with_capacity(groups.len());
+        for g in groups {
+            g.query.validate()?;
+            let start = self.slots.get(g.slot)?.prefix.len();
+            let (group_ids, n, len) = self.frame.check_states(g.states, start)?;
+            ids.extend(group_ids);
+            shapes.push((n, len, start));
         }
-        let (hidden, _) = self.run(ids, n, len);
-        let plan = RowPlan::masked(states, len);
-        let start = self.prefix.len();
-        Ok(self
-            .frame
-            .stats(&self.net.head, hidden, &plan, start, query)?)
+        let segments: Vec<Segment<'_, B>> = groups
+            .iter()
+            .zip(&shapes)
+            .filter(|(_, shape)| shape.0 > 0)
+            .map(|(g, &(n, len, start))| {
+                let cache = self.slots.get(g.slot).map_or(&[][..], |s| &s.cache[..]);
+                Segment {
+                    n,
+                    len,
+                    start,
+                    cache,
+                }
+            })
+            .collect();
+        if segments.is_empty() {
+            return Ok(groups.iter().map(|_| Vec::new()).collect());
+        }
+        let (hidden, _) = self.net.run_segments(ids, &segments, Attend::Bidirectional);
+        drop(segments);
+        let mut out = Vec::with_capacity(groups.len());
+        let mut row0 = 0;
+        for (g, &(n, len, start)) in groups.iter().zip(&shapes) {
+            if n == 0 {
+                out.push(Vec::new());
+                continue;
+            }
+            let rows = if groups.len() == 1 {
+                hidden.clone()
+            } else {
+                hidden.clone().narrow(0, row0, n * len)
+            };
+            row0 += n * len;
+            let plan = RowPlan::masked(g.states, len);
+            let slot = self.slots.get_mut(g.slot)?;
+            out.push(self.frame.stats(
+                &self.net.head,
+                rows,
+                &plan,
+                (start, &mut slot.noise),
+                g.query,
+            )?);
+        }
+        Ok(out)
     }
 }

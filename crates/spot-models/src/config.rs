@@ -155,6 +155,9 @@ impl FolderFacts for DecoderConfig {
     fn eos(&self) -> Option<&serde_json::Value> {
         self.eos_token_id.as_ref()
     }
+    fn block_size(&self) -> Option<usize> {
+        self.block_size
+    }
 }
 
 /// Config checks that name the file and field at fault.

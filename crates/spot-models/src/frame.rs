@@ -20,11 +20,28 @@ pub(crate) struct Frame<B: Backend> {
     pub max_positions: usize,
     pub mask_id: Option<TokenId>,
     pub stop_ids: Vec<TokenId>,
+    /// The block size `config.json` declares, if any.
+    pub block_size: Option<usize>,
     pub device: B::Device,
     /// `[1, vocab]`: 0, and `-inf` at the mask id (block-diffusion models never predict it).
     mask_bias: Option<Tensor<B, 2>>,
-    /// The Gumbel rows of the current block.
-    noise: Option<Noise<B>>,
+}
+
+/// One request's Gumbel rows of its current block (each request keeps its own, so merged
+/// forwards of several requests do not evict each other's).
+pub(crate) struct NoiseCache<B: Backend>(Option<Noise<B>>);
+
+impl<B: Backend> Default for NoiseCache<B> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<B: Backend> NoiseCache<B> {
+    /// Forgets the rows (a new request).
+    pub fn clear(&mut self) {
+        self.0 = None;
+    }
 }
 
 /// The Gumbel rows `[len, vocab]` of positions `first..first + len` under one seed, made once
@@ -55,6 +72,10 @@ pub(crate) trait FolderFacts {
     fn mask_token_id(&self) -> Option<u32>;
     /// `eos_token_id` as written in `config.json`.
     fn eos(&self) -> Option<&serde_json::Value>;
+    /// `block_size` as written in `config.json` (block-diffusion families that declare it).
+    fn block_size(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Opens a folder's frame and weights. `mask_tokens`: the tokenizer strings of the mask token
@@ -66,7 +87,8 @@ pub(crate) fn open<B: Backend>(
     device: &B::Device,
 ) -> Result<(Frame<B>, crate::hf::Weights)> {
     let files = FolderFiles::read(dir, cfg, mask_tokens)?;
-    let frame = Frame::new(dir, cfg.vocab(), cfg.max_positions(), files, device);
+    let mut frame = Frame::new(dir, cfg.vocab(), cfg.max_positions(), files, device);
+    frame.block_size = cfg.block_size();
     Ok((frame, crate::hf::Weights::open(dir)?))
 }
 
@@ -180,15 +202,14 @@ impl<B: Backend> Frame<B> {
             max_positions,
             mask_id,
             stop_ids,
+            block_size: None,
             device: device.clone(),
             mask_bias,
-            noise: None,
         }
     }
 
-    /// Starts a new request: forgets the Gumbel rows and checks the block size.
-    pub fn begin(&mut self, block_size: usize) -> spot_core::Result<()> {
-        self.noise = None;
+    /// Checks the block size of a new request.
+    pub fn begin(&self, block_size: usize) -> spot_core::Result<()> {
         if block_size == 0 {
             return Err(spot_core::Error::config(
                 "block_size",
@@ -196,11 +217,6 @@ impl<B: Backend> Frame<B> {
             ));
         }
         Ok(())
-    }
-
-    /// Forgets the Gumbel rows (a new request).
-    pub fn reset_noise(&mut self) {
-        self.noise = None;
     }
 
     /// Checks token ids and appends them to `out`.
@@ -251,23 +267,25 @@ impl<B: Backend> Frame<B> {
 
     /// The statistics of the rows `plan` names of final hidden states `[n * len, dim]` of `n`
     /// states whose first row predicts position `first`, through `head`; Gumbel rows for
-    /// positions `first..first + len` at `T > 0`.
+    /// positions `first..first + len` at `T > 0`, kept in the request's `noise`.
     pub fn stats(
-        &mut self,
+        &self,
         head: &Head<B>,
         hidden: Tensor<B, 2>,
         plan: &RowPlan,
-        first: usize,
+        (first, noise): (usize, &mut NoiseCache<B>),
         query: &StatsQuery,
     ) -> Result<Vec<BlockStats>> {
+        let cache = &mut noise.0;
         let k = query.effective_top_k(self.vocab_size);
         let len = plan.len.max(1);
         let noisy = query.temperature > 0.0;
         if noisy {
             let seed = query.noise.seed();
-            let fresh = !matches!(&self.noise, Some(n) if n.seed == seed && n.first == first && n.len == len);
+            let fresh =
+                !matches!(cache, Some(n) if n.seed == seed && n.first == first && n.len == len);
             if fresh {
-                self.noise = Some(Noise {
+                *cache = Some(Noise {
                     seed,
                     first,
                     len,
@@ -290,11 +308,7 @@ impl<B: Backend> Frame<B> {
                             noise: r % len,
                         })
                         .collect();
-                    let noise = self
-                        .noise
-                        .as_ref()
-                        .filter(|_| noisy)
-                        .map(|n| n.host.as_slice());
+                    let noise = cache.as_ref().filter(|_| noisy).map(|n| n.host.as_slice());
                     h.reduce(
                         &host_values(hidden),
                         &jobs,
@@ -312,7 +326,7 @@ impl<B: Backend> Frame<B> {
                     let picked = index(plan.rows.iter().map(|&r| r as i64).collect());
                     // Logits in the model's type, reduced in f32.
                     let logits = hidden.select(0, picked).matmul(w.clone()).cast(DType::F32);
-                    let noise = match self.noise.as_mut().filter(|_| noisy) {
+                    let noise = match cache.as_mut().filter(|_| noisy) {
                         Some(n) => {
                             let (vocab, device) = (self.vocab_size, &self.device);
                             let table = n

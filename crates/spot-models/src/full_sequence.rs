@@ -22,41 +22,78 @@
 use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{
-    BlockDiffusionModel, BlockState, BlockStats, ModelInfo, PrefixUpdate, StatsQuery, TokenId,
+    BlockDiffusionModel, BlockState, BlockStats, CacheSlot, ModelInfo, MultiRequestModel,
+    PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
 };
 
 use crate::attention::{Attend, Kv};
 use crate::block_causal::diffusion_info;
 use crate::error::Result;
-use crate::frame::Frame;
+use crate::frame::{Frame, NoiseCache};
 use crate::head::RowPlan;
-use crate::transformer::Net;
+use crate::transformer::{Net, Segment};
 
-/// A full-sequence block-diffusion model on backend `B` with family config `C`.
+/// One request's prefix, generation end, approximate cache and Gumbel rows.
+struct SequenceSlot<B: Backend> {
+    prefix: Vec<TokenId>,
+    /// End of the generation region (absolute position); 0 until a decoder sets it.
+    end: usize,
+    /// Keys/values of the approximate prefix cache (one entry per layer, empty when off or
+    /// before the first prefix forward).
+    cache: Vec<Kv<B>>,
+    noise: NoiseCache<B>,
+}
+
+impl<B: Backend> Default for SequenceSlot<B> {
+    fn default() -> Self {
+        Self {
+            prefix: Vec::new(),
+            end: 0,
+            cache: Vec::new(),
+            noise: NoiseCache::default(),
+        }
+    }
+}
+
+/// A forward's input for one request: its tokens and where its block rows are.
+struct GroupInput {
+    ids: Vec<i64>,
+    n: usize,
+    len: usize,
+    /// Positions each sequence runs (`from..total`).
+    width: usize,
+    /// First position run (0, or the end of the approximate cache).
+    from: usize,
+    /// The block's rows, relative to the group's first row.
+    rows: Vec<i64>,
+}
+
+const SLOT0: CacheSlot = CacheSlot(0);
+
+/// A full-sequence block-diffusion model on backend `B` with family config `C` (one prefix
+/// per request slot; slot 0 serves the single-request [`BlockDiffusionModel`] methods).
 /// The families name it: [`crate::Llada`], [`crate::Dream`].
 pub struct FullSequence<B: Backend, C> {
     cfg: C,
     net: Net<B>,
     frame: Frame<B>,
     info: ModelInfo,
-    prefix: Vec<TokenId>,
-    /// End of the generation region (absolute position); 0 until a decoder sets it.
-    end: usize,
+    slots: Slots<SequenceSlot<B>>,
     /// Logits of position `i` come from row `i - 1` (Dream).
     shift: bool,
-    /// Approximate prefix cache on, and its keys/values (one entry per layer, empty until the
-    /// first prefix forward).
+    /// Approximate prefix cache on.
     approximate: bool,
-    cache: Vec<Kv<B>>,
 }
 
 impl<B: Backend, C: std::fmt::Debug> std::fmt::Debug for FullSequence<B, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let slot = self.slots.get(SLOT0).ok();
         f.debug_struct("FullSequence")
             .field("dir", &self.frame.dir)
             .field("config", &self.cfg)
-            .field("prefix_len", &self.prefix.len())
-            .field("end", &self.end)
+            .field("prefix_len", &slot.map_or(0, |s| s.prefix.len()))
+            .field("end", &slot.map_or(0, |s| s.end))
+            .field("slots", &self.slots.open_count())
             .finish_non_exhaustive()
     }
 }
@@ -68,11 +105,9 @@ impl<B: Backend, C> FullSequence<B, C> {
             cfg,
             net,
             frame,
-            prefix: Vec::new(),
-            end: 0,
+            slots: Slots::new(),
             shift,
             approximate: false,
-            cache: Vec::new(),
         }
     }
 
@@ -80,7 +115,9 @@ impl<B: Backend, C> FullSequence<B, C> {
     /// Off (exact) by default. It takes effect at the next `reset_prefix`.
     pub fn set_approximate_prefix_cache(&mut self, on: bool) {
         self.approximate = on;
-        self.cache.clear();
+        for slot in self.slots.iter_mut() {
+            slot.cache.clear();
+        }
     }
 
     /// Whether the approximate prefix cache is on.
@@ -90,30 +127,31 @@ impl<B: Backend, C> FullSequence<B, C> {
 
     /// Positions whose keys/values come from the cache: the prefix, less its last token for
     /// a shifted model (whose output row the block's first position reads).
-    fn cached_len(&self) -> usize {
-        if self.cache.is_empty() {
+    fn cached_len(&self, slot: &SequenceSlot<B>) -> usize {
+        if slot.cache.is_empty() {
             0
         } else {
-            self.prefix.len() - usize::from(self.shift)
+            slot.prefix.len() - usize::from(self.shift)
         }
     }
 
-    /// Refreshes the approximate cache: one forward over `prefix ; masks up to the end`.
-    fn refresh(&mut self) -> Result<PrefixUpdate> {
-        self.cache.clear();
-        let keep = self.prefix.len().saturating_sub(usize::from(self.shift));
+    /// Refreshes a slot's approximate cache: one forward over `prefix ; masks up to the end`.
+    fn refresh(&mut self, slot: CacheSlot) -> Result<PrefixUpdate> {
+        let s = self.slots.get_mut(slot)?;
+        s.cache.clear();
+        let keep = s.prefix.len().saturating_sub(usize::from(self.shift));
         if !self.approximate || keep == 0 {
             return Ok(PrefixUpdate {
                 ran_forward: false,
                 positions: 0,
             });
         }
-        let total = self.end.max(self.prefix.len());
+        let total = s.end.max(s.prefix.len());
         self.frame.check_end(total, "generation region")?;
-        let mut ids: Vec<i64> = self.prefix.iter().map(|&t| i64::from(t)).collect();
+        let mut ids: Vec<i64> = s.prefix.iter().map(|&t| i64::from(t)).collect();
         ids.resize(total, i64::from(self.info.mask_id));
         let (_, kv) = self.net.run(ids, 1, total, 0, &[], Attend::Bidirectional);
-        self.cache = kv
+        s.cache = kv
             .into_iter()
             .map(|c| Kv {
                 k: c.k.narrow(2, 0, keep),
@@ -131,49 +169,69 @@ impl<B: Backend, C> FullSequence<B, C> {
     /// Logits `[n, len, vocab]` of `states` after the prefix, with masks up to the generation
     /// end, as host values (for tests and tools).
     pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
-        let (hidden, _, _) = self.block_hidden(states)?;
-        Ok(self.net.head.logits_host(hidden))
+        let slot = self.slots.get(SLOT0)?;
+        let input = self.group_input(slot, states)?;
+        let segment = Segment {
+            n: input.n,
+            len: input.width,
+            start: input.from,
+            cache: &slot.cache,
+        };
+        let (hidden, _) = self
+            .net
+            .run_segments(input.ids, &[segment], Attend::Bidirectional);
+        let rows = self.index(input.rows);
+        Ok(self.net.head.logits_host(hidden.select(0, rows)))
     }
 
-    /// The block rows' final hidden states `[n * len, dim]`, `n` and `len`.
-    fn block_hidden(&self, states: &[BlockState]) -> Result<(Tensor<B, 2>, usize, usize)> {
-        let start = self.prefix.len();
+    fn index(&self, rows: Vec<i64>) -> Tensor<B, 1, Int> {
+        let n = rows.len();
+        Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &self.frame.device)
+    }
+
+    /// The tokens a forward over `states` runs for `slot` (`prefix ; state ; masks up to the
+    /// end` per state, from the end of the approximate cache) and where the block rows are.
+    fn group_input(&self, slot: &SequenceSlot<B>, states: &[BlockState]) -> Result<GroupInput> {
+        let start = slot.prefix.len();
         let (block, n, len) = self.frame.check_states(states, start)?;
-        let total = self.end.max(start + len);
+        let total = slot.end.max(start + len);
         self.frame.check_end(total, "generation region")?;
-        // Each sequence runs from `from` (0, or the end of the approximate cache) to `total`.
-        let from = self.cached_len();
+        let from = self.cached_len(slot);
         let width = total - from;
         let mask = i64::from(self.info.mask_id);
         let mut ids = Vec::with_capacity(n * width);
         for state in block.chunks(len.max(1)).take(n) {
-            ids.extend(self.prefix[from..].iter().map(|&t| i64::from(t)));
+            ids.extend(slot.prefix[from..].iter().map(|&t| i64::from(t)));
             ids.extend_from_slice(state);
             ids.resize(ids.len() + total - start - len, mask);
         }
-        let (hidden, _) = self
-            .net
-            .run(ids, n, width, from, &self.cache, Attend::Bidirectional);
-        let rows: Vec<i64> = (0..n)
+        let shift = self.shift;
+        let rows = (0..n)
             .flat_map(|b| {
                 (start..start + len).map(move |p| {
-                    let src = if self.shift { p.saturating_sub(1) } else { p };
+                    let src = if shift { p.saturating_sub(1) } else { p };
                     (b * width + src - from) as i64
                 })
             })
             .collect();
-        let rows =
-            Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n * len]), &self.frame.device);
-        Ok((hidden.select(0, rows), n, len))
+        Ok(GroupInput {
+            ids,
+            n,
+            len,
+            width,
+            from,
+            rows,
+        })
     }
 
-    /// Appends tokens to the prefix (no forward: exact mode recomputes the prefix with every
-    /// block forward).
-    fn store(&mut self, tokens: &[TokenId]) -> Result<()> {
+    /// Appends tokens to a slot's prefix (no forward: exact mode recomputes the prefix with
+    /// every block forward).
+    fn store(&mut self, slot: CacheSlot, tokens: &[TokenId]) -> Result<()> {
+        let s = self.slots.get_mut(slot)?;
         self.frame
-            .check_end(self.prefix.len() + tokens.len(), "prefix")?;
+            .check_end(s.prefix.len() + tokens.len(), "prefix")?;
         self.frame.push_ids(tokens, &mut Vec::new())?;
-        self.prefix.extend_from_slice(tokens);
+        s.prefix.extend_from_slice(tokens);
         Ok(())
     }
 }
@@ -183,51 +241,109 @@ impl<B: Backend, C> BlockDiffusionModel for FullSequence<B, C> {
         &self.info
     }
 
-    fn set_generation_end(&mut self, end: usize) -> spot_core::Result<()> {
+    spot_core::slot0_methods!();
+}
+
+impl<B: Backend, C> MultiRequestModel for FullSequence<B, C> {
+    fn open_slot(&mut self) -> spot_core::Result<CacheSlot> {
+        Ok(self.slots.open())
+    }
+
+    fn close_slot(&mut self, slot: CacheSlot) {
+        self.slots.close(slot);
+    }
+
+    fn set_generation_end_in(&mut self, slot: CacheSlot, end: usize) -> spot_core::Result<()> {
         self.frame.check_end(end, "generation region")?;
-        self.end = end;
+        self.slots.get_mut(slot)?.end = end;
         Ok(())
     }
 
-    fn reset_prefix(
+    fn reset_prefix_in(
         &mut self,
+        slot: CacheSlot,
         prefix: &[TokenId],
         block_size: usize,
     ) -> spot_core::Result<PrefixUpdate> {
-        self.prefix.clear();
-        self.cache.clear();
+        let s = self.slots.get_mut(slot)?;
+        let end = s.end;
+        *s = SequenceSlot::default();
+        s.end = end;
         self.frame.begin(block_size)?;
-        self.store(prefix)?;
-        Ok(self.refresh()?)
+        self.store(slot, prefix)?;
+        Ok(self.refresh(slot)?)
     }
 
-    fn append_block(&mut self, block: &[TokenId]) -> spot_core::Result<PrefixUpdate> {
-        self.store(block)?;
-        Ok(self.refresh()?)
-    }
-
-    fn prefix_len(&self) -> usize {
-        self.prefix.len()
-    }
-
-    fn positions_per_state(&self, block_len: usize) -> usize {
-        self.end.max(self.prefix.len() + block_len) - self.cached_len()
-    }
-
-    fn forward(
+    fn append_block_in(
         &mut self,
-        states: &[BlockState],
-        query: &StatsQuery,
-    ) -> spot_core::Result<Vec<BlockStats>> {
-        query.validate()?;
-        if states.is_empty() {
-            return Ok(Vec::new());
+        slot: CacheSlot,
+        block: &[TokenId],
+    ) -> spot_core::Result<PrefixUpdate> {
+        self.store(slot, block)?;
+        Ok(self.refresh(slot)?)
+    }
+
+    fn prefix_len_in(&self, slot: CacheSlot) -> usize {
+        self.slots.get(slot).map_or(0, |s| s.prefix.len())
+    }
+
+    fn positions_per_state_in(&self, slot: CacheSlot, block_len: usize) -> usize {
+        self.slots.get(slot).map_or(block_len, |s| {
+            s.end.max(s.prefix.len() + block_len) - self.cached_len(s)
+        })
+    }
+
+    fn forward_groups(
+        &mut self,
+        groups: &[ScoreGroup<'_>],
+    ) -> spot_core::Result<Vec<Vec<BlockStats>>> {
+        check_distinct_slots(groups)?;
+        let mut inputs = Vec::with_capacity(groups.len());
+        for g in groups {
+            g.query.validate()?;
+            inputs.push(self.group_input(self.slots.get(g.slot)?, g.states)?);
         }
-        let (hidden, _, len) = self.block_hidden(states)?;
-        let plan = RowPlan::masked(states, len);
-        let start = self.prefix.len();
-        Ok(self
-            .frame
-            .stats(&self.net.head, hidden, &plan, start, query)?)
+        let mut ids = Vec::new();
+        let mut segments = Vec::with_capacity(groups.len());
+        for (g, input) in groups.iter().zip(&mut inputs) {
+            if input.n == 0 {
+                continue;
+            }
+            ids.append(&mut input.ids);
+            let cache = self.slots.get(g.slot).map_or(&[][..], |s| &s.cache[..]);
+            segments.push(Segment {
+                n: input.n,
+                len: input.width,
+                start: input.from,
+                cache,
+            });
+        }
+        if segments.is_empty() {
+            return Ok(groups.iter().map(|_| Vec::new()).collect());
+        }
+        let (hidden, _) = self.net.run_segments(ids, &segments, Attend::Bidirectional);
+        drop(segments);
+        let mut out = Vec::with_capacity(groups.len());
+        let mut row0 = 0;
+        for (g, input) in groups.iter().zip(inputs) {
+            if input.n == 0 {
+                out.push(Vec::new());
+                continue;
+            }
+            let rows = input.rows.iter().map(|&r| r + row0 as i64).collect();
+            row0 += input.n * input.width;
+            let picked = hidden.clone().select(0, self.index(rows));
+            let plan = RowPlan::masked(g.states, input.len);
+            let slot = self.slots.get_mut(g.slot)?;
+            let start = slot.prefix.len();
+            out.push(self.frame.stats(
+                &self.net.head,
+                picked,
+                &plan,
+                (start, &mut slot.noise),
+                g.query,
+            )?);
+        }
+        Ok(out)
     }
 }

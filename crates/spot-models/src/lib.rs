@@ -54,6 +54,8 @@ mod full_sequence;
 mod head;
 pub mod hf;
 mod host_head;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod kernel_cache;
 mod llada;
 mod llada2;
 mod loader;
@@ -62,6 +64,7 @@ mod precision;
 mod reduce;
 mod rope;
 mod sdar;
+mod stop;
 mod summary;
 mod transformer;
 
@@ -73,10 +76,14 @@ pub use dream::{Dream, DreamConfig};
 pub use error::{ModelError, Result};
 pub use full_sequence::FullSequence;
 pub use head::HeadPlacement;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "cuda", feature = "wgpu"))))]
+pub use kernel_cache::enable_kernel_cache;
 pub use llada::{Llada, LladaConfig};
 pub use llada2::{Llada2Config, Llada2Moe};
 pub use precision::Precision;
 pub use sdar::{Sdar, SdarConfig};
+pub use stop::StopStrings;
 pub use summary::FolderSummary;
 
 /// The CPU backend when only the `ndarray` feature is enabled.

@@ -209,6 +209,9 @@ impl FolderFacts for Llada2Config {
     fn eos(&self) -> Option<&serde_json::Value> {
         self.base.eos()
     }
+    fn block_size(&self) -> Option<usize> {
+        self.base.block_size()
+    }
 }
 
 /// A LLaDA2.0 MoE model on backend `B`, with its prefix KV cache.

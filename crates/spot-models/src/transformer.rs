@@ -98,6 +98,16 @@ pub(crate) fn rms_norm<B: Backend, const D: usize>(
     (x * var.add_scalar(eps).sqrt().recip()).cast(dtype) * w.clone()
 }
 
+/// `n` sequences of `len` tokens at positions `start..start + len` after the cached prefix
+/// `cache` (one entry per layer, empty for none): one request's share of a
+/// [`Net::run_segments`].
+pub(crate) struct Segment<'c, B: Backend> {
+    pub n: usize,
+    pub len: usize,
+    pub start: usize,
+    pub cache: &'c [Kv<B>],
+}
+
 /// Embedding, layers, final norm and head.
 pub(crate) struct Net<B: Backend> {
     pub geo: Geometry,
@@ -193,28 +203,57 @@ impl<B: Backend> Net<B> {
         cache: &[Kv<B>],
         attend: Attend,
     ) -> (Tensor<B, 2>, Vec<Kv<B>>) {
+        let segment = Segment {
+            n,
+            len,
+            start,
+            cache,
+        };
+        let (hidden, mut kv) = self.run_segments(ids, &[segment], attend);
+        (hidden, kv.pop().unwrap_or_default())
+    }
+
+    /// Runs several [`Segment`]s (the requests of a merged forward) at once: `ids` holds their
+    /// tokens one after the other. Every row-wise step (norms, projections, MLP or experts)
+    /// runs over all rows together; attention runs per segment over its own cache, with the
+    /// products a [`Net::run`] of that segment alone runs, so each segment's rows come out
+    /// bit-identical to running it alone. Returns the final hidden states of all rows, in
+    /// order, and each segment's new keys and values per layer.
+    pub fn run_segments(
+        &self,
+        ids: Vec<i64>,
+        segments: &[Segment<'_, B>],
+        attend: Attend,
+    ) -> (Tensor<B, 2>, Vec<Vec<Kv<B>>>) {
         let c = &self.geo;
         let (nh, kvh, d) = (c.heads, c.kv_heads, c.head_dim);
         let g = nh / kvh;
-        let rows = n * len;
+        let rows: usize = segments.iter().map(|s| s.n * s.len).sum();
         let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
         let mut x = self.embed.clone().select(0, ids);
-        let rope = |heads| {
+        let rope = |heads, seg: &Segment<'_, B>| {
             let shape = (heads, d, c.rotary_dim);
             Rope::<B>::new(
                 &self.inv_freq,
-                (start, len),
+                (seg.start, seg.len),
                 shape,
                 (&self.device, self.dtype),
             )
         };
-        let (rope_q, rope_k) = (rope(nh), rope(kvh));
+        let ropes: Vec<_> = segments
+            .iter()
+            .map(|seg| (rope(nh, seg), rope(kvh, seg)))
+            .collect();
         let host = crate::head::runs_on_host::<B>(&self.device);
         let scale = 1.0 / (d as f64).sqrt();
-        let mut new_kv = Vec::with_capacity(self.layers.len());
+        let mut new_kv: Vec<Vec<Kv<B>>> = segments
+            .iter()
+            .map(|_| Vec::with_capacity(self.layers.len()))
+            .collect();
+        let single = segments.len() == 1;
         for (li, layer) in self.layers.iter().enumerate() {
             let a = &layer.attn;
-            // 1. Pre-norm and projections (+ bias).
+            // 1. Pre-norm and projections (+ bias), all rows at once.
             let hn = rms_norm(x.clone(), &layer.input_norm, c.eps);
             let (mut q, mut k, mut v) = (
                 hn.clone().matmul(a.q.clone()),
@@ -226,27 +265,50 @@ impl<B: Backend> Net<B> {
                 k = k + bk.clone();
                 v = v + bv.clone();
             }
-            let q = q.reshape([n, len, nh, d]);
-            let k = k.reshape([n, len, kvh, d]);
-            let v = v.reshape([n, len, kvh, d]);
-            // 2. QK-norm per head, then RoPE; heads first: [n, heads, len, d].
-            let (q, k) = match &a.qk_norm {
-                Some([qn, kn]) => (rms_norm(q, qn, c.eps), rms_norm(k, kn, c.eps)),
-                None => (q, k),
+            let mut outs = Vec::with_capacity(segments.len());
+            let mut row0 = 0;
+            for (si, seg) in segments.iter().enumerate() {
+                let (n, len) = (seg.n, seg.len);
+                let part = |t: &Tensor<B, 2>| {
+                    if single {
+                        t.clone()
+                    } else {
+                        t.clone().narrow(0, row0, n * len)
+                    }
+                };
+                let q = part(&q).reshape([n, len, nh, d]);
+                let k = part(&k).reshape([n, len, kvh, d]);
+                let v = part(&v).reshape([n, len, kvh, d]);
+                // 2. QK-norm per head, then RoPE; heads first: [n, heads, len, d].
+                let (q, k) = match &a.qk_norm {
+                    Some([qn, kn]) => (rms_norm(q, qn, c.eps), rms_norm(k, kn, c.eps)),
+                    None => (q, k),
+                };
+                let (rope_q, rope_k) = &ropes[si];
+                let q = swap_heads(rope_q.apply(q), host);
+                let k = rope_k.apply(k).swap_dims(1, 2);
+                let v = v.swap_dims(1, 2);
+                // 3. Group the query heads of each KV head: [n, kv, g * len, d].
+                let q = q.reshape([n, kvh, g * len, d]);
+                // 4. Attention over [prefix ; block].
+                let cached = seg.cache.get(li).filter(|_| seg.start > 0);
+                let out = match attend {
+                    Attend::Causal => attention::causal(q, &k, &v, cached, scale),
+                    Attend::Bidirectional => attention::bidirectional(q, &k, &v, cached, scale),
+                };
+                // 5. Heads back to features.
+                outs.push(
+                    swap_heads(out.reshape([n, nh, len, d]), host).reshape([n * len, nh * d]),
+                );
+                new_kv[si].push(Kv { k, v });
+                row0 += n * len;
+            }
+            let out = if outs.len() == 1 {
+                outs.remove(0)
+            } else {
+                Tensor::cat(outs, 0)
             };
-            let q = swap_heads(rope_q.apply(q), host);
-            let k = rope_k.apply(k).swap_dims(1, 2);
-            let v = v.swap_dims(1, 2);
-            // 3. Group the query heads of each KV head: [n, kv, g * len, d].
-            let q = q.reshape([n, kvh, g * len, d]);
-            // 4. Attention over [prefix ; block].
-            let cached = cache.get(li).filter(|_| start > 0);
-            let out = match attend {
-                Attend::Causal => attention::causal(q, &k, &v, cached, scale),
-                Attend::Bidirectional => attention::bidirectional(q, &k, &v, cached, scale),
-            };
-            // 5. Heads back to features, output projection, residual.
-            let out = swap_heads(out.reshape([n, nh, len, d]), host).reshape([rows, nh * d]);
+            // Output projection, residual.
             x = x + out.matmul(a.o.clone());
             // 6. MLP, residual.
             let hn = rms_norm(x.clone(), &layer.post_norm, c.eps);
@@ -254,7 +316,6 @@ impl<B: Backend> Net<B> {
                 Mlp::Dense(m) => m.forward(hn),
                 Mlp::Moe(m) => m.forward(hn),
             };
-            new_kv.push(Kv { k, v });
         }
         (rms_norm(x, &self.norm, c.eps), new_kv)
     }

@@ -244,6 +244,10 @@ impl Verifier {
     /// One round: a single batched forward over the root and every incomplete node of `tree`,
     /// then the walk. `round` numbers the rounds of a decode (it seeds the
     /// [`MatchRule::IndependentSampling`] ablation and is otherwise unused).
+    ///
+    /// The same as [`Verifier::batch`], a forward with [`Verifier::round_query`], and
+    /// [`Verifier::walk_stats`]: the halves a step-wise decoder calls around a forward it
+    /// does not run itself.
     pub fn verify(
         &mut self,
         model: &mut MeteredModel<'_>,
@@ -253,23 +257,51 @@ impl Verifier {
         round: u64,
     ) -> Result<RoundOutcome> {
         let mut states = Vec::with_capacity(tree.len());
+        self.batch(tree, &mut states);
+        let stats = model.forward(&states, &self.round_query(query, round))?;
+        self.walk_stats(tree, stats, transition)
+    }
+
+    /// The verification batch of `tree`: the root and every incomplete node, appended to
+    /// `states` (remembered for [`Verifier::walk_stats`]).
+    pub fn batch(&mut self, tree: &DraftTree, states: &mut Vec<BlockState>) {
         self.batch_index.clear();
+        let first = states.len();
         for i in 0..tree.len() {
             if tree.is_complete(i) {
                 self.batch_index.push(NOT_IN_BATCH);
             } else {
-                self.batch_index.push(states.len() as u32);
+                self.batch_index.push((states.len() - first) as u32);
                 states.push(tree.block_state(i));
             }
         }
+    }
+
+    /// The query of round `round`: `query` itself, or fresh noise for the
+    /// [`MatchRule::IndependentSampling`] ablation.
+    pub fn round_query(&self, query: &StatsQuery, round: u64) -> StatsQuery {
         let mut q = *query;
         if self.rule == MatchRule::IndependentSampling {
             let seed = spot_core::toy::mix64(query.noise.seed() ^ spot_core::toy::mix64(round));
             q.noise = spot_core::GumbelNoise::new(seed);
         }
-        let mut stats = model.forward(&states, &q)?;
+        q
+    }
+
+    /// The walk over `tree` given the statistics of the batch [`Verifier::batch`] made.
+    pub fn walk_stats(
+        &mut self,
+        tree: &DraftTree,
+        mut stats: Vec<BlockStats>,
+        transition: Transition,
+    ) -> Result<RoundOutcome> {
+        let batch_size = self
+            .batch_index
+            .iter()
+            .filter(|&&b| b != NOT_IN_BATCH)
+            .count();
         let mut out = RoundOutcome {
-            batch_size: states.len(),
+            batch_size,
             ..RoundOutcome::default()
         };
         walk(
@@ -283,6 +315,13 @@ impl Verifier {
         )?;
         if !out.walk.complete {
             let b = self.batch_index[out.walk.last()] as usize;
+            if b >= stats.len() {
+                return Err(Error::ShapeMismatch {
+                    what: "statistics for the last accepted node",
+                    expected: b + 1,
+                    actual: stats.len(),
+                });
+            }
             out.stale = Some(stats.swap_remove(b));
         }
         Ok(out)

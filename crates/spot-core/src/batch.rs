@@ -1,0 +1,310 @@
+//! Many requests through one model: continuous batching of [`Request`]s.
+//!
+//! Every [`BatchDriver::step`] admits queued requests up to the in-flight limit (each gets a
+//! cache slot of its own), runs the prefix work each live request needs (prefill, block
+//! appends: one forward per request), then **one** forward over the block states of every
+//! request that needs scoring ([`MultiRequestModel::forward_groups`]), and hands each request
+//! its statistics. Requests join and leave between steps. Since a group's statistics are
+//! bit-identical to scoring it alone, each request decodes exactly the tokens, counters and
+//! events it would alone.
+//!
+//! ```
+//! use spot_core::{BatchDriver, BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, Request};
+//! use spot_core::toy::{ToyConfig, ToyModel};
+//!
+//! let mut model = ToyModel::new(ToyConfig::default());
+//! let cfg = DecodeConfig { block_size: 8, max_new_tokens: 20, temperature: 1.0,
+//!     ..DecodeConfig::default() };
+//! let prompts: [&[u32]; 3] = [&[1, 2, 3], &[9; 13], &[4]];
+//! let mut driver = BatchDriver::new(2)?;
+//! for p in prompts {
+//!     driver.submit(Request::new(p, &cfg, model.info(), DraftFreeDecoder::new())?);
+//! }
+//! let mut done = driver.run(&mut model)?;
+//! done.sort_by_key(|f| f.id);
+//! for (f, p) in done.into_iter().zip(prompts) {
+//!     let alone = DraftFreeDecoder::new().decode(&mut model, p, &cfg)?;
+//!     assert_eq!(f.output?, alone);
+//! }
+//! # Ok::<(), spot_core::Error>(())
+//! ```
+
+use std::collections::VecDeque;
+
+use crate::decode::DecodeOutput;
+use crate::error::{Error, Result};
+use crate::model::{CacheSlot, MultiRequestModel, ScoreGroup};
+use crate::request::{BlockEvent, CancelHandle, Need, Request, StepStrategy};
+use crate::state::BlockState;
+
+/// A request's number in a [`BatchDriver`], in submission order from 0.
+pub type RequestId = u64;
+
+/// A request that left the batch.
+pub struct Finished<S: StepStrategy> {
+    /// The request's number.
+    pub id: RequestId,
+    /// Its output, or what failed.
+    pub output: Result<DecodeOutput, S::Error>,
+    /// Its strategy, handed back (a speculative decoder's report).
+    pub strategy: S,
+}
+
+impl<S: StepStrategy> std::fmt::Debug for Finished<S>
+where
+    S::Error: std::fmt::Debug,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Finished")
+            .field("id", &self.id)
+            .field("output", &self.output)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Live<S: StepStrategy> {
+    id: RequestId,
+    slot: Option<CacheSlot>,
+    request: Request<S>,
+    error: Option<S::Error>,
+}
+
+/// Continuous batching of [`Request`]s over one [`MultiRequestModel`]; see the
+/// [module documentation](self).
+pub struct BatchDriver<S: StepStrategy> {
+    max_in_flight: usize,
+    next_id: RequestId,
+    queue: VecDeque<(RequestId, Request<S>)>,
+    live: Vec<Live<S>>,
+    events: VecDeque<(RequestId, BlockEvent)>,
+    forwards: u64,
+}
+
+impl<S: StepStrategy> std::fmt::Debug for BatchDriver<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchDriver")
+            .field("max_in_flight", &self.max_in_flight)
+            .field("queued", &self.queue.len())
+            .field("live", &self.live.len())
+            .field("forwards", &self.forwards)
+            .finish()
+    }
+}
+
+impl<S: StepStrategy> BatchDriver<S> {
+    /// A driver that keeps at most `max_in_flight` requests (at least 1) in the running batch.
+    pub fn new(max_in_flight: usize) -> Result<Self> {
+        if max_in_flight == 0 {
+            return Err(Error::config("max_in_flight", "must be at least 1, got 0"));
+        }
+        Ok(Self {
+            max_in_flight,
+            next_id: 0,
+            queue: VecDeque::new(),
+            live: Vec::new(),
+            events: VecDeque::new(),
+            forwards: 0,
+        })
+    }
+
+    /// Queues a request; it joins the running batch at a later step.
+    pub fn submit(&mut self, request: Request<S>) -> RequestId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queue.push_back((id, request));
+        id
+    }
+
+    /// A handle that cancels request `id` (queued or running), if it is still here.
+    pub fn cancel_handle(&self, id: RequestId) -> Option<CancelHandle> {
+        self.queue
+            .iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, r)| r.cancel_handle())
+            .or_else(|| {
+                self.live
+                    .iter()
+                    .find(|l| l.id == id)
+                    .map(|l| l.request.cancel_handle())
+            })
+    }
+
+    /// Requests in the running batch.
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Requests waiting to join.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether no request is queued or running.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.live.is_empty()
+    }
+
+    /// Merged scoring forwards run so far.
+    pub fn forwards(&self) -> u64 {
+        self.forwards
+    }
+
+    /// The next finished-block event of any request.
+    pub fn next_event(&mut self) -> Option<(RequestId, BlockEvent)> {
+        self.events.pop_front()
+    }
+
+    /// One step (see the module documentation). Returns the requests that left the batch:
+    /// done, cancelled or failed. An error of the model's merged forward fails every request
+    /// in it; errors of one request fail only that request.
+    pub fn step(&mut self, model: &mut dyn MultiRequestModel) -> Result<Vec<Finished<S>>> {
+        while self.live.len() < self.max_in_flight {
+            let Some((id, request)) = self.queue.pop_front() else {
+                break;
+            };
+            let mut live = Live {
+                id,
+                slot: None,
+                request,
+                error: None,
+            };
+            match model.open_slot() {
+                Ok(slot) => live.slot = Some(slot),
+                Err(e) => live.error = Some(e.into()),
+            }
+            self.live.push(live);
+        }
+        for live in &mut self.live {
+            if live.error.is_none()
+                && let Err(e) = prefix_work(model, live)
+            {
+                live.error = Some(e);
+            }
+        }
+        self.score(model);
+        for live in &mut self.live {
+            while let Some(e) = live.request.next_event() {
+                self.events.push_back((live.id, e));
+            }
+        }
+        let mut finished = Vec::new();
+        let mut i = 0;
+        while i < self.live.len() {
+            let l = &self.live[i];
+            if l.error.is_none() && !l.request.is_done() {
+                i += 1;
+                continue;
+            }
+            let live = self.live.swap_remove(i);
+            if let Some(slot) = live.slot {
+                model.close_slot(slot);
+            }
+            let (output, strategy) = live.request.finish_parts();
+            let output = match live.error {
+                Some(e) => Err(e),
+                None => output,
+            };
+            finished.push(Finished {
+                id: live.id,
+                output,
+                strategy,
+            });
+        }
+        Ok(finished)
+    }
+
+    /// Steps until every request has left; returns them in the order they finished.
+    pub fn run(&mut self, model: &mut dyn MultiRequestModel) -> Result<Vec<Finished<S>>> {
+        let mut all = Vec::new();
+        while !self.is_idle() {
+            all.extend(self.step(model)?);
+        }
+        Ok(all)
+    }
+
+    /// One merged forward over every live request that needs scoring.
+    fn score(&mut self, model: &mut dyn MultiRequestModel) {
+        let mut members = Vec::new();
+        let mut groups = Vec::new();
+        for (i, live) in self.live.iter().enumerate() {
+            if live.error.is_some() {
+                continue;
+            }
+            if let (Need::Score { states, query }, Some(slot)) = (live.request.need(), live.slot) {
+                members.push(i);
+                groups.push(ScoreGroup {
+                    slot,
+                    states,
+                    query,
+                });
+            }
+        }
+        if groups.is_empty() {
+            return;
+        }
+        let positions: Vec<u64> = groups
+            .iter()
+            .map(|g| {
+                let len = g.states.first().map_or(0, BlockState::len);
+                (g.states.len() * model.positions_per_state_in(g.slot, len)) as u64
+            })
+            .collect();
+        let result = model.forward_groups(&groups);
+        drop(groups);
+        self.forwards += 1;
+        match result {
+            Ok(all) if all.len() == members.len() => {
+                for ((i, stats), positions) in members.into_iter().zip(all).zip(positions) {
+                    let live = &mut self.live[i];
+                    if let Err(e) = live.request.scored(stats, positions) {
+                        live.error = Some(e);
+                    }
+                }
+            }
+            Ok(all) => {
+                let (n, expected) = (all.len(), members.len());
+                for i in members {
+                    self.live[i].error = Some(
+                        Error::ShapeMismatch {
+                            what: "statistics groups per merged forward",
+                            expected,
+                            actual: n,
+                        }
+                        .into(),
+                    );
+                }
+            }
+            Err(e) => {
+                let message = e.to_string();
+                for i in members {
+                    self.live[i].error = Some(Error::model(message.clone()).into());
+                }
+            }
+        }
+    }
+}
+
+/// Runs the prefill or block appends `live` needs, until it needs a forward or nothing.
+fn prefix_work<S: StepStrategy>(
+    model: &mut dyn MultiRequestModel,
+    live: &mut Live<S>,
+) -> Result<(), S::Error> {
+    let Some(slot) = live.slot else {
+        return Ok(());
+    };
+    loop {
+        let update = match live.request.need() {
+            Need::Prefill {
+                prefix,
+                block_size,
+                generation_end,
+            } => {
+                model.set_generation_end_in(slot, generation_end)?;
+                model.reset_prefix_in(slot, prefix, block_size)?
+            }
+            Need::Append { block } => model.append_block_in(slot, block)?,
+            Need::Score { .. } | Need::Done => return Ok(()),
+        };
+        live.request.prefix_done(update)?;
+    }
+}
