@@ -79,6 +79,7 @@ pub fn decode_config(
         rule,
         any::<bool>(),
         prop_oneof![Just(1usize), Just(4), Just(32)],
+        prop_oneof![3 => Just(None), 1 => prop_oneof![Just(1usize), Just(3), Just(10)].prop_map(Some)],
     )
         .prop_map(
             |(
@@ -90,6 +91,7 @@ pub fn decode_config(
                 confidence,
                 early_stop,
                 top_k,
+                sample_top_k,
             )| {
                 DecodeConfig {
                     block_size,
@@ -101,6 +103,7 @@ pub fn decode_config(
                     stop_ids: vec![0],
                     early_stop,
                     top_k,
+                    sample_top_k,
                 }
             },
         )

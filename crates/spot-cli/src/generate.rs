@@ -63,6 +63,10 @@ pub struct GenerateArgs {
     /// Seed of the coupled noise table.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+    /// Top-k truncation: sample each position among its K most likely tokens, renormalised
+    /// (block-diffusion models; applied by every method alike, so they stay exact).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    sample_top_k: Option<u64>,
     /// Decoding method.
     #[arg(long, value_enum, default_value_t = Method::Blockspec)]
     pub(crate) method: Method,
@@ -181,8 +185,8 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
     if !Family::detect(&dir)?.is_diffusion() {
-        if a.batch > 1 || !a.stop.is_empty() {
-            bail!("--batch and --stop apply to block-diffusion models only");
+        if a.batch > 1 || !a.stop.is_empty() || a.sample_top_k.is_some() {
+            bail!("--batch, --stop and --sample-top-k apply to block-diffusion models only");
         }
         return crate::generate_ar::run(a, &dir);
     }
@@ -431,6 +435,7 @@ fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeCon
         stop_ids: model.info().stop_ids.clone(),
         early_stop: !a.no_early_stop,
         confidence: a.confidence,
+        sample_top_k: a.sample_top_k.map(|k| k as usize),
         ..DecodeConfig::default()
     }
 }

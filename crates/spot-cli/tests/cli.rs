@@ -698,3 +698,35 @@ fn bench_skips_default_methods_the_folder_cannot_run() {
         );
     }
 }
+
+/// `--sample-top-k`: every method applies the truncation alike (speculative tokens equal
+/// draft-free ones at T = 1), it changes what is sampled, and 0 is refused.
+#[test]
+fn sample_top_k_is_exact_across_methods() {
+    let run = |method: &str, k: Option<&str>| {
+        let mut args = vec![
+            "generate",
+            "--prompt",
+            "def add(a, b):",
+            "--max-new-tokens",
+            "32",
+            "--no-early-stop",
+            "--json",
+            "--temperature",
+            "1.0",
+            "--seed",
+            "3",
+            "--method",
+            method,
+        ];
+        if let Some(k) = k {
+            args.extend(["--sample-top-k", k]);
+        }
+        json(&spot(&args))["tokens"].clone()
+    };
+    let df = run("df", Some("2"));
+    assert_eq!(run("blockspec", Some("2")), df);
+    assert_ne!(run("df", None), df);
+    let out = spot(&["generate", "--prompt", "x", "--sample-top-k", "0"]);
+    assert!(!out.status.success());
+}

@@ -33,6 +33,10 @@ pub struct DecodeConfig {
     pub early_stop: bool,
     /// Top-k entries requested from every forward (32 = what the SPOT drafter reads).
     pub top_k: usize,
+    /// Top-k truncation of the model's distribution before sampling (`None`: off); see
+    /// [`StatsQuery::sample_top_k`]. Every forward of the decode applies it, so speculative
+    /// decoding still returns exactly the draft-free tokens.
+    pub sample_top_k: Option<usize>,
 }
 
 impl Default for DecodeConfig {
@@ -47,6 +51,7 @@ impl Default for DecodeConfig {
             stop_ids: Vec::new(),
             early_stop: true,
             top_k: 32,
+            sample_top_k: None,
         }
     }
 }
@@ -96,6 +101,7 @@ impl DecodeConfig {
             rule: self.confidence,
             top_k: self.top_k,
             hidden_states: false,
+            sample_top_k: self.sample_top_k,
         }
     }
 }

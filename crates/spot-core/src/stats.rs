@@ -126,6 +126,13 @@ pub struct StatsQuery {
     /// Ask the model to attach its last hidden states ([`BlockStats::hidden`]). Models that
     /// cannot ignore it; decoders never require it.
     pub hidden_states: bool,
+    /// Top-k truncation (`None`: off): each position's distribution is cut to its `k` largest
+    /// logits (the mask excluded; ties to the lower id) and renormalised before anything is
+    /// computed: the chosen token is drawn among them, and its probability, the entropy, the
+    /// confidence and the top list are those of the truncated distribution (ids outside carry
+    /// no mass and are not listed; the list is padded with the top-1 id at probability 0).
+    /// Part of the query, so draft-free and speculative decoding apply it identically.
+    pub sample_top_k: Option<usize>,
 }
 
 impl StatsQuery {
@@ -137,6 +144,7 @@ impl StatsQuery {
             rule: ConfidenceRule::Probability,
             top_k: 32,
             hidden_states: false,
+            sample_top_k: None,
         }
     }
 
@@ -150,6 +158,12 @@ impl StatsQuery {
         }
         if self.top_k == 0 {
             return Err(Error::config("top_k", "must be at least 1"));
+        }
+        if self.sample_top_k == Some(0) {
+            return Err(Error::config(
+                "sample_top_k",
+                "must be at least 1 (or off), got 0",
+            ));
         }
         Ok(())
     }
@@ -372,6 +386,7 @@ impl BlockStats {
 /// Scratch buffers for [`reduce_logits`], reusable across calls.
 #[derive(Clone, Debug, Default)]
 pub struct ReduceScratch {
+    keep: Vec<bool>,
     probs: Vec<f64>,
     noise: Vec<f32>,
     order: Vec<u32>,
@@ -408,7 +423,29 @@ pub fn reduce_logits(
     if logits.iter().any(|l| l.is_nan()) {
         return Err(nonfinite("NaN logit"));
     }
-    let usable = |v: usize| v as TokenId != mask_id && logits[v].is_finite();
+    // Top-k truncation: only the `k` largest finite logits (ties to the lower id) stay.
+    scratch.keep.clear();
+    if let Some(k) = query.sample_top_k {
+        scratch.order.clear();
+        scratch
+            .order
+            .extend((0..vocab as u32).filter(|&v| v != mask_id && logits[v as usize].is_finite()));
+        if k < scratch.order.len() {
+            let by_logit = |a: &u32, b: &u32| {
+                logits[*b as usize]
+                    .total_cmp(&logits[*a as usize])
+                    .then(a.cmp(b))
+            };
+            scratch.order.select_nth_unstable_by(k - 1, by_logit);
+            scratch.keep.resize(vocab, false);
+            for &v in &scratch.order[..k] {
+                scratch.keep[v as usize] = true;
+            }
+        }
+    }
+    let keep = &scratch.keep;
+    let usable =
+        |v: usize| v as TokenId != mask_id && logits[v].is_finite() && (keep.is_empty() || keep[v]);
     let t = query.temperature;
     let tempered = |v: usize| if t > 0.0 { logits[v] / t } else { logits[v] };
 
@@ -461,9 +498,9 @@ pub fn reduce_logits(
     // 3. Top-k of the tempered distribution, descending, ties to the lower id.
     let k = query.effective_top_k(vocab);
     scratch.order.clear();
-    scratch
-        .order
-        .extend((0..vocab as u32).filter(|&v| v != mask_id));
+    scratch.order.extend(
+        (0..vocab as u32).filter(|&v| v != mask_id && (keep.is_empty() || keep[v as usize])),
+    );
     let cmp = |a: &u32, b: &u32| {
         probs[*b as usize]
             .total_cmp(&probs[*a as usize])

@@ -158,3 +158,58 @@ fn sampling_follows_the_tempered_distribution() {
         assert!((got - want).abs() < 0.01, "token {v}: {got} vs {want}");
     }
 }
+
+/// Top-k truncation: the chosen token is always one of the `k` largest logits, and it is drawn
+/// from their renormalised tempered softmax; probability, entropy and the top list are those of
+/// the truncated distribution, padded with the top-1 id at probability 0.
+#[test]
+fn top_k_truncation_samples_the_renormalised_top_k() {
+    // Id 5 is the mask (never chosen); the two largest others are 1 (2.0) and 3 (1.5).
+    let logits = [1.0f32, 2.0, -1.0, 1.5, 0.0, 9.0];
+    let t = 1.5f32;
+    let q = StatsQuery {
+        top_k: 4,
+        sample_top_k: Some(2),
+        ..StatsQuery::new(t, 77)
+    };
+    let mut counts = [0u32; 5];
+    let n = 40_000;
+    for pos in 0..n {
+        let s = reduce(&logits, pos, &q, 5);
+        counts[s.token(0) as usize] += 1;
+        let (ids, probs) = s.top(0);
+        assert_eq!(ids, &[1, 3, 1, 1]);
+        assert_eq!(probs[2..], [0.0, 0.0]);
+        assert!((probs[0] + probs[1] - 1.0).abs() < 1e-6);
+        assert!(f64::from(s.entropy(0)) <= 2f64.ln() + 1e-6);
+        assert_eq!(s.tail_mass(0), 0.0);
+    }
+    assert_eq!(counts[0] + counts[2] + counts[4], 0, "{counts:?}");
+    let z = (2.0f64 / 1.5).exp() + 1.0f64.exp();
+    let want = (2.0f64 / 1.5).exp() / z;
+    let got = f64::from(counts[1]) / n as f64;
+    assert!((got - want).abs() < 0.01, "token 1: {got} vs {want}");
+    // k = 1 is argmax with probability 1, whatever the noise; k past the vocabulary is off.
+    let one = StatsQuery {
+        sample_top_k: Some(1),
+        ..q
+    };
+    for pos in 0..200 {
+        let s = reduce(&logits, pos, &one, 5);
+        assert_eq!((s.token(0), s.token_prob(0)), (1, 1.0));
+    }
+    let wide = StatsQuery {
+        sample_top_k: Some(50),
+        ..q
+    };
+    let off = StatsQuery {
+        sample_top_k: None,
+        ..q
+    };
+    assert_eq!(reduce(&logits, 3, &wide, 5), reduce(&logits, 3, &off, 5));
+    let zero = StatsQuery {
+        sample_top_k: Some(0),
+        ..q
+    };
+    assert!(zero.validate().is_err());
+}

@@ -81,7 +81,11 @@ impl RowStats {
 struct Plan<'a> {
     temperature: f32,
     mask: Option<usize>,
+    /// Top entries each row keeps while streaming: the requested top-k, or more for top-k
+    /// truncation.
     k: usize,
+    /// Top-k truncation ([`StatsQuery::sample_top_k`]), at most `k`.
+    truncate: Option<usize>,
     raw: bool,
     /// `[rows, vocab]` Gumbel rows (at `T > 0`).
     noise: Option<&'a [f32]>,
@@ -271,16 +275,89 @@ impl Partial {
         self.top = merged;
     }
 
-    /// The statistics, or why there are none.
-    fn finish(self, k: usize, temperature: f32, position: usize) -> Result<RowStats> {
+    /// Why a row has no statistics (a NaN logit, or no finite one), if so; else its chosen
+    /// token over the whole vocabulary.
+    fn checked_best(&self, position: usize) -> Result<Best> {
         let nonfinite =
             |reason| ModelError::from(spot_core::Error::NonFiniteLogits { position, reason });
         if self.nan {
             return Err(nonfinite("NaN logit"));
         }
-        let Some(best) = self.best else {
-            return Err(nonfinite("no finite logit outside the mask token"));
+        self.best
+            .ok_or_else(|| nonfinite("no finite logit outside the mask token"))
+    }
+
+    /// The statistics of the distribution truncated to its `ks` largest logits
+    /// ([`StatsQuery::sample_top_k`]), from the kept top list (`ks <= plan.k` entries, value
+    /// descending, ties to the lower id): `k` listed entries, the chosen token drawn among the
+    /// kept ones with the row's `noise` (its Gumbel row, at `T > 0`).
+    fn finish_truncated(
+        self,
+        (k, ks): (usize, usize),
+        plan: &Plan<'_>,
+        noise: Option<&[f32]>,
+        position: usize,
+    ) -> Result<RowStats> {
+        self.checked_best(position)?;
+        let kept = &self.top[..ks.min(self.top.len())];
+        // A row with a finite logit has a non-empty top list.
+        let Some(&(y_max, top1)) = kept.first() else {
+            return Err(spot_core::Error::NonFiniteLogits {
+                position,
+                reason: "no finite logit outside the mask token",
+            }
+            .into());
         };
+        let weights: Vec<f64> = kept
+            .iter()
+            .map(|&(y, _)| (f64::from(y) - f64::from(y_max)).exp())
+            .collect();
+        let z: f64 = weights.iter().sum();
+        let entropy = weights
+            .iter()
+            .filter(|&&w| w > 0.0)
+            .map(|&w| -(w / z) * (w / z).ln())
+            .sum::<f64>()
+            .max(0.0);
+        // The chosen entry: the largest `y + G` (`y` at T = 0), ties to the lower id.
+        let mut chosen = 0;
+        if let Some(g) = noise {
+            let score = |i: usize| kept[i].0 + g[kept[i].1 as usize];
+            for i in 1..kept.len() {
+                let (a, b) = (score(i), score(chosen));
+                if a > b || (a == b && kept[i].1 < kept[chosen].1) {
+                    chosen = i;
+                }
+            }
+        }
+        let t = f64::from(if plan.temperature > 0.0 {
+            plan.temperature
+        } else {
+            1.0
+        });
+        let raw_prob = plan.raw.then(|| {
+            let raw = |y: f32| ((f64::from(y) - f64::from(y_max)) * t).exp();
+            raw(kept[chosen].0) / kept.iter().map(|&(y, _)| raw(y)).sum::<f64>()
+        });
+        let mut top_ids: Vec<TokenId> = kept.iter().take(k).map(|&(_, i)| i).collect();
+        let mut top_probs: Vec<f32> = weights.iter().take(k).map(|&w| (w / z) as f32).collect();
+        while top_ids.len() < k {
+            top_ids.push(top1);
+            top_probs.push(0.0);
+        }
+        Ok(RowStats {
+            token: kept[chosen].1,
+            token_prob: weights[chosen] / z,
+            raw_prob,
+            entropy,
+            top_ids,
+            top_probs,
+        })
+    }
+
+    /// The statistics, or why there are none.
+    fn finish(self, k: usize, temperature: f32, position: usize) -> Result<RowStats> {
+        let best = self.checked_best(position)?;
         let t = if temperature > 0.0 { temperature } else { 1.0 };
         let prob = |y: f32| (f64::from(y) - f64::from(self.max)).exp() / self.sum;
         let entropy = (self.sum.ln() - self.moment / self.sum).max(0.0);
@@ -565,10 +642,15 @@ impl HostHead {
                 "internal: noise rows missing at T > 0".to_string(),
             ));
         }
+        let out_k = query.effective_top_k(vocab);
+        let truncate = query
+            .sample_top_k
+            .map(|k| k.min(vocab.saturating_sub(1)).max(1));
         let plan = Plan {
             temperature: t,
             mask: mask.map(|m| m as usize),
-            k: query.effective_top_k(vocab),
+            k: out_k.max(truncate.unwrap_or(0)),
+            truncate,
             raw: query.rule.reads_raw_probability(t),
             noise: if t > 0.0 { noise } else { None },
         };
@@ -591,7 +673,16 @@ impl HostHead {
         merged
             .into_iter()
             .enumerate()
-            .map(|(i, p)| p.finish(plan.k, t, positions.get(i).copied().unwrap_or(i)))
+            .map(|(i, p)| {
+                let position = positions.get(i).copied().unwrap_or(i);
+                let noise = plan
+                    .noise
+                    .and_then(|n| n.get(jobs[i].noise * vocab..(jobs[i].noise + 1) * vocab));
+                match plan.truncate {
+                    Some(ks) => p.finish_truncated((out_k, ks), &plan, noise, position),
+                    None => p.finish(out_k, t, position),
+                }
+            })
             .collect()
     }
 }
@@ -776,7 +867,8 @@ mod tests {
     }
 
     /// The fused reduction gives the host reference's statistics (within float rounding)
-    /// under every rule, at T = 0, 0.7 and 1, with a mask id.
+    /// under every rule, at T = 0, 0.7 and 1, with a mask id, with and without top-k
+    /// truncation (to fewer and to more ids than the top list holds).
     #[test]
     fn reduction_matches_the_host_reference() {
         let dim = 16;
@@ -785,10 +877,15 @@ mod tests {
         let hidden = values(rows * dim, 3, 6.0);
         let logits = h.logits(&hidden);
         let mask = 4321;
-        for t in [0.0f32, 0.7, 1.0] {
-            for rule in ConfidenceRule::ALL {
+        let cases = [0.0f32, 0.7, 1.0]
+            .into_iter()
+            .flat_map(|t| ConfidenceRule::ALL.map(|rule| (t, rule)))
+            .flat_map(|(t, rule)| [None, Some(1), Some(5), Some(40)].map(|k| (t, rule, k)));
+        for (t, rule, truncate) in cases {
+            {
                 let q = StatsQuery {
                     rule,
+                    sample_top_k: truncate,
                     ..StatsQuery::new(t, 17)
                 };
                 let first = 40;
@@ -816,7 +913,7 @@ mod tests {
                     reduce_logits(l, first + r, &q, mask, &mut scratch, &mut want).unwrap();
                 }
                 for (r, g) in got.iter().enumerate() {
-                    let what = format!("T {t} {rule} row {r}");
+                    let what = format!("T {t} {rule} top-k {truncate:?} row {r}");
                     assert_eq!(g.token, want.token(r), "{what}");
                     let close = |a: f64, b: f32, tol: f64| (a - f64::from(b)).abs() <= tol;
                     assert!(close(g.token_prob, want.token_prob(r), 1e-6), "{what}");

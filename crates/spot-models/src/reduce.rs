@@ -45,6 +45,18 @@ pub(crate) fn reduce<B: Backend>(
         Some(b) => logits + b.clone(),
         None => logits,
     };
+    // Top-k truncation: logits below the k-th largest of their row become -inf (on the device
+    // every id tied with the k-th stays; the host kernel keeps exactly k, ties to the lower id).
+    let truncate = query.sample_top_k.filter(|&k| k < vocab);
+    let logits = match truncate {
+        Some(k) => {
+            let rows = logits.dims()[0];
+            let kth = top_k(logits.clone(), k).0.min_dim(1).expand([rows, vocab]);
+            let below = logits.clone().lower(kth);
+            logits.mask_fill(below, f32::NEG_INFINITY)
+        }
+        None => logits,
+    };
     let tempered = if t > 0.0 {
         logits.clone().div_scalar(t)
     } else {
@@ -94,6 +106,11 @@ pub(crate) fn reduce<B: Backend>(
                 .zip(top_i[r * k..(r + 1) * k].iter().copied())
                 .collect();
             top.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            // Under truncation, ids past the k kept ones carry no mass: the top-1 id, 0.
+            if let Some(k) = truncate {
+                let first = top[0].1;
+                top.iter_mut().skip(k).for_each(|e| *e = (0.0, first));
+            }
             RowStats {
                 token: chosen[r],
                 token_prob: f64::from(token_prob[r]),

@@ -111,8 +111,9 @@ fn statistics_are_batch_invariant() {
 }
 
 /// The two placements of the output layer give the same statistics within float rounding: the
-/// same chosen tokens and top-k ids, probabilities within 1e-5, under every confidence rule;
-/// positions that are not masked carry their own token with probability 1.
+/// same chosen tokens and top-k ids, probabilities within 1e-5, under every confidence rule,
+/// with and without top-k truncation; positions that are not masked carry their own token with
+/// probability 1.
 #[test]
 fn head_placements_agree() {
     for name in DIFFUSION_FIXTURES {
@@ -122,10 +123,15 @@ fn head_placements_agree() {
         m.set_generation_end(40).unwrap();
         m.reset_prefix(&prefix, 8).unwrap();
         let batch = varied_states(mask, 5, 8, 4);
-        for t in [0.0f32, 0.8] {
-            for rule in ConfidenceRule::ALL {
+        let cases = [0.0f32, 0.8]
+            .into_iter()
+            .flat_map(|t| ConfidenceRule::ALL.map(|rule| (t, rule)))
+            .flat_map(|(t, rule)| [None, Some(3)].map(|k| (t, rule, k)));
+        for (t, rule, truncate) in cases {
+            {
                 let q = StatsQuery {
                     rule,
+                    sample_top_k: truncate,
                     ..StatsQuery::new(t, 9)
                 };
                 m.set_head_placement(HeadPlacement::Host);
@@ -134,7 +140,9 @@ fn head_placements_agree() {
                 let device = m.forward(&batch, &q).unwrap();
                 for (b, (h, d)) in host.iter().zip(&device).enumerate() {
                     for s in 0..h.len() {
-                        let what = format!("{name} T {t} {rule} state {b} position {s}");
+                        let what = format!(
+                            "{name} T {t} {rule} top-k {truncate:?} state {b} position {s}"
+                        );
                         let own = batch[b].tokens()[s];
                         if own != mask {
                             for x in [h, d] {
@@ -245,6 +253,7 @@ fn batched_requests_equal_alone_for_every_family() {
                     } else {
                         Transition::Exact
                     },
+                    sample_top_k: (i == 1).then_some(4),
                     ..DecodeConfig::default()
                 };
                 (prompt, cfg, i as usize % 3)
