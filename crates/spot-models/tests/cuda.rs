@@ -1,13 +1,14 @@
 //! The engine on a CUDA GPU (`--features cuda`), in f32 and bf16: batch invariance of the
-//! statistics with the output layer on the device and on the host, and speculative ==
-//! draft-free, on the SDAR and LLaDA2.0-MoE fixtures. Where no CUDA driver can be loaded every test prints a skip line and
+//! statistics with the output layer on the device and on the host, speculative ==
+//! draft-free, and several requests in one forward equal to each alone, on the SDAR and
+//! LLaDA2.0-MoE fixtures. Where no CUDA driver can be loaded every test prints a skip line and
 //! returns (CI compiles this file; `tools/gpu/run.sh` runs it on a GPU machine).
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use common::{assert_batch_invariant, fixture, varied_states};
+use common::{assert_batch_invariant, assert_batched_equals_alone, fixture, varied_states};
 use spot_dlm::{
     BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer,
     StatsQuery,
@@ -113,6 +114,22 @@ fn cuda_speculative_equals_draft_free() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// Several requests in one forward (ragged prefixes, mixed decoders, temperatures and
+/// transitions) return what each returns alone, on the GPU, head on the device and on the
+/// host, in f32 and bf16.
+#[test]
+fn cuda_batched_requests_equal_alone() {
+    for (name, precision) in cases() {
+        let Some(mut m) = load(name, "cuda_batched_requests_equal_alone", precision) else {
+            return;
+        };
+        for head in [HeadPlacement::Device, HeadPlacement::Host] {
+            m.set_head_placement(head);
+            assert_batched_equals_alone(&mut m, &format!("{name} {precision} {head:?}"));
         }
     }
 }

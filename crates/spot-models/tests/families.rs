@@ -8,8 +8,8 @@ mod common;
 use common::*;
 use spot_dlm::core::ConfidenceRule;
 use spot_dlm::{
-    BatchDriver, BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder, Request,
-    SpotDecoder, StaleConfidenceScorer, StatsQuery, Strategy, Transition,
+    BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
+    StaleConfidenceScorer, StatsQuery,
 };
 use spot_models::{Family, HeadPlacement};
 
@@ -226,83 +226,17 @@ fn speculative_equals_draft_free_for_every_family() {
 
 /// Several requests in one forward (`MultiRequestModel::forward_groups`, continuous batching
 /// through `BatchDriver`): prompts of different lengths, draft-free and speculative requests,
-/// T = 0 and 1, exact and threshold decoding, each with its own prefix cache, return exactly
-/// what each returns alone (tokens, counters) on every family, with the head on the host and
-/// on the device.
+/// T = 0, 0.7 and 1, exact and threshold decoding, top-k truncation, each with its own prefix
+/// cache, return exactly what each returns alone (tokens, counters) on every family, with the
+/// head on the host and on the device.
 #[test]
 fn batched_requests_equal_alone_for_every_family() {
     let mut checked = 0;
     for name in DIFFUSION_FIXTURES {
         let mut m = load_any(name);
-        let stop = m.info().stop_ids.clone();
-        let jobs: Vec<(Vec<u32>, DecodeConfig, usize)> = (0..5u64)
-            .map(|i| {
-                let len = [1usize, 9, 17, 30, 4][i as usize];
-                let prompt = (0..len)
-                    .map(|j| (spot_dlm::toy::mix64(i * 31 + j as u64) % 360) as u32)
-                    .collect();
-                let cfg = DecodeConfig {
-                    block_size: 8,
-                    max_new_tokens: [16, 24, 9, 16, 20][i as usize],
-                    temperature: [0.0, 1.0, 1.0, 0.0, 0.7][i as usize],
-                    seed: i,
-                    stop_ids: stop.clone(),
-                    early_stop: i % 2 == 0,
-                    transition: if i == 4 {
-                        Transition::Threshold { tau: 0.3 }
-                    } else {
-                        Transition::Exact
-                    },
-                    sample_top_k: (i == 1).then_some(4),
-                    ..DecodeConfig::default()
-                };
-                (prompt, cfg, i as usize % 3)
-            })
-            .collect();
-        let strategy = |kind: usize| -> Strategy {
-            match kind {
-                0 => Strategy::draft_free(),
-                1 => SpotDecoder::builder()
-                    .budget(6)
-                    .scorer(StaleConfidenceScorer)
-                    .build()
-                    .unwrap()
-                    .into(),
-                _ => SpotDecoder::builder()
-                    .budget(3)
-                    .chain()
-                    .build()
-                    .unwrap()
-                    .into(),
-            }
-        };
         for head in [HeadPlacement::Host, HeadPlacement::Device] {
             m.set_head_placement(head);
-            let alone: Vec<_> = jobs
-                .iter()
-                .map(|(p, c, k)| {
-                    let r = Request::new(p, c, m.info(), strategy(*k)).unwrap();
-                    spot_dlm::run_request(&mut m, r, &mut ()).unwrap()
-                })
-                .collect();
-            let info = m.info().clone();
-            let mut driver = BatchDriver::new(4).unwrap();
-            for (p, c, k) in &jobs {
-                driver.submit(Request::new(p, c, &info, strategy(*k)).unwrap());
-            }
-            for f in driver.run(&mut m).unwrap() {
-                let out = f.output.unwrap();
-                let i = f.id as usize;
-                assert_eq!(out, alone[i], "{name} {head:?} request {i}");
-                checked += 1;
-            }
-            // Fewer merged forwards than the requests' forwards together.
-            let total: u64 = alone.iter().map(|o| o.stats.block_forwards).sum();
-            assert!(
-                driver.forwards() < total,
-                "{name}: {} vs {total}",
-                driver.forwards()
-            );
+            checked += assert_batched_equals_alone(&mut m, &format!("{name} {head:?}"));
         }
     }
     eprintln!("{checked} batched requests equal to alone");

@@ -180,3 +180,81 @@ pub fn assert_batch_invariant(
         assert_eq!(alone[0], together[i], "{what} state {i}");
     }
 }
+
+/// Five requests (prompts of 1 to 30 tokens; draft-free, tree and chain decoders; T 0, 0.7 and
+/// 1; exact and threshold decoding; one with top-k truncation) through a `BatchDriver` of 4 in
+/// flight on `m`: each output equals the request decoded alone, and the merged forwards are
+/// fewer than the requests' forwards together. Returns the requests checked.
+pub fn assert_batched_equals_alone(m: &mut dyn spot_dlm::MultiRequestModel, what: &str) -> usize {
+    use spot_dlm::{
+        BatchDriver, DecodeConfig, Request, SpotDecoder, StaleConfidenceScorer, Strategy,
+        Transition,
+    };
+    let stop = m.info().stop_ids.clone();
+    let jobs: Vec<(Vec<u32>, DecodeConfig, usize)> = (0..5usize)
+        .map(|i| {
+            let len = [1usize, 9, 17, 30, 4][i];
+            let prompt = (0..len)
+                .map(|j| (spot_dlm::toy::mix64((i * 31 + j) as u64) % 360) as u32)
+                .collect();
+            let cfg = DecodeConfig {
+                block_size: 8,
+                max_new_tokens: [16, 24, 9, 16, 20][i],
+                temperature: [0.0, 1.0, 1.0, 0.0, 0.7][i],
+                seed: i as u64,
+                stop_ids: stop.clone(),
+                early_stop: i % 2 == 0,
+                transition: if i == 4 {
+                    Transition::Threshold { tau: 0.3 }
+                } else {
+                    Transition::Exact
+                },
+                sample_top_k: (i == 1).then_some(4),
+                ..DecodeConfig::default()
+            };
+            (prompt, cfg, i % 3)
+        })
+        .collect();
+    let strategy = |kind: usize| -> Strategy {
+        match kind {
+            0 => Strategy::draft_free(),
+            1 => SpotDecoder::builder()
+                .budget(6)
+                .scorer(StaleConfidenceScorer)
+                .build()
+                .unwrap()
+                .into(),
+            _ => SpotDecoder::builder()
+                .budget(3)
+                .chain()
+                .build()
+                .unwrap()
+                .into(),
+        }
+    };
+    let info = m.info().clone();
+    let alone: Vec<_> = jobs
+        .iter()
+        .map(|(p, c, k)| {
+            let r = Request::new(p, c, &info, strategy(*k)).unwrap();
+            spot_dlm::run_request(m, r, &mut ()).unwrap()
+        })
+        .collect();
+    let mut driver = BatchDriver::new(4).unwrap();
+    for (p, c, k) in &jobs {
+        driver.submit(Request::new(p, c, &info, strategy(*k)).unwrap());
+    }
+    let done = driver.run(m).unwrap();
+    assert_eq!(done.len(), jobs.len(), "{what}");
+    for f in done {
+        let i = f.id as usize;
+        assert_eq!(f.output.unwrap(), alone[i], "{what}: request {i}");
+    }
+    let total: u64 = alone.iter().map(|o| o.stats.block_forwards).sum();
+    assert!(
+        driver.forwards() < total,
+        "{what}: {} vs {total}",
+        driver.forwards()
+    );
+    jobs.len()
+}
