@@ -11,7 +11,8 @@
 # shapes, bf16, made on the GPU by ../shared/gpu/make_model.py); torch (the PyTorch peer,
 # bf16 and f32, TF32 off); forward (spot bench-forward at B = 1..32 on the same weights in bf16
 # and f32, head on the device and on the host); bench (spot bench on the shipped target: 20 HumanEval prompts,
-# T 0 and 1, draft-free vs SPOT D 8 and 20, same tokens, wall time).
+# T 0 and 1, draft-free vs SPOT D 8 and 20, same tokens, wall time); batch (spot generate
+# --batch 1 vs 16 on 16 prompts: same lines, tokens/s).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/spot-gpu-out}
@@ -88,4 +89,10 @@ done
 stage bench 180 "$SPOT" bench --prompts data/humaneval.jsonl --limit "$LIMIT" \
     --methods ssd,spot --budgets 8,20 --temperatures 0,1 --protocols fixed \
     --max-new-tokens "$TOKENS" --out "$OUT/bench"
+# Several requests per forward (issue 14): 16 HumanEval prompts one at a time and 16 at a time
+# through one model, draft-free; the lines must be identical, the summary gives tokens/s.
+for b in 1 16; do
+    stage "batch-$b" 90 "$SPOT" generate --prompts data/humaneval.jsonl --limit 16 \
+        --max-new-tokens 64 --no-early-stop --method df --batch "$b"
+done
 echo "done in $(( $(date +%s) - start )) s; outputs in $OUT"

@@ -422,8 +422,9 @@ pub(crate) fn encode(
 }
 
 fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeConfig {
+    let defaults = DecodeConfig::for_model(model.info());
     DecodeConfig {
-        block_size: a.block_size.or(model.block_size()).unwrap_or(32),
+        block_size: a.block_size.unwrap_or(defaults.block_size),
         max_new_tokens: a.max_new_tokens,
         temperature: a.temperature,
         seed: a.seed,
@@ -432,11 +433,10 @@ fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeCon
         } else {
             Transition::Exact
         },
-        stop_ids: model.info().stop_ids.clone(),
         early_stop: !a.no_early_stop,
         confidence: a.confidence,
         sample_top_k: a.sample_top_k.map(|k| k as usize),
-        ..DecodeConfig::default()
+        ..defaults
     }
 }
 

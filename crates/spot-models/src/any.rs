@@ -191,11 +191,7 @@ impl<B: Backend> DiffusionModel<B> {
 
     /// The trained block size, when the config names it (SDAR folders).
     pub fn block_size(&self) -> Option<usize> {
-        match self {
-            Self::Sdar(m) => m.config().block_size,
-            Self::Llada2Moe(m) => m.config().base.block_size,
-            _ => None,
-        }
+        self.info().block_size
     }
 
     /// Turns the approximate (Fast-dLLM-style) prefix cache of LLaDA and Dream on or off (see
