@@ -1,10 +1,11 @@
 //! Many requests through one model: continuous batching of [`Request`]s.
 //!
 //! Every [`BatchDriver::step`] admits queued requests up to the in-flight limit (each gets a
-//! cache slot of its own), runs the prefix work each live request needs (prefill, block
-//! appends: one forward per request), then **one** forward over the block states of every
-//! request that needs scoring ([`MultiRequestModel::forward_groups`]), and hands each request
-//! its statistics. Requests join and leave between steps. Since a group's statistics are
+//! cache slot of its own), runs the prefill of the new ones (one forward per request), appends
+//! the finished blocks of all requests that have one in **one** merged call
+//! ([`MultiRequestModel::append_blocks`]), then runs **one** forward over the block states of
+//! every request that needs scoring ([`MultiRequestModel::forward_groups`]), and hands each
+//! request its results. Requests join and leave between steps. Since a group's statistics are
 //! bit-identical to scoring it alone, each request decodes exactly the tokens, counters and
 //! events it would alone.
 //!
@@ -176,11 +177,12 @@ impl<S: StepStrategy> BatchDriver<S> {
         }
         for live in &mut self.live {
             if live.error.is_none()
-                && let Err(e) = prefix_work(model, live)
+                && let Err(e) = prefill(model, live)
             {
                 live.error = Some(e);
             }
         }
+        self.append(model);
         self.score(model);
         for live in &mut self.live {
             while let Some(e) = live.request.next_event() {
@@ -252,59 +254,85 @@ impl<S: StepStrategy> BatchDriver<S> {
         let result = model.forward_groups(&groups);
         drop(groups);
         self.forwards += 1;
-        match result {
-            Ok(all) if all.len() == members.len() => {
-                for ((i, stats), positions) in members.into_iter().zip(all).zip(positions) {
-                    let live = &mut self.live[i];
-                    if let Err(e) = live.request.scored(stats, positions) {
-                        live.error = Some(e);
-                    }
-                }
-            }
-            Ok(all) => {
-                let (n, expected) = (all.len(), members.len());
-                for i in members {
-                    self.live[i].error = Some(
-                        Error::ShapeMismatch {
-                            what: "statistics groups per merged forward",
-                            expected,
-                            actual: n,
-                        }
-                        .into(),
-                    );
-                }
-            }
-            Err(e) => {
-                let message = e.to_string();
-                for i in members {
-                    self.live[i].error = Some(Error::model(message.clone()).into());
-                }
+        let all = self.shaped(result, &members, "statistics groups per merged forward");
+        for ((i, stats), positions) in members.into_iter().zip(all).zip(positions) {
+            let live = &mut self.live[i];
+            if let Err(e) = live.request.scored(stats, positions) {
+                live.error = Some(e);
             }
         }
     }
+
+    /// One merged append of the finished blocks of every live request that needs one
+    /// ([`MultiRequestModel::append_blocks`]).
+    fn append(&mut self, model: &mut dyn MultiRequestModel) {
+        let mut members = Vec::new();
+        let mut blocks = Vec::new();
+        for (i, live) in self.live.iter().enumerate() {
+            if live.error.is_some() {
+                continue;
+            }
+            if let (Need::Append { block }, Some(slot)) = (live.request.need(), live.slot) {
+                members.push(i);
+                blocks.push((slot, block));
+            }
+        }
+        if blocks.is_empty() {
+            return;
+        }
+        let result = model.append_blocks(&blocks);
+        drop(blocks);
+        let updates = self.shaped(result, &members, "prefix updates per merged append");
+        for (i, update) in members.into_iter().zip(updates) {
+            let live = &mut self.live[i];
+            if let Err(e) = live.request.prefix_done(update) {
+                live.error = Some(e);
+            }
+        }
+    }
+
+    /// The per-member results of a merged call, or (on its error, or a result of the wrong
+    /// length) none, every member failed with the error.
+    fn shaped<T>(
+        &mut self,
+        result: Result<Vec<T>>,
+        members: &[usize],
+        what: &'static str,
+    ) -> Vec<T> {
+        let error = match result {
+            Ok(all) if all.len() == members.len() => return all,
+            Ok(all) => Error::ShapeMismatch {
+                what,
+                expected: members.len(),
+                actual: all.len(),
+            }
+            .to_string(),
+            Err(e) => e.to_string(),
+        };
+        for &i in members {
+            self.live[i].error = Some(Error::model(error.clone()).into());
+        }
+        Vec::new()
+    }
 }
 
-/// Runs the prefill or block appends `live` needs, until it needs a forward or nothing.
-fn prefix_work<S: StepStrategy>(
+/// Runs the prefill `live` needs, if any (one forward per request; appends are merged).
+fn prefill<S: StepStrategy>(
     model: &mut dyn MultiRequestModel,
     live: &mut Live<S>,
 ) -> Result<(), S::Error> {
     let Some(slot) = live.slot else {
         return Ok(());
     };
-    loop {
-        let update = match live.request.need() {
-            Need::Prefill {
-                prefix,
-                block_size,
-                generation_end,
-            } => {
-                model.set_generation_end_in(slot, generation_end)?;
-                model.reset_prefix_in(slot, prefix, block_size)?
-            }
-            Need::Append { block } => model.append_block_in(slot, block)?,
-            Need::Score { .. } | Need::Done => return Ok(()),
-        };
+    if let Need::Prefill {
+        prefix,
+        block_size,
+        generation_end,
+    } = live.request.need()
+    {
+        model.set_generation_end_in(slot, generation_end)?;
+        let update = model.reset_prefix_in(slot, prefix, block_size)?;
         live.request.prefix_done(update)?;
     }
+    Ok(())
 }

@@ -278,6 +278,17 @@ pub trait MultiRequestModel: BlockDiffusionModel {
     /// [`BlockDiffusionModel::append_block`] for `slot`.
     fn append_block_in(&mut self, slot: CacheSlot, block: &[TokenId]) -> Result<PrefixUpdate>;
 
+    /// Appends a finished block to each of several slots (one per slot): one forward for
+    /// all of them where the model can (the families' exact caches), else one per block (the
+    /// default). Each slot's cache must end exactly as after its own
+    /// [`MultiRequestModel::append_block_in`].
+    fn append_blocks(&mut self, blocks: &[(CacheSlot, &[TokenId])]) -> Result<Vec<PrefixUpdate>> {
+        blocks
+            .iter()
+            .map(|&(slot, block)| self.append_block_in(slot, block))
+            .collect()
+    }
+
     /// [`BlockDiffusionModel::prefix_len`] for `slot` (0 for an unknown slot).
     fn prefix_len_in(&self, slot: CacheSlot) -> usize;
 

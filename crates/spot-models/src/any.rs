@@ -291,6 +291,13 @@ impl<B: Backend> MultiRequestModel for DiffusionModel<B> {
         each!(self, m => m.prefix_len_in(slot))
     }
 
+    fn append_blocks(
+        &mut self,
+        blocks: &[(CacheSlot, &[TokenId])],
+    ) -> spot_core::Result<Vec<PrefixUpdate>> {
+        each!(self, m => m.append_blocks(blocks))
+    }
+
     fn positions_per_state_in(&self, slot: CacheSlot, block_len: usize) -> usize {
         each!(self, m => m.positions_per_state_in(slot, block_len))
     }

@@ -178,6 +178,57 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
         self.slots.get(slot).map_or(0, |s| s.prefix.len())
     }
 
+    /// The blocks of several slots in one forward: each block attends to its own slot's
+    /// cache with the products of appending it alone ([`Net::run_segments`]), so every
+    /// cache ends as after its own append.
+    fn append_blocks(
+        &mut self,
+        blocks: &[(CacheSlot, &[TokenId])],
+    ) -> spot_core::Result<Vec<PrefixUpdate>> {
+        let mut ids = Vec::new();
+        let mut starts = Vec::with_capacity(blocks.len());
+        for (i, &(slot, block)) in blocks.iter().enumerate() {
+            if blocks[..i].iter().any(|&(s, _)| s == slot) {
+                return Err(spot_core::Error::config(
+                    "blocks",
+                    format!("cache slot {} appears twice in one append", slot.0),
+                ));
+            }
+            let start = self.slots.get(slot)?.prefix.len();
+            self.frame.check_end(start + block.len(), "prefix")?;
+            self.frame.push_ids(block, &mut ids)?;
+            starts.push(start);
+        }
+        let segments: Vec<Segment<'_, B>> = blocks
+            .iter()
+            .zip(&starts)
+            .filter(|((_, block), _)| !block.is_empty())
+            .map(|(&(slot, block), &start)| Segment {
+                n: 1,
+                len: block.len(),
+                start,
+                cache: self.slots.get(slot).map_or(&[][..], |s| &s.cache[..]),
+            })
+            .collect();
+        if !segments.is_empty() {
+            let (_, kv) = self.net.run_segments(ids, &segments, Attend::Bidirectional);
+            drop(segments);
+            let appended = blocks.iter().filter(|(_, block)| !block.is_empty());
+            for (&(slot, block), kv) in appended.zip(kv) {
+                let s = self.slots.get_mut(slot)?;
+                Net::extend_cache(&mut s.cache, kv);
+                s.prefix.extend_from_slice(block);
+            }
+        }
+        Ok(blocks
+            .iter()
+            .map(|(_, block)| PrefixUpdate {
+                ran_forward: !block.is_empty(),
+                positions: block.len(),
+            })
+            .collect())
+    }
+
     fn forward_groups(
         &mut self,
         groups: &[ScoreGroup<'_>],

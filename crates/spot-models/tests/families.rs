@@ -500,3 +500,60 @@ fn bf16_logits_match_transformers_in_bf16() {
         );
     }
 }
+
+/// A merged append (`MultiRequestModel::append_blocks`: several slots' blocks in one forward)
+/// leaves every cache as its own append does: the next statistics of each slot equal those
+/// after appending alone, bit for bit, on every family (one forward per block or none).
+#[test]
+fn merged_appends_equal_appends_alone() {
+    use spot_dlm::{CacheSlot, MultiRequestModel};
+    for name in DIFFUSION_FIXTURES {
+        let mut m = load_any(name);
+        let mask = m.info().mask_id;
+        let prefixes: Vec<Vec<u32>> = (0..3u32)
+            .map(|i| (0..8 * (i + 1)).map(|j| (j * 13 + i * 7) % 300).collect())
+            .collect();
+        let blocks: Vec<Vec<u32>> = (0..3u32)
+            .map(|i| (0..8).map(|j| (j * 5 + i * 31 + 1) % 300).collect())
+            .collect();
+        let state = [BlockState::masked(8, mask)];
+        let q = StatsQuery::new(1.0, 4);
+        // Alone, in slot 0.
+        let alone: Vec<_> = (0..3)
+            .map(|i| {
+                m.set_generation_end(64).unwrap();
+                m.reset_prefix(&prefixes[i], 8).unwrap();
+                m.append_block(&blocks[i]).unwrap();
+                m.forward(&state, &q).unwrap()
+            })
+            .collect();
+        // Merged, in three slots.
+        let slots: Vec<CacheSlot> = (0..3).map(|_| m.open_slot().unwrap()).collect();
+        for (i, &slot) in slots.iter().enumerate() {
+            m.set_generation_end_in(slot, 64).unwrap();
+            m.reset_prefix_in(slot, &prefixes[i], 8).unwrap();
+        }
+        let pairs: Vec<(CacheSlot, &[u32])> = slots
+            .iter()
+            .zip(&blocks)
+            .map(|(&s, b)| (s, b.as_slice()))
+            .collect();
+        let updates = m.append_blocks(&pairs).unwrap();
+        assert_eq!(updates.len(), 3, "{name}");
+        for (i, &slot) in slots.iter().enumerate() {
+            assert_eq!(m.prefix_len_in(slot), prefixes[i].len() + 8, "{name}");
+            let group = spot_dlm::ScoreGroup {
+                slot,
+                states: &state,
+                query: &q,
+            };
+            let merged = m.forward_groups(&[group]).unwrap().remove(0);
+            assert_eq!(merged, alone[i], "{name} slot {i}");
+        }
+        // The cached families refuse a slot twice in one merged append.
+        if matches!(m.family(), Family::Sdar | Family::Llada2Moe) {
+            let twice = [(slots[0], &blocks[0][..]), (slots[0], &blocks[1][..])];
+            assert!(m.append_blocks(&twice).is_err(), "{name}");
+        }
+    }
+}
