@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{
     BatchDriver, BlockDiffusionModel, BlockObserver, BlockProgress, ConfidenceRule, DecodeConfig,
-    DecodeOutput, Request, Transition, run_request,
+    DecodeOutput, Request, Strategy, Transition, run_request,
 };
 use spot_models::{DiffusionModel, Family, StopStrings};
 
@@ -324,16 +324,10 @@ fn run_file(
             print(id, ids.len(), &out, t0.elapsed().as_secs_f64())?;
         }
     } else {
-        let info = model.info().clone();
         let mut driver = BatchDriver::new(a.batch as usize)?;
         for (id, ids) in &set {
-            let strategy =
-                methods::strategy(a.method, settings(a), drafter, model, (ids, &cfg), None)?;
-            let mut r =
-                Request::new(ids, &cfg, &info, strategy).with_context(|| format!("prompt {id}"))?;
-            if let Some(s) = &stops {
-                r = r.with_stop_check(s.clone());
-            }
+            let r = request(a, drafter, model, (ids, &cfg), stops.clone())
+                .with_context(|| format!("prompt {id}"))?;
             driver.submit(r);
         }
         // Lines go out in file order: a result waits for those before it.
@@ -448,12 +442,24 @@ fn decode(
     stops: Option<StopStrings>,
     on_block: &mut dyn BlockObserver,
 ) -> Result<DecodeOutput> {
-    let strategy = methods::strategy(a.method, settings(a), drafters, model, (prompt, cfg), None)?;
-    let mut request = Request::new(prompt, cfg, model.info(), strategy)?;
-    if let Some(s) = stops {
-        request = request.with_stop_check(s);
-    }
+    let request = request(a, drafters, model, (prompt, cfg), stops)?;
     Ok(run_request(model, request, on_block)?)
+}
+
+/// The request of one prompt: the method's decoder, and the stop strings when given.
+fn request(
+    a: &GenerateArgs,
+    drafters: &Drafters,
+    model: &mut DiffusionModel<Backend>,
+    (prompt, cfg): (&[u32], &DecodeConfig),
+    stops: Option<StopStrings>,
+) -> Result<Request<Strategy>> {
+    let strategy = methods::strategy(a.method, settings(a), drafters, model, (prompt, cfg), None)?;
+    let request = Request::new(prompt, cfg, model.info(), strategy)?;
+    Ok(match stops {
+        Some(s) => request.with_stop_check(s),
+        None => request,
+    })
 }
 
 /// The JSON line of one decode; the text through the tokenizer, cut at a stop string.

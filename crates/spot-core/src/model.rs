@@ -120,6 +120,59 @@ pub struct Meter {
     pub states_scored: u64,
 }
 
+impl Meter {
+    /// Counts a prefix update (prefill or block append): one NFE when it ran a forward.
+    pub fn count_prefix(&mut self, update: PrefixUpdate) {
+        if update.ran_forward {
+            self.nfe += 1;
+            self.prefix_forwards += 1;
+        }
+        self.positions_processed += update.positions as u64;
+    }
+
+    /// Counts one block forward over `states` states that processed `positions` target
+    /// positions.
+    pub fn count_block_forward(&mut self, states: usize, positions: u64) {
+        self.nfe += 1;
+        self.block_forwards += 1;
+        self.states_scored += states as u64;
+        self.positions_processed += positions;
+    }
+}
+
+/// Fails unless every state of a batch has `len` positions.
+pub(crate) fn check_state_lengths(states: &[BlockState], len: usize) -> Result<()> {
+    match states.iter().find(|s| s.len() != len) {
+        Some(bad) => Err(Error::ShapeMismatch {
+            what: "block states in one batch",
+            expected: len,
+            actual: bad.len(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Fails unless a forward over `states` states of `len` positions returned one valid
+/// statistics entry per state.
+pub(crate) fn check_forward(
+    stats: &[BlockStats],
+    states: usize,
+    len: usize,
+    info: &ModelInfo,
+) -> Result<()> {
+    if stats.len() != states {
+        return Err(Error::ShapeMismatch {
+            what: "statistics per batch",
+            expected: states,
+            actual: stats.len(),
+        });
+    }
+    for s in stats {
+        s.validate(len, info.vocab_size, info.mask_id)?;
+    }
+    Ok(())
+}
+
 /// A model wrapped with work counters and output validation.
 ///
 /// Every decoder in the workspace talks to the model only through this type, so NFE and
@@ -166,14 +219,6 @@ impl<'m> MeteredModel<'m> {
         self.model.prefix_len()
     }
 
-    fn count_prefix(&mut self, u: PrefixUpdate) {
-        if u.ran_forward {
-            self.meter.nfe += 1;
-            self.meter.prefix_forwards += 1;
-        }
-        self.meter.positions_processed += u.positions as u64;
-    }
-
     /// Announces the end of the generation region (not a forward).
     pub fn set_generation_end(&mut self, end: usize) -> Result<()> {
         self.model.set_generation_end(end)
@@ -182,14 +227,14 @@ impl<'m> MeteredModel<'m> {
     /// Resets the prefix (counted).
     pub fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> Result<()> {
         let u = self.model.reset_prefix(prefix, block_size)?;
-        self.count_prefix(u);
+        self.meter.count_prefix(u);
         Ok(())
     }
 
     /// Appends a finished block (counted).
     pub fn append_block(&mut self, block: &[TokenId]) -> Result<()> {
         let u = self.model.append_block(block)?;
-        self.count_prefix(u);
+        self.meter.count_prefix(u);
         Ok(())
     }
 
@@ -203,29 +248,12 @@ impl<'m> MeteredModel<'m> {
             return Ok(Vec::new());
         };
         let len = first.len();
-        if let Some(bad) = states.iter().find(|s| s.len() != len) {
-            return Err(Error::ShapeMismatch {
-                what: "block states in one batch",
-                expected: len,
-                actual: bad.len(),
-            });
-        }
+        check_state_lengths(states, len)?;
         let out = self.model.forward(states, query)?;
-        self.meter.nfe += 1;
-        self.meter.block_forwards += 1;
-        self.meter.states_scored += states.len() as u64;
-        self.meter.positions_processed +=
-            (states.len() * self.model.positions_per_state(len)) as u64;
-        if out.len() != states.len() {
-            return Err(Error::ShapeMismatch {
-                what: "statistics per batch",
-                expected: states.len(),
-                actual: out.len(),
-            });
-        }
-        for stats in &out {
-            stats.validate(len, self.info.vocab_size, self.info.mask_id)?;
-        }
+        let positions = states.len() * self.model.positions_per_state(len);
+        self.meter
+            .count_block_forward(states.len(), positions as u64);
+        check_forward(&out, states.len(), len, &self.info)?;
         Ok(out)
     }
 }

@@ -61,7 +61,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::decode::{BlockPlan, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace};
 use crate::error::{Error, Result};
-use crate::model::{Meter, ModelInfo, PrefixUpdate};
+use crate::model::{Meter, ModelInfo, PrefixUpdate, check_forward, check_state_lengths};
 use crate::state::{BlockState, Commit, TokenId};
 use crate::stats::{BlockStats, StatsQuery};
 use crate::transition::Transition;
@@ -305,8 +305,7 @@ pub struct Request<S> {
     cfg: DecodeConfig,
     query: StatsQuery,
     round_query: StatsQuery,
-    mask_id: TokenId,
-    vocab_size: usize,
+    info: ModelInfo,
     plan: BlockPlan,
     strategy: S,
     phase: Phase,
@@ -350,8 +349,7 @@ impl<S: StepStrategy> Request<S> {
             cfg: cfg.clone(),
             query: cfg.query(),
             round_query: cfg.query(),
-            mask_id: info.mask_id,
-            vocab_size: info.vocab_size,
+            info: info.clone(),
             plan,
             strategy,
             phase: Phase::Prefill,
@@ -450,11 +448,7 @@ impl<S: StepStrategy> Request<S> {
     /// The answer to [`Need::Prefill`] or [`Need::Append`].
     pub fn prefix_done(&mut self, update: PrefixUpdate) -> Result<(), S::Error> {
         self.expect(&[Phase::Prefill, Phase::Append], "a prefix update")?;
-        if update.ran_forward {
-            self.meter.nfe += 1;
-            self.meter.prefix_forwards += 1;
-        }
-        self.meter.positions_processed += update.positions as u64;
+        self.meter.count_prefix(update);
         let index = match self.phase {
             Phase::Prefill => 0,
             _ => self.stats.blocks as usize,
@@ -482,22 +476,8 @@ impl<S: StepStrategy> Request<S> {
     }
 
     fn absorb(&mut self, stats: Vec<BlockStats>, positions: u64) -> Result<(), S::Error> {
-        let len = self.cfg.block_size;
-        self.meter.nfe += 1;
-        self.meter.block_forwards += 1;
-        self.meter.states_scored += self.states.len() as u64;
-        self.meter.positions_processed += positions;
-        if stats.len() != self.states.len() {
-            return Err(Error::ShapeMismatch {
-                what: "statistics per batch",
-                expected: self.states.len(),
-                actual: stats.len(),
-            }
-            .into());
-        }
-        for s in &stats {
-            s.validate(len, self.vocab_size, self.mask_id)?;
-        }
+        self.meter.count_block_forward(self.states.len(), positions);
+        check_forward(&stats, self.states.len(), self.cfg.block_size, &self.info)?;
         let Some(block) = self.block.as_mut() else {
             return Err(Error::RequestState {
                 expected: "an open block",
@@ -525,18 +505,10 @@ impl<S: StepStrategy> Request<S> {
             return Ok(());
         };
         self.strategy.propose(block, &mut self.states)?;
-        let len = block.state.len();
         if self.states.is_empty() {
             return Err(Error::config("strategy", "proposed no state to score").into());
         }
-        if let Some(bad) = self.states.iter().find(|s| s.len() != len) {
-            return Err(Error::ShapeMismatch {
-                what: "block states in one batch",
-                expected: len,
-                actual: bad.len(),
-            }
-            .into());
-        }
+        check_state_lengths(&self.states, block.state.len())?;
         self.round_query = self.strategy.round_query(&self.query);
         self.phase = Phase::Score;
         Ok(())
@@ -546,9 +518,9 @@ impl<S: StepStrategy> Request<S> {
         let l = self.cfg.block_size;
         let start = self.plan.first_start + index * l;
         let tail = self.prompt.get(start..).unwrap_or(&[]);
-        let mut tokens = vec![self.mask_id; l];
+        let mut tokens = vec![self.info.mask_id; l];
         tokens[..tail.len()].copy_from_slice(tail);
-        let state = BlockState::from_tokens(tokens, self.mask_id);
+        let state = BlockState::from_tokens(tokens, self.info.mask_id);
         self.block = Some(BlockRun {
             state,
             start,
@@ -590,10 +562,10 @@ impl<S: StepStrategy> Request<S> {
         let tail = self.prompt.len().saturating_sub(start).min(block.len());
         if let Some(t) = self.trace.as_mut() {
             let mut initial = block.clone();
-            initial[tail..].fill(self.mask_id);
+            initial[tail..].fill(self.info.mask_id);
             t.blocks.push(BlockTrace {
                 start,
-                initial: BlockState::from_tokens(initial, self.mask_id),
+                initial: BlockState::from_tokens(initial, self.info.mask_id),
                 steps: steps.unwrap_or_default(),
             });
         }

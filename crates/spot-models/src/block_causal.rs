@@ -99,29 +99,6 @@ impl<B: Backend, C> BlockCausal<B, C> {
         );
         Ok(self.net.head.logits_host(hidden))
     }
-
-    /// Appends one block to a slot's KV cache (one forward).
-    fn append(&mut self, slot: CacheSlot, block: &[TokenId]) -> Result<()> {
-        let s = self.slots.get_mut(slot)?;
-        if block.is_empty() {
-            return Ok(());
-        }
-        self.frame
-            .check_end(s.prefix.len() + block.len(), "prefix")?;
-        let mut ids = Vec::with_capacity(block.len());
-        self.frame.push_ids(block, &mut ids)?;
-        let (_, kv) = self.net.run(
-            ids,
-            1,
-            block.len(),
-            s.prefix.len(),
-            &s.cache,
-            Attend::Bidirectional,
-        );
-        Net::extend_cache(&mut s.cache, kv);
-        s.prefix.extend_from_slice(block);
-        Ok(())
-    }
 }
 
 impl<B: Backend, C> BlockDiffusionModel for BlockCausal<B, C> {
@@ -154,7 +131,7 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
         *self.slots.get_mut(slot)? = PrefixSlot::default();
         self.frame.begin(block_size)?;
         for chunk in prefix.chunks(block_size) {
-            self.append(slot, chunk)?;
+            self.append_blocks(&[(slot, chunk)])?;
         }
         Ok(PrefixUpdate {
             ran_forward: !prefix.is_empty(),
@@ -167,11 +144,10 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
         slot: CacheSlot,
         block: &[TokenId],
     ) -> spot_core::Result<PrefixUpdate> {
-        self.append(slot, block)?;
-        Ok(PrefixUpdate {
-            ran_forward: !block.is_empty(),
-            positions: block.len(),
-        })
+        Ok(self
+            .append_blocks(&[(slot, block)])?
+            .pop()
+            .unwrap_or_default())
     }
 
     fn prefix_len_in(&self, slot: CacheSlot) -> usize {

@@ -303,7 +303,7 @@ impl<B: Backend> Net<B> {
                 new_kv[si].push(Kv { k, v });
                 row0 += n * len;
             }
-            let out = if outs.len() == 1 {
+            let out = if single {
                 outs.remove(0)
             } else {
                 Tensor::cat(outs, 0)
