@@ -155,7 +155,7 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
     }
 
     /// The blocks of several slots in one forward: each block attends to its own slot's
-    /// cache with the products of appending it alone ([`Net::run_segments`]), so every
+    /// cache with the products of appending it alone (`Net::run_segments`), so every
     /// cache ends as after its own append.
     fn append_blocks(
         &mut self,
