@@ -11,6 +11,7 @@ use spot_core::{
 
 use crate::error::{ModelError, Result};
 use crate::hf::{Tokenizer, read_json};
+use crate::logits::Logits;
 use crate::precision::Precision;
 use crate::{Dream, Llada, Llada2Moe, Sdar};
 
@@ -214,7 +215,7 @@ impl<B: Backend> DiffusionModel<B> {
     }
 
     /// Block logits `[n, len, vocab]` of `states` as host values (tests and tools).
-    pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
+    pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Logits> {
         each!(self, m => m.forward_logits(states))
     }
 }

@@ -20,6 +20,7 @@ use crate::dense::{QWEN_NAMES, dense_net};
 use crate::error::{ModelError, Result};
 use crate::frame::{Frame, open};
 use crate::head::RowPlan;
+use crate::logits::Logits;
 use crate::precision::Precision;
 use crate::transformer::Net;
 
@@ -94,7 +95,7 @@ impl<B: Backend> CausalLm<B> {
 
     /// Appends `tokens` and returns their logits `[len, vocab]` as host values (for tests and
     /// tools; decoding uses [`AutoregressiveModel::extend`]).
-    pub fn extend_logits(&mut self, tokens: &[TokenId]) -> Result<Vec<f32>> {
+    pub fn extend_logits(&mut self, tokens: &[TokenId]) -> Result<Logits> {
         let hidden = self.append(tokens)?;
         Ok(self.net.head.logits_host(hidden))
     }

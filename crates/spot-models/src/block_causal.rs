@@ -16,6 +16,7 @@ use crate::attention::{Attend, Kv};
 use crate::error::Result;
 use crate::frame::{Frame, NoiseCache};
 use crate::head::RowPlan;
+use crate::logits::Logits;
 use crate::transformer::{Net, Segment};
 
 /// One request's committed prefix, its KV cache and the Gumbel rows of its current block.
@@ -86,7 +87,7 @@ impl<B: Backend, C> BlockCausal<B, C> {
     /// Logits `[n, len, vocab]` of `states` after the cached prefix, as host values (for
     /// tests and tools; decoding uses [`BlockDiffusionModel::forward`], which never copies
     /// logits to the host).
-    pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
+    pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Logits> {
         let slot = self.slots.get(SLOT0)?;
         let (ids, n, len) = self.frame.check_states(states, slot.prefix.len())?;
         let (hidden, _) = self.net.run(

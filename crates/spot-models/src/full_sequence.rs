@@ -31,6 +31,7 @@ use crate::block_causal::diffusion_info;
 use crate::error::Result;
 use crate::frame::{Frame, NoiseCache};
 use crate::head::RowPlan;
+use crate::logits::Logits;
 use crate::transformer::{Net, Segment};
 
 /// One request's prefix, generation end, approximate cache and Gumbel rows.
@@ -168,7 +169,7 @@ impl<B: Backend, C> FullSequence<B, C> {
 
     /// Logits `[n, len, vocab]` of `states` after the prefix, with masks up to the generation
     /// end, as host values (for tests and tools).
-    pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Vec<f32>> {
+    pub fn forward_logits(&mut self, states: &[BlockState]) -> Result<Logits> {
         let slot = self.slots.get(SLOT0)?;
         let input = self.group_input(slot, states)?;
         let segment = Segment {

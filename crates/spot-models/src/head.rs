@@ -10,6 +10,7 @@ use spot_core::{BlockState, BlockStats, ConfidenceRule, TokenId};
 use crate::error::Result;
 use crate::host_head::{HostHead, RowStats};
 use crate::loader::transposed;
+use crate::logits::Logits;
 
 /// Where a model computes its output layer and the reduction to statistics.
 ///
@@ -126,10 +127,13 @@ impl<B: Backend> Head<B> {
     }
 
     /// Logits `[rows, vocab]` of `hidden` `[rows, dim]`, on the host.
-    pub fn logits_host(&self, hidden: Tensor<B, 2>) -> Vec<f32> {
+    pub fn logits_host(&self, hidden: Tensor<B, 2>) -> Logits {
         match self {
             Head::Host(h) => h.logits(&host_values(hidden)),
-            Head::Device(w) => host_values(hidden.matmul(w.clone())),
+            Head::Device(w) => {
+                let vocab = w.dims()[1];
+                Logits::from_vec(host_values(hidden.matmul(w.clone())), vocab)
+            }
         }
     }
 }

@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use spot_core::{ConfidenceRule, StatsQuery, TokenId};
 
 use crate::error::{ModelError, Result};
+use crate::logits::Logits;
 
 /// Vocabulary columns per packed panel (one 16-lane or two 8-lane vectors).
 const PANEL: usize = 16;
@@ -599,22 +600,22 @@ impl HostHead {
     }
 
     /// Logits `[rows, vocab]` of `hidden` `[rows, dim]` (the values the reduction reads).
-    pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
+    pub fn logits(&self, hidden: &[f32]) -> Logits {
         self.logits_on(hidden, &Dispatch)
     }
 
     /// [`HostHead::logits`] with each segment run by `run`.
-    fn logits_on(&self, hidden: &[f32], isa: &impl Isa) -> Vec<f32> {
+    fn logits_on(&self, hidden: &[f32], isa: &impl Isa) -> Logits {
         let vocab = self.vocab;
         let rows = hidden.len() / self.dim.max(1);
-        let mut out = vec![0.0f32; rows * vocab];
+        let mut out = Logits::zeroed(rows, vocab);
         // Each segment fills its column range of every row.
         let mut sinks: Vec<LogitsSink<'_>> = (0..vocab.div_ceil(LOGITS_SEGMENT))
             .map(|_| LogitsSink {
                 parts: Vec::with_capacity(rows),
             })
             .collect();
-        for row in out.chunks_mut(vocab) {
+        for row in out.values_mut().chunks_mut(vocab) {
             for (s, part) in row.chunks_mut(LOGITS_SEGMENT).enumerate() {
                 sinks[s].parts.push(part);
             }
@@ -971,7 +972,7 @@ mod tests {
         }
         let logits = h.logits(&hidden);
         let one = h.logits(&hidden[7 * dim..8 * dim]);
-        assert_eq!(one, logits[7 * VOCAB..8 * VOCAB]);
+        assert_eq!(*one, logits[7 * VOCAB..8 * VOCAB]);
     }
 
     #[test]
