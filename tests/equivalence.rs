@@ -34,12 +34,14 @@ fn tree_config() -> impl Strategy<Value = TreeConfig> {
         1usize..=16,
         prop_oneof![Just(0.0f32), Just(0.001), Just(0.02), Just(0.1)],
         prop_oneof![Just(None), Just(Some(0.6f32)), Just(Some(1.0f32))],
+        any::<bool>(),
     )
-        .prop_map(|(budget, max_depth, gamma, hedge)| TreeConfig {
+        .prop_map(|(budget, max_depth, gamma, hedge, sum_orders)| TreeConfig {
             budget,
             max_depth,
             gamma,
             hedge,
+            sum_orders,
         })
 }
 

@@ -271,6 +271,7 @@ impl StepStrategy for SpotDecoder {
             root: block.state(),
             stale,
             block_start: block.start(),
+            noise: (block.query().temperature > 0.0).then_some(block.query().noise),
         };
         let t0 = Instant::now();
         let tree = match &mut self.drafter {

@@ -2,9 +2,7 @@
 
 use burn_tensor::backend::Backend;
 use spot_core::TokenId;
-use spot_tree::{
-    NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size, stale_runner_up,
-};
+use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size};
 
 use crate::features::{N_FEATURES, write_features};
 use crate::network::OrderModel;
@@ -92,7 +90,7 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
         let (depth, stale) = (nodes.depth(i), ctx.stale);
         let conf = stale.confidence(position);
         out.push((stale.token(position), cal.top1(depth, conf)));
-        if let Some((id, _)) = stale_runner_up(stale, position, nodes.mask_id()) {
+        if let Some((id, _)) = ctx.hedge_token(position, nodes.mask_id()) {
             out.push((id, cal.runner_up(depth, conf)));
         }
         true

@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 use spot_core::{Commit, TokenId};
 
 use crate::error::TreeError;
-use crate::scorer::{NodeBatch, OrderScorer, ScoreContext, stale_runner_up};
+use crate::scorer::{NodeBatch, OrderScorer, ScoreContext};
 use crate::tree::{DraftTree, zobrist};
 
 /// Shape limits of a draft tree.
@@ -21,6 +21,11 @@ pub struct TreeConfig {
     /// Hedge threshold: when the stale top-1 probability at a position is below it, the
     /// runner-up token is proposed as well. `None` proposes only the stale choice.
     pub hedge: Option<f32>,
+    /// When one state is reached by several commit orders, its node carries the sum of their
+    /// masses (the walk finds a state by value, from any parent), capped at the kept path's
+    /// parent so that a child never outranks its parent. `false` keeps the heaviest path's mass
+    /// alone; the tree is then exactly the `D` heaviest states under that rule.
+    pub sum_orders: bool,
 }
 
 impl Default for TreeConfig {
@@ -30,6 +35,7 @@ impl Default for TreeConfig {
             max_depth: 16,
             gamma: 0.0,
             hedge: Some(0.6),
+            sum_orders: true,
         }
     }
 }
@@ -120,10 +126,12 @@ struct Hyp {
 /// [`build`](Self::build) is the layer-batched best-first search: the scorer is called once
 /// per depth with every node expanded at that depth, children get mass
 /// `m(parent) · q(s | parent) · p~_s(v)`, and the tree keeps the `D` nodes of highest mass
-/// among everything generated (exactly the best `D` of the whole candidate tree under the
-/// depth limit, because only nodes currently in the best `D` are expanded and a child never
-/// outranks its parent). Identical states reached by different paths are merged, keeping the
-/// heavier path. [`build_chain`](Self::build_chain) is the SSD-style single path.
+/// among everything generated (with `sum_orders` off, exactly the best `D` of the whole
+/// candidate tree under the depth limit, because only nodes currently in the best `D` are expanded and a child never
+/// outranks its parent). Identical states reached by different commit orders are merged: the
+/// heaviest path stays and, under [`TreeConfig::sum_orders`] (the default), carries the sum of
+/// their masses (capped at its parent's), so a node's mass estimates the probability of its
+/// state, not of one order. [`build_chain`](Self::build_chain) is the SSD-style single path.
 ///
 /// ```
 /// use spot_core::{BlockState, BlockStats, stats::PositionStats};
@@ -135,7 +143,7 @@ struct Hyp {
 ///         tail_mass: 0.0, top_ids: &[t, 10 + t], top_probs: &[p, 1.0 - p] }).unwrap();
 /// }
 /// let root = BlockState::masked(4, 0);
-/// let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0 };
+/// let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None };
 /// let mut b = TreeBuilder::new(TreeConfig { budget: 5, ..TreeConfig::default() }).unwrap();
 /// let tree = b.build(&ctx, &mut StaleConfidenceScorer).unwrap();
 /// assert_eq!(tree.draft_count(), 5);
@@ -213,7 +221,7 @@ impl TreeBuilder {
             h.items[0] = (tok, p);
             h.n = 1;
             if self.cfg.hedge.is_some_and(|th| p < th)
-                && let Some(item) = stale_runner_up(ctx.stale, s, mask)
+                && let Some(item) = ctx.hedge_token(s, mask)
             {
                 h.items[1] = item;
                 h.n = 2;
@@ -347,7 +355,8 @@ impl TreeBuilder {
         self.assemble(ctx)
     }
 
-    /// Marks duplicate states among the candidates dead, keeping the heaviest of each.
+    /// Marks duplicate states among the candidates dead, keeping the heaviest path of each
+    /// (with the sum of their masses under [`TreeConfig::sum_orders`]).
     fn dedupe(&mut self, l: usize) {
         if self.cands.len() < 2 {
             return;
@@ -362,7 +371,7 @@ impl TreeBuilder {
                 .then(y.mass.total_cmp(&x.mass))
                 .then(a.cmp(&b))
         });
-        let arena = &self.arena;
+        let (arena, sum) = (&self.arena, self.cfg.sum_orders);
         let value = |c: &Cand, s: usize| {
             if s == c.commit.position {
                 c.commit.token
@@ -382,6 +391,11 @@ impl TreeBuilder {
                     let (ia, ib) = (self.order[a] as usize, self.order[b] as usize);
                     let (ca, cb) = (&cands[ia], &cands[ib]);
                     if ca.alive && cb.alive && (0..l).all(|s| value(ca, s) == value(cb, s)) {
+                        if sum {
+                            // One state, two commit orders: its probability is their sum.
+                            let merged = (ca.mass + cb.mass).min(arena.mass(ca.parent as usize));
+                            cands[ia].mass = merged;
+                        }
                         cands[ib].alive = false;
                     }
                 }

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use spot_core::{BlockState, BlockStats, Commit, DecodeTrace, TokenId};
+use spot_core::{BlockState, BlockStats, Commit, DecodeTrace, GumbelNoise, TokenId};
 
 use crate::error::TreeError;
 use crate::tree::DraftTree;
@@ -21,6 +21,38 @@ pub struct ScoreContext<'a> {
     pub stale: &'a BlockStats,
     /// Absolute position of the block's first slot.
     pub block_start: usize,
+    /// The target's coupled noise when it decodes at `T > 0` (`None` at `T = 0`). The drafter
+    /// knows `G` because the target's choice is `argmax(l / T + G)` with `G` a function of
+    /// (seed, absolute position, token): the hedge is then the noised runner-up
+    /// ([`ScoreContext::hedge_token`]).
+    pub noise: Option<GumbelNoise>,
+}
+
+impl ScoreContext<'_> {
+    /// The hedge's token at position `s` with its stale probability: the runner-up of the
+    /// target's own choice rule among the stale top-k, other than the stale choice and the
+    /// mask. At `T = 0` that is the most probable other token ([`stale_runner_up`]); at
+    /// `T > 0` the one with the largest noised score `ln p~(v) + G[block_start + s, v]`
+    /// (the tempered log-probability differs from `l / T` by a constant per position). `None`
+    /// when no other token has positive probability.
+    pub fn hedge_token(&self, s: usize, mask: TokenId) -> Option<(TokenId, f32)> {
+        let Some(noise) = self.noise else {
+            return stale_runner_up(self.stale, s, mask);
+        };
+        let tok = self.stale.token(s);
+        let position = (self.block_start + s) as u64;
+        let (ids, probs) = self.stale.top(s);
+        ids.iter()
+            .zip(probs)
+            .filter(|(id, p)| **id != tok && **id != mask && **p > 0.0)
+            .map(|(&id, &p)| (id, p, p.ln() + noise.value(position, id)))
+            // The first of equal scores (the more probable one), as the target breaks ties.
+            .fold(None, |best: Option<(TokenId, f32, f32)>, c| match best {
+                Some(b) if b.2 >= c.2 => Some(b),
+                _ => Some(c),
+            })
+            .map(|(id, p, _)| (id, p))
+    }
 }
 
 /// A batch of tree nodes to score, in the order scores must be written.
@@ -103,10 +135,10 @@ pub trait OrderScorer {
     }
 }
 
-/// The hedge's token at position `s`: the most probable token of the stale top-k other than
-/// the stale choice and the mask, with its stale probability (`None` when there is none with
-/// positive probability). Shared by the builder's default hypotheses and scorers that
-/// re-weight them.
+/// The most probable token of the stale top-k at position `s` other than the stale choice and
+/// the mask, with its stale probability (`None` when there is none with positive
+/// probability): the hedge at `T = 0` (see [`ScoreContext::hedge_token`], which builders and
+/// scorers call).
 pub fn stale_runner_up(stale: &BlockStats, s: usize, mask: TokenId) -> Option<(TokenId, f32)> {
     let tok = stale.token(s);
     let (ids, probs) = stale.top(s);

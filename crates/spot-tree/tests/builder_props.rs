@@ -63,6 +63,7 @@ fn cfg() -> impl Strategy<Value = TreeConfig> {
             max_depth,
             gamma,
             hedge: hedge.then_some(0.6),
+            sum_orders: false,
         })
 }
 
@@ -91,23 +92,26 @@ fn check_structure(tree: &DraftTree, cfg: &TreeConfig) -> Result<(), TestCaseErr
     Ok(())
 }
 
-/// All states reachable within the limits, each with the largest mass over its paths.
+/// All states reachable within the limits with their depth, each with the largest mass over
+/// its paths, or (`cfg.sum_orders`) the sum over every path, capped at its heaviest parent.
 fn brute_force(
     root: &BlockState,
     stale: &BlockStats,
     cfg: &TreeConfig,
     scorer: &mut dyn OrderScorer,
-) -> Vec<(f32, usize)> {
+) -> HashMap<Vec<TokenId>, (f32, usize)> {
     let ctx = ScoreContext {
         root,
         stale,
         block_start: 0,
+        noise: None,
     };
     let mut layer: HashMap<Vec<TokenId>, f32> = HashMap::new();
     layer.insert(root.tokens().to_vec(), 1.0);
-    let mut all = Vec::new();
+    let mut all = HashMap::new();
     for depth in 0..cfg.max_depth {
-        let mut next: HashMap<Vec<TokenId>, f32> = HashMap::new();
+        // Per state: (max or sum of path masses, heaviest parent).
+        let mut next: HashMap<Vec<TokenId>, (f32, f32)> = HashMap::new();
         for (tokens, m) in &layer {
             let tree = DraftTree::new(&BlockState::from_tokens(tokens.clone(), MASK));
             let mut q = vec![0.0; root.len()];
@@ -127,17 +131,40 @@ fn brute_force(
                     }
                     let mut t = tokens.clone();
                     t[s] = v;
-                    let e = next.entry(t).or_insert(0.0);
-                    *e = e.max(mass);
+                    let e = next.entry(t).or_insert((0.0, 0.0));
+                    e.0 = if cfg.sum_orders {
+                        e.0 + mass
+                    } else {
+                        e.0.max(mass)
+                    };
+                    e.1 = e.1.max(*m);
                 }
             }
         }
-        all.extend(next.values().map(|&m| (m, depth + 1)));
-        layer = next;
+        layer = next
+            .into_iter()
+            .map(|(t, (m, parent))| (t, m.min(parent)))
+            .collect();
+        all.extend(layer.iter().map(|(t, &m)| (t.clone(), (m, depth + 1))));
     }
-    all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-    all.truncate(cfg.budget);
     all
+}
+
+/// The `D` heaviest of `all` as (mass, depth), heaviest first.
+fn top_d(all: &HashMap<Vec<TokenId>, (f32, usize)>, budget: usize) -> Vec<(f32, usize)> {
+    let mut v: Vec<(f32, usize)> = all.values().copied().collect();
+    v.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    v.truncate(budget);
+    v
+}
+
+/// The random control or stale confidence (two instances score alike).
+fn scorer(random: bool, seed: u64) -> Box<dyn OrderScorer> {
+    if random {
+        Box::new(RandomScorer { seed })
+    } else {
+        Box::new(StaleConfidenceScorer)
+    }
 }
 
 proptest! {
@@ -149,15 +176,46 @@ proptest! {
     fn best_first_is_the_exact_top_d((root, stale) in (1usize..=7).prop_flat_map(|l| (root(l), stale(l))),
                                      cfg in cfg(), random in any::<bool>(), seed in any::<u64>()) {
         let mut builder = TreeBuilder::new(cfg).unwrap();
-        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0 };
-        let mut a: Box<dyn OrderScorer> = if random { Box::new(RandomScorer { seed }) } else { Box::new(StaleConfidenceScorer) };
-        let mut b: Box<dyn OrderScorer> = if random { Box::new(RandomScorer { seed }) } else { Box::new(StaleConfidenceScorer) };
+        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None };
+        let (mut a, mut b) = (scorer(random, seed), scorer(random, seed));
         let tree = builder.build(&ctx, a.as_mut()).unwrap();
         check_structure(tree, &cfg)?;
         let mut got: Vec<(f32, usize)> = (1..tree.len()).map(|i| (tree.mass(i), tree.depth(i))).collect();
         got.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        let want = brute_force(&root, &stale, &cfg, b.as_mut());
+        let want = top_d(&brute_force(&root, &stale, &cfg, b.as_mut()), cfg.budget);
         prop_assert_eq!(got, want);
+    }
+
+    /// With summed orders, every node's mass is at most the sum over every path to its state
+    /// (the builder only sees paths through nodes it kept) and at most its parent's; without a
+    /// mass floor the tree has as many nodes as without summing.
+    #[test]
+    fn summed_masses_are_bounded_by_all_paths((root, stale) in (1usize..=7).prop_flat_map(|l| (root(l), stale(l))),
+                                              cfg in cfg(), random in any::<bool>(), seed in any::<u64>()) {
+        let cfg = TreeConfig { sum_orders: true, ..cfg };
+        let mut builder = TreeBuilder::new(cfg).unwrap();
+        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None };
+        let (mut a, mut b) = (scorer(random, seed), scorer(random, seed));
+        let tree = builder.build(&ctx, a.as_mut()).unwrap();
+        check_structure(tree, &cfg)?;
+        let summed = brute_force(&root, &stale, &cfg, b.as_mut());
+        for i in 1..tree.len() {
+            let (m, d) = (tree.mass(i), tree.depth(i));
+            let hi = summed.get(tree.state(i)).copied();
+            prop_assert!(hi.is_some(), "node {i}: a state no path reaches");
+            let hi = hi.unwrap_or_default();
+            prop_assert_eq!(hi.1, d);
+            let p = tree.parent(i).unwrap();
+            prop_assert!(m <= hi.0 * (1.0 + 1e-5), "node {i}: {m} above all paths' {}", hi.0);
+            prop_assert!(m <= tree.mass(p));
+            prop_assert!(m > 0.0 && m >= cfg.gamma);
+        }
+        // Without a mass floor, summing changes which states are kept, not how many.
+        let count = tree.draft_count();
+        let plain = TreeBuilder::new(TreeConfig { sum_orders: false, ..cfg }).unwrap().build(&ctx, a.as_mut()).unwrap().draft_count();
+        if cfg.gamma == 0.0 {
+            prop_assert_eq!(count, plain);
+        }
     }
 
     /// The chain follows stale confidence order with stale tokens.
@@ -165,7 +223,7 @@ proptest! {
     fn chain_follows_stale_confidence((root, stale) in (1usize..=12).prop_flat_map(|l| (root(l), stale(l))),
                                       cfg in cfg()) {
         let mut builder = TreeBuilder::new(cfg).unwrap();
-        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0 };
+        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None };
         let tree = builder.build_chain(&ctx).unwrap();
         check_structure(tree, &cfg)?;
         let mut prev = f32::INFINITY;
@@ -205,6 +263,7 @@ fn identical_states_are_merged() {
         root: &root,
         stale: &st,
         block_start: 0,
+        noise: None,
     };
     let mut b = TreeBuilder::new(TreeConfig {
         budget: 10,
@@ -215,6 +274,19 @@ fn identical_states_are_merged() {
     // root -> {[5,M], [M,5]} -> [5,5] once.
     assert_eq!(tree.draft_count(), 3);
     let full = (0..tree.len()).find(|&i| tree.is_complete(i)).unwrap();
+    // Each order alone: 0.45 · 1 · 0.9 = 0.405; both: 0.81, capped at the parent's 0.45.
+    assert_eq!(tree.mass(full), 0.45);
+    let single = TreeBuilder::new(TreeConfig {
+        budget: 10,
+        sum_orders: false,
+        ..TreeConfig::default()
+    })
+    .unwrap()
+    .build(&ctx, &mut StaleConfidenceScorer)
+    .unwrap()
+    .clone();
+    let full1 = (0..single.len()).find(|&i| single.is_complete(i)).unwrap();
+    assert_eq!(single.mass(full1), 0.45 * 0.9);
     let a = tree.find_successor(0, &[Commit::new(0, 5)]).unwrap();
     let c = tree.find_successor(0, &[Commit::new(1, 5)]).unwrap();
     assert_eq!(tree.find_successor(a, &[Commit::new(1, 5)]), Some(full));
@@ -259,6 +331,7 @@ fn invalid_scores_and_limits_are_typed_errors() {
         root: &root,
         stale: &st,
         block_start: 0,
+        noise: None,
     };
     let mut b = TreeBuilder::new(TreeConfig::default()).unwrap();
     for v in [f32::NAN, f32::INFINITY, -1.0] {
@@ -272,6 +345,7 @@ fn invalid_scores_and_limits_are_typed_errors() {
         root: &short,
         stale: &st,
         block_start: 0,
+        noise: None,
     };
     assert!(matches!(
         b.build(&ctx, &mut StaleConfidenceScorer),
@@ -337,4 +411,47 @@ fn invalid_scores_and_limits_are_typed_errors() {
             other => panic!("{field}: expected InvalidConfig, got {other:?}"),
         }
     }
+}
+
+/// At `T > 0` the hedge is the runner-up of the target's own rule, `ln p~ + G`, among the stale
+/// top-k; at `T = 0` the most probable other token.
+#[test]
+fn the_hedge_is_the_noised_runner_up() {
+    use spot_core::GumbelNoise;
+    let ids = [7u32, 3, 11, 5, MASK];
+    let probs = [0.4f32, 0.3, 0.2, 0.05, 0.04];
+    let mut st = BlockStats::new(ids.len());
+    st.push(PositionStats {
+        token: 7,
+        confidence: 0.4,
+        token_prob: 0.4,
+        entropy: 1.0,
+        tail_mass: 0.01,
+        top_ids: &ids,
+        top_probs: &probs,
+    })
+    .unwrap();
+    let root = BlockState::masked(1, MASK);
+    let mut ctx = ScoreContext {
+        root: &root,
+        stale: &st,
+        block_start: 40,
+        noise: None,
+    };
+    assert_eq!(ctx.hedge_token(0, MASK), Some((3, 0.3)));
+    let mut picked = std::collections::HashSet::new();
+    for seed in 0..64 {
+        let noise = GumbelNoise::new(seed);
+        ctx.noise = Some(noise);
+        let want = [(3u32, 0.3f32), (11, 0.2), (5, 0.05)]
+            .into_iter()
+            .max_by(|a, b| {
+                (a.1.ln() + noise.value(40, a.0)).total_cmp(&(b.1.ln() + noise.value(40, b.0)))
+            })
+            .unwrap();
+        assert_eq!(ctx.hedge_token(0, MASK), Some(want), "seed {seed}");
+        picked.insert(want.0);
+    }
+    // The noise moves the hedge off the probability runner-up for some seeds.
+    assert!(picked.len() > 1, "{picked:?}");
 }

@@ -101,6 +101,7 @@ fn setup(budget: usize) -> Setup {
         root: &root,
         stale: &stale,
         block_start: 256,
+        noise: None,
     };
     let mut b = TreeBuilder::new(TreeConfig {
         budget,
@@ -143,6 +144,7 @@ fn bench(c: &mut Criterion) {
             root: &s.root,
             stale: &s.stale,
             block_start: 256,
+            noise: None,
         };
         let mut builder = TreeBuilder::new(TreeConfig {
             budget,
