@@ -140,7 +140,12 @@ impl<B: Backend> Head<B> {
 
 /// A tensor's values on the host.
 pub(crate) fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data().iter::<f32>().collect()
+    let data = t.into_data();
+    // f32 data as one copy; other types converted value by value.
+    match data.as_slice::<f32>() {
+        Ok(values) => values.to_vec(),
+        Err(_) => data.iter::<f32>().collect(),
+    }
 }
 
 /// Which rows of a forward over `n` states of `len` positions are reduced: the masked

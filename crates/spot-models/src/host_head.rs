@@ -431,7 +431,7 @@ fn exp_sums(x: &[f32], m: f32) -> (f64, f64) {
 /// `exp(x)` for `x <= 0` in f32 (relative error about 2e-7; 0 below -87, and for `-inf`),
 /// branch-free so that loops over it vectorise.
 #[inline(always)]
-fn fast_exp(x: f32) -> f32 {
+pub(crate) fn fast_exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;

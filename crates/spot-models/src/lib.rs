@@ -67,6 +67,7 @@ mod rope;
 mod sdar;
 mod stop;
 mod summary;
+mod swiglu;
 mod transformer;
 
 pub use any::{DiffusionModel, Family};
