@@ -84,9 +84,11 @@ pub struct TokenCalibration {
     /// Upper edges of the confidence bins, ascending, the last one 1.
     pub edges: Vec<f32>,
     /// `top1[d][b]`: share of examples at depth `d` (deeper ones use the last row) with stale
-    /// confidence in bin `b` whose committed token was the stale choice (Laplace-smoothed).
+    /// confidence in bin `b` whose committed token was the stale choice (Laplace-smoothed;
+    /// fitted tables are non-decreasing in confidence, adjacent bins pooled where needed).
     pub top1: Vec<Vec<f32>>,
-    /// The same for the stale runner-up (the most probable other token).
+    /// The same for the stale runner-up (the most probable other token); fitted tables are
+    /// non-increasing in confidence.
     pub runner_up: Vec<Vec<f32>>,
 }
 
@@ -108,21 +110,18 @@ impl TokenCalibration {
                 h2[ex.depth][b] += u64::from(p.runner_up == ex.token && p.token != ex.token);
             });
         }
-        let rate = |h: &Vec<Vec<u64>>| -> Vec<Vec<f32>> {
+        // The stale choice survives more often the more confident it was, and the runner-up
+        // less often: sparse bins that break that order are pooled with their neighbours.
+        let rate = |h: &Vec<Vec<u64>>, increasing: bool| -> Vec<Vec<f32>> {
             h.iter()
                 .zip(&n)
-                .map(|(hd, nd)| {
-                    hd.iter()
-                        .zip(nd)
-                        .map(|(&h, &n)| ((h as f64 + 1.0) / (n as f64 + 2.0)) as f32)
-                        .collect()
-                })
+                .map(|(hd, nd)| monotone_rates(hd, nd, increasing))
                 .collect()
         };
         Self {
             edges: CALIBRATION_EDGES.to_vec(),
-            top1: rate(&h1),
-            runner_up: rate(&h2),
+            top1: rate(&h1, true),
+            runner_up: rate(&h2, false),
         }
     }
 
@@ -170,10 +169,64 @@ impl TokenCalibration {
     }
 }
 
+/// Laplace-smoothed hit rates `(hits + 1) / (count + 2)` per bin, with adjacent bins pooled
+/// (their counts summed) until the rates are monotone in the bin order: non-decreasing when
+/// `increasing`, else non-increasing (pool-adjacent-violators; an empty bin adds no counts to
+/// the pool it joins).
+fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> Vec<f32> {
+    let rate = |h: u64, n: u64| (h as f64 + 1.0) / (n as f64 + 2.0);
+    // Pools as (hits, count, bins).
+    let mut pools: Vec<(u64, u64, usize)> = Vec::with_capacity(hits.len());
+    for (&h, &n) in hits.iter().zip(counts) {
+        let mut cur = (h, n, 1);
+        while let Some(&prev) = pools.last() {
+            let (a, b) = (rate(prev.0, prev.1), rate(cur.0, cur.1));
+            if (increasing && a <= b) || (!increasing && a >= b) {
+                break;
+            }
+            pools.pop();
+            cur = (prev.0 + cur.0, prev.1 + cur.1, prev.2 + cur.2);
+        }
+        pools.push(cur);
+    }
+    pools
+        .iter()
+        .flat_map(|&(h, n, k)| std::iter::repeat_n(rate(h, n) as f32, k))
+        .collect()
+}
+
 /// The first bin whose upper edge is at least `confidence` (the last bin above every edge).
 fn bin(edges: &[f32], confidence: f32) -> usize {
     edges
         .iter()
         .position(|&e| confidence <= e)
         .unwrap_or(edges.len().saturating_sub(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_bins_are_pooled_until_monotone() {
+        // Bin 1 (3 examples, 0 hits) breaks the rise; bin 3 is empty.
+        let (hits, counts) = ([50, 0, 90, 0, 99], [100, 3, 100, 0, 100]);
+        let up = monotone_rates(&hits, &counts, true);
+        assert!(up.windows(2).all(|w| w[0] <= w[1]), "{up:?}");
+        // Bins 0 and 1 pooled: (50 + 0 + 1) / (103 + 2).
+        assert_eq!(up[0], up[1]);
+        assert!((up[0] - 51.0 / 105.0).abs() < 1e-6, "{up:?}");
+        assert!((up[2] - 91.0 / 102.0).abs() < 1e-6, "{up:?}");
+        // The empty bin joins its left neighbour without moving it (0.5 < 91/102).
+        assert_eq!(up[3], up[2]);
+        assert!((up[4] - 100.0 / 102.0).abs() < 1e-6, "{up:?}");
+        // Already monotone input is only smoothed.
+        let mono = monotone_rates(&[1, 5, 9], &[10, 10, 10], true);
+        for (got, want) in mono.iter().zip([2.0 / 12.0, 6.0 / 12.0, 10.0 / 12.0]) {
+            assert!((got - want).abs() < 1e-6, "{mono:?}");
+        }
+        let down = monotone_rates(&[9, 1, 5], &[10, 10, 10], false);
+        assert!(down.windows(2).all(|w| w[0] >= w[1]), "{down:?}");
+        assert_eq!(down[1], down[2]);
+    }
 }
