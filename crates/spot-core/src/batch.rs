@@ -226,21 +226,14 @@ impl<S: StepStrategy> BatchDriver<S> {
 
     /// One merged forward over every live request that needs scoring.
     fn score(&mut self, model: &mut dyn MultiRequestModel) {
-        let mut members = Vec::new();
-        let mut groups = Vec::new();
-        for (i, live) in self.live.iter().enumerate() {
-            if live.error.is_some() {
-                continue;
-            }
-            if let (Need::Score { states, query }, Some(slot)) = (live.request.need(), live.slot) {
-                members.push(i);
-                groups.push(ScoreGroup {
-                    slot,
-                    states,
-                    query,
-                });
-            }
-        }
+        let (members, groups) = self.gather(|need, slot| match need {
+            Need::Score { states, query } => Some(ScoreGroup {
+                slot,
+                states,
+                query,
+            }),
+            _ => None,
+        });
         if groups.is_empty() {
             return;
         }
@@ -266,17 +259,10 @@ impl<S: StepStrategy> BatchDriver<S> {
     /// One merged append of the finished blocks of every live request that needs one
     /// ([`MultiRequestModel::append_blocks`]).
     fn append(&mut self, model: &mut dyn MultiRequestModel) {
-        let mut members = Vec::new();
-        let mut blocks = Vec::new();
-        for (i, live) in self.live.iter().enumerate() {
-            if live.error.is_some() {
-                continue;
-            }
-            if let (Need::Append { block }, Some(slot)) = (live.request.need(), live.slot) {
-                members.push(i);
-                blocks.push((slot, block));
-            }
-        }
+        let (members, blocks) = self.gather(|need, slot| match need {
+            Need::Append { block } => Some((slot, block)),
+            _ => None,
+        });
         if blocks.is_empty() {
             return;
         }
@@ -289,6 +275,28 @@ impl<S: StepStrategy> BatchDriver<S> {
                 live.error = Some(e);
             }
         }
+    }
+
+    /// The live requests with a slot and no error whose need `pick` takes: their indices, and
+    /// what `pick` made of each need.
+    fn gather<'a, T>(
+        &'a self,
+        pick: impl Fn(Need<'a>, CacheSlot) -> Option<T>,
+    ) -> (Vec<usize>, Vec<T>) {
+        let mut members = Vec::new();
+        let mut taken = Vec::new();
+        for (i, live) in self.live.iter().enumerate() {
+            if live.error.is_some() {
+                continue;
+            }
+            if let Some(slot) = live.slot
+                && let Some(t) = pick(live.request.need(), slot)
+            {
+                members.push(i);
+                taken.push(t);
+            }
+        }
+        (members, taken)
     }
 
     /// The per-member results of a merged call, or (on its error, or a result of the wrong

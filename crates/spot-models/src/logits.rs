@@ -50,21 +50,17 @@ impl Logits {
     pub(crate) fn zeroed(rows: usize, vocab: usize) -> Self {
         let len = rows * vocab;
         let bytes = len * size_of::<f32>();
-        let data = if bytes >= MAPPED_FROM {
-            match MmapMut::map_anon(bytes) {
-                Ok(map) => {
-                    // Advice only: without huge pages the mapping is ordinary zeroed memory.
-                    let _ = map.advise(Advice::HugePage);
-                    if bytemuck::try_cast_slice::<u8, f32>(&map).is_ok() {
-                        Buffer::Mapped(map)
-                    } else {
-                        Buffer::Heap(vec![0.0; len])
-                    }
-                }
-                Err(_) => Buffer::Heap(vec![0.0; len]),
+        let mapped = (bytes >= MAPPED_FROM)
+            .then(|| MmapMut::map_anon(bytes).ok())
+            .flatten()
+            .filter(|map| bytemuck::try_cast_slice::<u8, f32>(map).is_ok());
+        let data = match mapped {
+            Some(map) => {
+                // Advice only: without huge pages the mapping is ordinary zeroed memory.
+                let _ = map.advise(Advice::HugePage);
+                Buffer::Mapped(map)
             }
-        } else {
-            Buffer::Heap(vec![0.0; len])
+            None => Buffer::Heap(vec![0.0; len]),
         };
         Self { data, rows, vocab }
     }

@@ -73,7 +73,8 @@ pub(crate) struct Moe<B: Backend> {
 }
 
 impl<B: Backend> Moe<B> {
-    pub(crate) fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    /// `host`: the backend is a CPU one ([`crate::head::runs_on_host`]).
+    pub(crate) fn forward(&self, x: Tensor<B, 2>, host: bool) -> Tensor<B, 2> {
         let [rows, h] = x.dims();
         let e = self.experts.len();
         let device = x.device();
@@ -110,13 +111,13 @@ impl<B: Backend> Moe<B> {
             let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [m]), &device);
             let w = Tensor::<B, 2>::from_data(TensorData::new(w, [m, 1]), (&device, dtype));
             let y = expert
-                .forward(x.clone().select(0, gathered))
+                .forward(x.clone().select(0, gathered), host)
                 .narrow(0, 0, m)
                 * w;
             out = out.select_assign(0, idx, y, IndexingUpdateOp::Add);
         }
         match &self.shared {
-            Some(s) => out + s.forward(x),
+            Some(s) => out + s.forward(x, host),
             None => out,
         }
     }
