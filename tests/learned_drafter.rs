@@ -7,10 +7,10 @@
 use burn_autodiff::Autodiff;
 use burn_flex::Flex;
 use spot_core::toy::{ToyConfig, ToyModel};
-use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder};
+use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_drafter::{
-    LearnedScorer, OrderModel, OrderModelConfig, SpiffyGraph, SpiffyScorer, TrainConfig, record,
-    train,
+    Calibrated, LearnedScorer, OrderModel, OrderModelConfig, SpiffyGraph, SpiffyScorer,
+    TokenCalibration, TrainConfig, record, train,
 };
 
 type B = Flex<f32>;
@@ -86,10 +86,12 @@ fn nfe_checked(
 #[test]
 fn learned_drafter_is_exact() {
     let untrained = OrderModel::<B>::init(net_cfg(), 4, &Default::default());
+    // Half at T = 0, half at T = 1: one token calibration per temperature.
     let trajs: Vec<_> = (100..130u64)
         .map(|seed| {
             let prompt: Vec<u32> = (1..8).map(|x| (x + seed as u32) % 60 + 1).collect();
-            record(&mut toy(seed), &prompt, &cfg(0.0), "t").unwrap().1
+            let t = (seed % 2) as f32;
+            record(&mut toy(seed), &prompt, &cfg(t), "t").unwrap().1
         })
         .collect();
     let tc = TrainConfig {
@@ -103,6 +105,21 @@ fn learned_drafter_is_exact() {
     let (trained, reports) =
         train::<Autodiff<B>>(&trajs, net_cfg(), &tc, &Default::default(), &mut ()).unwrap();
     let acc = &reports.last().unwrap().heldout;
+    let cals = &trained.config().token_calibration_by_temperature;
+    let temps: Vec<_> = cals.iter().map(|c| c.temperature).collect();
+    assert_eq!(temps, [Some(0.0), Some(1.0)]);
+    // The baselines with the same calibration (only the order differs from SPOT's) are exact.
+    for t in [0.0, 1.0] {
+        let make = || {
+            SpotDecoder::builder()
+                .budget(8)
+                .scorer(Calibrated::new(StaleConfidenceScorer, cals.clone()))
+                .build()
+                .unwrap()
+        };
+        let nfe = nfe_checked(&make, 0..6, t, "calibrated blockspec D=8");
+        eprintln!("T={t} D=8: calibrated blockspec NFE {nfe}");
+    }
     for t in [0.0, 1.0] {
         for budget in [4, 12] {
             let before = total_nfe(&untrained, 0..6, t, budget);
@@ -126,18 +143,29 @@ fn spiffy_graph_is_exact() {
         })
         .collect();
     let graph = SpiffyGraph::calibrate(&trajs, 6, 64).unwrap();
-    for t in [0.0, 1.0] {
+    // With and without token calibration (none: Spiffy's own weight-1 stale tokens).
+    let refs: Vec<_> = trajs.iter().collect();
+    let fitted = TokenCalibration::fit_per_temperature(&refs, 7);
+    for (cals, t) in [
+        (Vec::new(), 0.0),
+        (Vec::new(), 1.0),
+        (fitted.clone(), 0.0),
+        (fitted, 1.0),
+    ] {
         for budget in [4, 12] {
             let make = || {
                 SpotDecoder::builder()
                     .budget(budget)
                     .max_depth(graph.max_depth)
-                    .scorer(SpiffyScorer::new(&graph))
+                    .scorer(Calibrated::new(SpiffyScorer::new(&graph), cals.clone()))
                     .build()
                     .unwrap()
             };
             let nfe = nfe_checked(&make, 0..6, t, &format!("spiffy D={budget}"));
-            eprintln!("T={t} D={budget}: spiffy NFE {nfe}");
+            eprintln!(
+                "T={t} D={budget}: spiffy NFE {nfe} ({} calibrations)",
+                cals.len()
+            );
         }
     }
 }

@@ -81,6 +81,11 @@ pub struct BenchArgs {
     /// Spiffy graph (default: the model folder's `spiffy-graph.json`).
     #[arg(long)]
     spiffy: Option<PathBuf>,
+    /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
+    /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
+    /// so that they differ from `spot` only in the commit order).
+    #[arg(long)]
+    uncalibrated_baselines: bool,
     /// Mass floor of `spot-gamma`.
     #[arg(long, default_value_t = 0.02)]
     spot_gamma: f32,
@@ -173,6 +178,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         dir: &dir,
         drafter: a.drafter.as_deref(),
         spiffy: a.spiffy.as_deref(),
+        calibrate_baselines: !a.uncalibrated_baselines,
     };
     let (spec, skipped) = runnable(a, &files)?;
     let mut model = load(&dir, a.dtype)?;

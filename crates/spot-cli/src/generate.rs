@@ -83,6 +83,11 @@ pub struct GenerateArgs {
     /// Spiffy graph for `--method spiffy` (default: `spiffy-graph.json` in the model folder).
     #[arg(long)]
     spiffy: Option<PathBuf>,
+    /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
+    /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
+    /// so that they differ from `spot` only in the commit order).
+    #[arg(long)]
+    uncalibrated_baselines: bool,
     /// Mass floor γ for speculative methods other than `spot-gamma`.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     gamma: f32,
@@ -201,6 +206,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
             dir: &dir,
             drafter: a.drafter.as_deref(),
             spiffy: a.spiffy.as_deref(),
+            calibrate_baselines: !a.uncalibrated_baselines,
         },
     )?;
     if let Some(path) = &a.prompts {

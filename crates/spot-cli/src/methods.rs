@@ -10,7 +10,9 @@ use spot_dlm::{
     BlockDiffusionModel, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace, DraftFreeDecoder,
     OracleScorer, Request, SpotDecoder, SpotReport, StaleConfidenceScorer, Strategy, run_request,
 };
-use spot_drafter::{LearnedScorer, OrderModel, SpiffyGraph, SpiffyScorer};
+use spot_drafter::{
+    Calibrated, LearnedScorer, OrderModel, SpiffyGraph, SpiffyScorer, TokenCalibration,
+};
 
 use crate::Backend;
 
@@ -85,6 +87,9 @@ pub struct DraftFiles<'a> {
     pub drafter: Option<&'a Path>,
     /// `--spiffy`.
     pub spiffy: Option<&'a Path>,
+    /// Whether `blockspec` and `spiffy` take the drafter checkpoint's token calibration (when
+    /// it exists; `--uncalibrated-baselines` turns it off).
+    pub calibrate_baselines: bool,
 }
 
 impl DraftFiles<'_> {
@@ -151,6 +156,8 @@ pub fn missing_hint(method: Method) -> &'static str {
 pub struct Drafters {
     net: Option<OrderModel<Backend>>,
     spiffy: Option<SpiffyGraph>,
+    /// Token calibrations for the baselines (empty: their papers' token weights).
+    calibration: Vec<TokenCalibration>,
 }
 
 impl Drafters {
@@ -173,6 +180,22 @@ impl Drafters {
                 spot_drafter::checkpoint::load::<Backend>(&p, &crate::backend::device()?)
                     .with_context(|| format!("loading drafter {}", p.display()))?,
             );
+        }
+        let baseline = methods
+            .iter()
+            .any(|m| matches!(m, Method::Blockspec | Method::Spiffy));
+        let drafter_json = files
+            .needed(Method::Spot)
+            .into_iter()
+            .nth(1)
+            .filter(|p| p.is_file());
+        if let Some(p) = drafter_json.filter(|_| baseline && files.calibrate_baselines) {
+            let cfg = spot_drafter::checkpoint::load_config(&files.needed(Method::Spot)[0])
+                .with_context(|| {
+                    format!("loading the baselines' token calibration {}", p.display())
+                })?;
+            d.calibration = cfg.token_calibration_by_temperature;
+            d.calibration.extend(cfg.token_calibration);
         }
         if let Some(p) = first(Method::Spiffy).filter(|_| methods.contains(&Method::Spiffy)) {
             d.spiffy = Some(
@@ -210,7 +233,10 @@ pub fn strategy(
     let b = match method {
         Method::Df | Method::Threshold => return Ok(Strategy::draft_free()),
         Method::Ssd => b.chain(),
-        Method::Blockspec => b.scorer(StaleConfidenceScorer),
+        Method::Blockspec => b.scorer(Calibrated::new(
+            StaleConfidenceScorer,
+            drafters.calibration.clone(),
+        )),
         Method::Spot | Method::SpotGamma => {
             let Some(net) = &drafters.net else {
                 bail!("--method {} needs a drafter checkpoint", method.name());
@@ -226,7 +252,11 @@ pub fn strategy(
             let Some(g) = &drafters.spiffy else {
                 bail!("--method spiffy needs a calibrated graph (spot calibrate-spiffy)");
             };
-            b.scorer(SpiffyScorer::new(g)).max_depth(g.max_depth)
+            b.scorer(Calibrated::new(
+                SpiffyScorer::new(g),
+                drafters.calibration.clone(),
+            ))
+            .max_depth(g.max_depth)
         }
         Method::Oracle => {
             let owned;

@@ -28,18 +28,22 @@ pub struct TrainArgs {
     /// Examples per Adam step.
     #[arg(long, default_value_t = 256)]
     batch_size: usize,
-    /// Adam learning rate.
+    /// Peak Adam learning rate (linear warm-up over 2% of the steps, then cosine decay to a
+    /// tenth of it).
     #[arg(long, default_value_t = 3e-4)]
     lr: f64,
     /// Deepest replay depth of Algorithm 1.
     #[arg(long, default_value_t = 7)]
     max_depth: usize,
-    /// Share of trajectories held out (the last ones).
+    /// Share of trajectories held out (spread evenly over the interleaved list).
     #[arg(long, default_value_t = 0.1)]
     holdout: f64,
     /// Training examples per epoch (a seeded sample; default: all).
     #[arg(long)]
     max_examples: Option<usize>,
+    /// Held-out examples evaluated after each epoch (a fixed seeded sample; default: all).
+    #[arg(long)]
+    max_heldout: Option<usize>,
     /// Continue from this checkpoint's weights (same shape) instead of a fresh network.
     #[arg(long)]
     init: Option<PathBuf>,
@@ -129,6 +133,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         holdout: a.holdout,
         seed: a.seed,
         max_examples: a.max_examples,
+        max_heldout: a.max_heldout,
     };
     eprintln!(
         "{} trajectories from {:?}; network {} parameters",

@@ -272,6 +272,7 @@ impl StepStrategy for SpotDecoder {
             stale,
             block_start: block.start(),
             noise: (block.query().temperature > 0.0).then_some(block.query().noise),
+            temperature: block.query().temperature,
         };
         let t0 = Instant::now();
         let tree = match &mut self.drafter {

@@ -11,7 +11,8 @@ use crate::trajectory::{Trajectory, examples};
 /// For an example at depth `d` (root `x_t` plus `d` true commits, stale statistics of step
 /// `t - 1`), the target commits token `v*` at position `s*`. `top1[d]` counts examples where
 /// the stale choice at `s*` was `v*` (the tree's first token hypothesis), `runner_up[d]` those
-/// where the stale runner-up was (the hedge).
+/// where the hedge was (the runner-up of the decoder's choice rule: the noised runner-up under
+/// `T > 0`, the most probable other token at `T = 0`).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TokenHits {
     /// Examples per depth.
@@ -59,7 +60,7 @@ pub fn token_hits(trajs: &[Trajectory], max_depth: usize) -> TokenHits {
                 return;
             };
             h.top1[d] += usize::from(p.token == ex.token);
-            h.runner_up[d] += usize::from(p.runner_up == ex.token && p.token != ex.token);
+            h.runner_up[d] += usize::from(p.hedge == ex.token && p.token != ex.token);
             h.top1_prob_sum[d] += f64::from(p.top_probs.first().copied().unwrap_or(0.0));
         });
     }
@@ -87,14 +88,17 @@ pub struct TokenCalibration {
     /// confidence in bin `b` whose committed token was the stale choice (Laplace-smoothed;
     /// fitted tables are non-decreasing in confidence, adjacent bins pooled where needed).
     pub top1: Vec<Vec<f32>>,
-    /// The same for the stale runner-up (the most probable other token); fitted tables are
-    /// non-increasing in confidence.
+    /// The same for the hedge (the runner-up of the decoder's choice rule; the noised
+    /// runner-up under `T > 0`); fitted tables are non-increasing in confidence.
     pub runner_up: Vec<Vec<f32>>,
+    /// The decoding temperature of the trajectories it was fitted on (`None`: any, mixed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
 }
 
 impl TokenCalibration {
     /// Measures the hit rates on `trajs` for depths `0..=max_depth`.
-    pub fn fit(trajs: &[Trajectory], max_depth: usize) -> Self {
+    pub fn fit<'a>(trajs: impl IntoIterator<Item = &'a Trajectory>, max_depth: usize) -> Self {
         let (nd, nb) = (max_depth + 1, CALIBRATION_EDGES.len());
         let mut n = vec![vec![0u64; nb]; nd];
         let mut h1 = vec![vec![0u64; nb]; nd];
@@ -107,7 +111,7 @@ impl TokenCalibration {
                 let b = bin(&CALIBRATION_EDGES, p.confidence);
                 n[ex.depth][b] += 1;
                 h1[ex.depth][b] += u64::from(p.token == ex.token);
-                h2[ex.depth][b] += u64::from(p.runner_up == ex.token && p.token != ex.token);
+                h2[ex.depth][b] += u64::from(p.hedge == ex.token && p.token != ex.token);
             });
         }
         // The stale choice survives more often the more confident it was, and the runner-up
@@ -122,7 +126,27 @@ impl TokenCalibration {
             edges: CALIBRATION_EDGES.to_vec(),
             top1: rate(&h1, true),
             runner_up: rate(&h2, false),
+            temperature: None,
         }
+    }
+
+    /// One calibration per distinct decoding temperature of `trajs` (each fitted on the
+    /// trajectories decoded at that temperature, with its `temperature` set), by ascending
+    /// temperature.
+    pub fn fit_per_temperature(trajs: &[&Trajectory], max_depth: usize) -> Vec<Self> {
+        let mut temps: Vec<f32> = trajs.iter().map(|t| t.temperature).collect();
+        temps.sort_by(f32::total_cmp);
+        temps.dedup();
+        temps
+            .into_iter()
+            .map(|temp| {
+                let group = trajs.iter().copied().filter(|t| t.temperature == temp);
+                Self {
+                    temperature: Some(temp),
+                    ..Self::fit(group, max_depth)
+                }
+            })
+            .collect()
     }
 
     /// Whether the tables are well formed (used when loading a checkpoint).
@@ -134,6 +158,12 @@ impl TokenCalibration {
             .all(|w| w[0].partial_cmp(&w[1]) == Some(std::cmp::Ordering::Less));
         if nb == 0 || !ascending || self.edges[nb - 1] != 1.0 {
             return Err("token_calibration.edges must ascend and end at 1".into());
+        }
+        if self
+            .temperature
+            .is_some_and(|t| !(t.is_finite() && t >= 0.0))
+        {
+            return Err("token_calibration.temperature must be finite and non-negative".into());
         }
         for (name, t) in [("top1", &self.top1), ("runner_up", &self.runner_up)] {
             if t.is_empty() || t.iter().any(|row| row.len() != nb) {
@@ -163,7 +193,7 @@ impl TokenCalibration {
         self.lookup(&self.top1, depth, confidence)
     }
 
-    /// Chance that the stale runner-up is committed instead.
+    /// Chance that the hedge (the choice rule's runner-up) is committed instead.
     pub fn runner_up(&self, depth: usize, confidence: f32) -> f32 {
         self.lookup(&self.runner_up, depth, confidence)
     }
@@ -173,6 +203,19 @@ impl TokenCalibration {
 /// (their counts summed) until the rates are monotone in the bin order: non-decreasing when
 /// `increasing`, else non-increasing (pool-adjacent-violators; an empty bin adds no counts to
 /// the pool it joins).
+/// The table of `tables` for decoding at `temperature`: the one fitted at the nearest
+/// temperature, else (no table has one) the first.
+pub fn nearest_calibration(
+    tables: &[TokenCalibration],
+    temperature: f32,
+) -> Option<&TokenCalibration> {
+    let dist = |c: &TokenCalibration| {
+        c.temperature
+            .map_or(f32::INFINITY, |t| (t - temperature).abs())
+    };
+    tables.iter().min_by(|a, b| dist(a).total_cmp(&dist(b)))
+}
+
 fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> Vec<f32> {
     let rate = |h: u64, n: u64| (h as f64 + 1.0) / (n as f64 + 2.0);
     // Pools as (hits, count, bins).

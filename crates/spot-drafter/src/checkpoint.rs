@@ -100,8 +100,9 @@ pub fn save<B: Backend>(model: &OrderModel<B>, weights: &Path) -> Result<(), Dra
     std::fs::write(&cpath, json + "\n").map_err(io(&cpath))
 }
 
-/// Reads a checkpoint written by [`save`].
-pub fn load<B: Backend>(weights: &Path, device: &B::Device) -> Result<OrderModel<B>, DrafterError> {
+/// Reads and checks the JSON config of the checkpoint `weights` (`NAME.json` next to it)
+/// without its weights, e.g. for its token calibrations.
+pub fn load_config(weights: &Path) -> Result<OrderModelConfig, DrafterError> {
     let cpath = config_path(weights);
     let text = std::fs::read_to_string(&cpath).map_err(|source| DrafterError::Io {
         path: cpath.clone(),
@@ -112,9 +113,15 @@ pub fn load<B: Backend>(weights: &Path, device: &B::Device) -> Result<OrderModel
         reason: e.to_string(),
     })?;
     cfg.check().map_err(|reason| DrafterError::Config {
-        path: cpath.clone(),
+        path: cpath,
         reason,
     })?;
+    Ok(cfg)
+}
+
+/// Reads a checkpoint written by [`save`].
+pub fn load<B: Backend>(weights: &Path, device: &B::Device) -> Result<OrderModel<B>, DrafterError> {
+    let cfg = load_config(weights)?;
     let bytes = std::fs::read(weights).map_err(|source| DrafterError::Io {
         path: weights.to_path_buf(),
         source,

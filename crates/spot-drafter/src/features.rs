@@ -1,4 +1,4 @@
-//! The order model's input: 74 features per block position.
+//! The order model's input: 78 features per block position (version 3).
 //!
 //! For a hypothesised state `y` at depth `d` below the round's root, with the round's stale
 //! statistics `p~` (the target's output at the root's parent), position `s` of the block gets:
@@ -17,13 +17,18 @@
 //! | 71 | fraction of the block still masked in `y` |
 //! | 72 | 1 when `s` is committed in `y` (in the root or along the path), else 0 |
 //! | 73 | path depth `d / 8` |
+//! | 74 | `ln` of the stale confidence (feature 65), floored at `ln 1e-10`: the score a version-3 network adds its output to, so an untrained one ranks like stale confidence |
+//! | 75 | noised margin of `s` ([`noised_margin`]), capped at [`MARGIN_CAP`] |
+//! | 76 | `ln` of the hedge's stale probability (the noised runner-up), floored |
+//! | 77 | the decoding temperature, capped at 4 |
 //!
-//! Features 0..68 are zero at positions committed in `y` and at positions without stale
+//! Version-2 checkpoints read the first 74 ([`write_features`] writes as many as the network
+//! reads). Features 0..68 and 74..77 are zero at positions committed in `y` and at positions without stale
 //! statistics; only the position and path features describe them. Under `T > 0` the stale
 //! statistics are the target's own tempered, noise-coupled ones (the confidence of the noised
 //! choice), so the drafter sees exactly what the target's decoder would.
 
-use spot_core::{BlockStats, TokenId};
+use spot_core::{GumbelNoise, TokenId};
 
 /// Version of the feature definition; checkpoints record it and refuse a mismatch.
 ///
@@ -31,13 +36,57 @@ use spot_core::{BlockStats, TokenId};
 /// readable from features 0 and 1), with the confidence of the stale choice, which differs from
 /// the top-1 probability under `T > 0` and tells the network which position the target's
 /// sampler favours.
-pub const FEATURES_VERSION: u32 = 2;
+///
+/// Version 3 (this one) appended the log stale confidence, the noised margin, the hedge's log
+/// probability and the temperature (features 74-77); version-2 checkpoints still load and read
+/// the first 74.
+pub const FEATURES_VERSION: u32 = 3;
+
+/// The previous version, still read by [`write_features`] for older checkpoints.
+pub const FEATURES_VERSION_2: u32 = 2;
+
+/// Features a version-2 network reads.
+pub const N_FEATURES_V2: usize = 2 * TOP_K + 10;
 
 /// Number of stale probabilities read per position.
 pub const TOP_K: usize = 32;
 
 /// Features per position.
-pub const N_FEATURES: usize = 2 * TOP_K + 10;
+pub const N_FEATURES: usize = N_FEATURES_V2 + 4;
+
+/// Cap of the noised-margin feature (also its value when the choice has no runner-up).
+pub const MARGIN_CAP: f32 = 20.0;
+
+/// The noised margin of the decoder's choice at a position: by how much the choice's noised
+/// score `ln p~(v) + G[position, v]` exceeds the hedge's (the runner-up of the same rule,
+/// [`spot_tree::noised_runner_up`]); without noise (`T = 0`) `ln p~(top-1) − ln p~(top-2)`.
+/// It is how far the tempered log-probabilities must move before the target's choice flips.
+/// `choice` and `hedge` are (token, stale probability); [`MARGIN_CAP`] when there is no hedge,
+/// clamped to `[0, MARGIN_CAP]`.
+///
+/// ```
+/// use spot_drafter::features::noised_margin;
+/// let m = noised_margin((4, 0.5), Some((7, 0.25)), 0, None);
+/// assert!((m - 2f32.ln()).abs() < 1e-6);
+/// assert_eq!(noised_margin((4, 0.9), None, 0, None), spot_drafter::features::MARGIN_CAP);
+/// ```
+pub fn noised_margin(
+    choice: (TokenId, f32),
+    hedge: Option<(TokenId, f32)>,
+    position: u64,
+    noise: Option<GumbelNoise>,
+) -> f32 {
+    let Some(hedge) = hedge else {
+        return MARGIN_CAP;
+    };
+    let score =
+        |(id, p): (TokenId, f32)| p.max(1e-30).ln() + noise.map_or(0.0, |g| g.value(position, id));
+    let m = score(choice) - score(hedge);
+    if m.is_nan() {
+        return MARGIN_CAP;
+    }
+    m.clamp(0.0, MARGIN_CAP)
+}
 
 /// Floor of the log-probability features.
 const LOG_FLOOR: f32 = -23.025_85; // ln(1e-10)
@@ -53,6 +102,10 @@ pub struct PositionStale<'a> {
     pub tail_mass: f32,
     /// The decoder's confidence at this position.
     pub confidence: f32,
+    /// Stale probability of the hedge (the choice rule's runner-up; 0 when none).
+    pub hedge_prob: f32,
+    /// [`noised_margin`] of the choice over the hedge.
+    pub margin: f32,
 }
 
 /// Where stale statistics come from: the live [`BlockStats`] of a round, or a stored step.
@@ -61,23 +114,66 @@ pub trait StaleSource {
     fn position(&self, s: usize) -> Option<PositionStale<'_>>;
 }
 
-impl StaleSource for BlockStats {
+/// The live stale statistics of a round as a [`StaleSource`]: the [`BlockStats`] plus the
+/// hedge and the noised margin of every position, computed once under the round's noise.
+///
+/// [`BlockStats`]: spot_core::BlockStats
+#[derive(Debug)]
+pub struct LiveStale<'a> {
+    stats: &'a spot_core::BlockStats,
+    hedge_prob: Vec<f32>,
+    margin: Vec<f32>,
+}
+
+impl<'a> LiveStale<'a> {
+    /// The round's stale statistics `stats` of the block starting at absolute position
+    /// `block_start`, under `noise` (`None` at `T = 0`).
+    pub fn new(
+        stats: &'a spot_core::BlockStats,
+        block_start: usize,
+        noise: Option<GumbelNoise>,
+        mask: TokenId,
+    ) -> Self {
+        let (mut hedge_prob, mut margin) = (Vec::new(), Vec::new());
+        for s in 0..stats.len() {
+            let position = (block_start + s) as u64;
+            let hedge = spot_tree::noised_runner_up(stats, s, position, noise, mask);
+            hedge_prob.push(hedge.map_or(0.0, |h| h.1));
+            margin.push(noised_margin(
+                (stats.token(s), stats.confidence(s)),
+                hedge,
+                position,
+                noise,
+            ));
+        }
+        Self {
+            stats,
+            hedge_prob,
+            margin,
+        }
+    }
+}
+
+impl StaleSource for LiveStale<'_> {
     fn position(&self, s: usize) -> Option<PositionStale<'_>> {
-        if s >= self.len() {
+        if s >= self.stats.len() {
             return None;
         }
         Some(PositionStale {
-            top_probs: self.top(s).1,
-            entropy: self.entropy(s),
-            tail_mass: self.tail_mass(s),
-            confidence: self.confidence(s),
+            top_probs: self.stats.top(s).1,
+            entropy: self.stats.entropy(s),
+            tail_mass: self.stats.tail_mass(s),
+            confidence: self.stats.confidence(s),
+            hedge_prob: self.hedge_prob[s],
+            margin: self.margin[s],
         })
     }
 }
 
-/// Writes the features of every position of `y` into `out[s * N_FEATURES..]`.
-///
-/// `out` must hold `y.len() * N_FEATURES` values; it is overwritten.
+/// Writes the features of every position of `y` into `out[s * F..]`, where `F` (the features
+/// per position the network reads: [`N_FEATURES`], or [`N_FEATURES_V2`] for a version-2
+/// checkpoint) is `out.len() / y.len()`; the first `F` features of the table above are written
+/// and `out` is overwritten. `temperature` is the target's decoding temperature.
 ///
 /// ```
 /// use spot_drafter::{N_FEATURES, PositionStale, StaleSource, write_features};
@@ -86,28 +182,36 @@ impl StaleSource for BlockStats {
 /// impl StaleSource for Flat {
 ///     fn position(&self, s: usize) -> Option<PositionStale<'_>> {
 ///         let p = self.0.get(s)?;
-///         Some(PositionStale { top_probs: std::slice::from_ref(p), entropy: 0.0, tail_mass: 1.0 - p, confidence: *p })
+///         Some(PositionStale {
+///             top_probs: std::slice::from_ref(p), entropy: 0.0, tail_mass: 1.0 - p,
+///             confidence: *p, hedge_prob: 0.0, margin: 20.0,
+///         })
 ///     }
 /// }
 /// const M: u32 = 9;
 /// let y = [M, 4, M, M];
 /// let mut out = vec![0.0; y.len() * N_FEATURES];
-/// write_features(&Flat(vec![0.5, 0.9, 0.2, 0.7]), &y, M, 1, &mut out);
+/// write_features(&Flat(vec![0.5, 0.9, 0.2, 0.7]), &y, M, 1, 1.0, &mut out);
 /// assert_eq!(out[0], 0.5); // top-1 probability of position 0
 /// assert_eq!(out[N_FEATURES + 72], 1.0); // position 1 is committed
 /// assert_eq!(out[3 * N_FEATURES + 67], 0.0); // position 3: the most confident masked one
 /// assert_eq!(out[67], 0.5); // position 0: the 2nd of 3
+/// assert_eq!(out[74], 0.5f32.ln()); // the residual base: ln confidence
+/// assert_eq!(out[77], 1.0); // temperature
 /// ```
 pub fn write_features(
     stale: &dyn StaleSource,
     y: &[TokenId],
     mask_id: TokenId,
     depth: usize,
+    temperature: f32,
     out: &mut [f32],
 ) {
     let l = y.len();
-    debug_assert_eq!(out.len(), l * N_FEATURES);
+    let width = out.len().checked_div(l).unwrap_or(0).min(N_FEATURES);
+    debug_assert_eq!(out.len(), l * width);
     out.fill(0.0);
+    let mut all = [0.0f32; N_FEATURES];
     let masked: Vec<usize> = (0..l).filter(|&s| y[s] == mask_id).collect();
     let n_masked = masked.len();
     let frac_masked = if l == 0 {
@@ -140,41 +244,79 @@ pub fn write_features(
     let lf = l as f32;
     let rel_den = (l.saturating_sub(1)).max(1) as f32;
     let rank_den = (n_masked.saturating_sub(1)).max(1) as f32;
+    let temperature = if temperature.is_finite() {
+        temperature.clamp(0.0, 4.0)
+    } else {
+        0.0
+    };
     for s in 0..l {
-        let f = &mut out[s * N_FEATURES..(s + 1) * N_FEATURES];
+        all.fill(0.0);
+        let f = &mut all;
+        f[77] = temperature;
         f[68] = s as f32 / rel_den;
         f[69] = left[s].map_or(1.0, |j| (s - j) as f32 / lf);
         f[70] = right[s].map_or(1.0, |j| (j - s) as f32 / lf);
         f[71] = frac_masked;
         f[73] = depth as f32 / 8.0;
-        if y[s] != mask_id {
+        let p = if y[s] == mask_id {
+            stale.position(s)
+        } else {
             f[72] = 1.0;
-            continue;
-        }
-        let Some(p) = stale.position(s) else {
-            continue;
+            None
         };
-        let k = p.top_probs.len().min(TOP_K);
-        for (j, &q) in p.top_probs[..k].iter().enumerate() {
-            f[j] = q;
-            f[TOP_K + j] = q.max(1e-10).ln().max(LOG_FLOOR);
+        match p {
+            Some(p) => position_features(&p, &masked, &conf, s, rank_den, f),
+            // Masked without statistics: the least confident.
+            None if y[s] == mask_id => f[74] = LOG_FLOOR,
+            None => {}
         }
-        for j in k..TOP_K {
-            f[TOP_K + j] = LOG_FLOOR;
-        }
-        f[64] = p.entropy;
-        f[65] = p.confidence;
-        f[66] = p.tail_mass;
-        let c = p.confidence;
-        let rank = masked
-            .iter()
-            .filter(|&&j| {
-                let cj = conf(j);
-                cj > c || (cj == c && j < s)
-            })
-            .count();
-        f[67] = rank as f32 / rank_den;
+        out[s * width..(s + 1) * width].copy_from_slice(&all[..width]);
     }
+}
+
+/// The stale-statistics features (0..68, 74..77) of masked position `s`.
+fn position_features(
+    p: &PositionStale<'_>,
+    masked: &[usize],
+    conf: &dyn Fn(usize) -> f32,
+    s: usize,
+    rank_den: f32,
+    f: &mut [f32; N_FEATURES],
+) {
+    let k = p.top_probs.len().min(TOP_K);
+    for (j, &q) in p.top_probs[..k].iter().enumerate() {
+        f[j] = q;
+        f[TOP_K + j] = log_floored(q);
+    }
+    for j in k..TOP_K {
+        f[TOP_K + j] = LOG_FLOOR;
+    }
+    f[64] = p.entropy;
+    f[65] = p.confidence;
+    f[66] = p.tail_mass;
+    let c = p.confidence;
+    let rank = masked
+        .iter()
+        .filter(|&&j| {
+            let cj = conf(j);
+            cj > c || (cj == c && j < s)
+        })
+        .count();
+    f[67] = rank as f32 / rank_den;
+    f[74] = log_floored(c);
+    f[75] = if p.margin.is_nan() {
+        MARGIN_CAP
+    } else {
+        p.margin.clamp(0.0, MARGIN_CAP)
+    };
+    f[76] = log_floored(p.hedge_prob);
+}
+
+fn log_floored(p: f32) -> f32 {
+    if p.is_nan() {
+        return LOG_FLOOR;
+    }
+    p.max(1e-10).ln().max(LOG_FLOOR)
 }
 
 #[cfg(test)]
@@ -189,6 +331,8 @@ mod tests {
                 entropy: 1.5,
                 tail_mass: 0.01,
                 confidence: *c,
+                hedge_prob: p.get(1).copied().unwrap_or(0.0),
+                margin: 0.5,
             })
         }
     }
@@ -204,7 +348,7 @@ mod tests {
         ]);
         let y = [M, 7, M, M];
         let mut out = vec![f32::NAN; 4 * N_FEATURES];
-        write_features(&src, &y, M, 3, &mut out);
+        write_features(&src, &y, M, 3, 7.0, &mut out);
         assert!(out.iter().all(|v| v.is_finite()));
         let f = |s: usize, j: usize| out[s * N_FEATURES + j];
         assert_eq!((f(0, 0), f(0, 1), f(0, 2)), (0.6, 0.3, 0.0));
@@ -226,11 +370,27 @@ mod tests {
         assert_eq!((f(2, 69), f(2, 70)), (0.25, 1.0));
         assert_eq!(f(3, 71), 0.75);
         assert_eq!(f(3, 73), 3.0 / 8.0);
+        // version 3: ln confidence, margin, ln hedge probability, temperature (capped at 4)
+        assert_eq!(
+            (f(0, 74), f(0, 75), f(0, 76)),
+            (0.6f32.ln(), 0.5, 0.3f32.ln())
+        );
+        assert_eq!((f(1, 74), f(1, 75), f(1, 76)), (0.0, 0.0, 0.0));
+        assert_eq!((f(0, 77), f(1, 77)), (4.0, 4.0));
+        // a version-2 network reads the first 74 of each position
+        let mut v2 = vec![f32::NAN; 4 * N_FEATURES_V2];
+        write_features(&src, &y, M, 3, 7.0, &mut v2);
+        for s in 0..4 {
+            assert_eq!(
+                &v2[s * N_FEATURES_V2..(s + 1) * N_FEATURES_V2],
+                &out[s * N_FEATURES..s * N_FEATURES + N_FEATURES_V2]
+            );
+        }
     }
 
     #[test]
     fn live_block_stats_are_a_source() {
-        let mut st = BlockStats::new(2);
+        let mut st = spot_core::BlockStats::new(2);
         st.push(spot_core::stats::PositionStats {
             token: 3,
             confidence: 0.7,
@@ -241,11 +401,18 @@ mod tests {
             top_probs: &[0.7, 0.2],
         })
         .unwrap();
-        let p = st.position(0).unwrap();
+        let live = LiveStale::new(&st, 64, None, 99);
+        let p = live.position(0).unwrap();
         assert_eq!(
-            (p.top_probs, p.confidence, p.entropy),
-            (&[0.7, 0.2][..], 0.7, 0.9)
+            (p.top_probs, p.confidence, p.entropy, p.hedge_prob),
+            (&[0.7, 0.2][..], 0.7, 0.9, 0.2)
         );
-        assert!(st.position(1).is_none());
+        assert!((p.margin - (0.7f32 / 0.2).ln()).abs() < 1e-6);
+        assert!(live.position(1).is_none());
+        // Under noise the margin is the noised scores' difference, never negative.
+        let g = GumbelNoise::new(5);
+        let live = LiveStale::new(&st, 64, Some(g), 99);
+        let want = 0.7f32.ln() + g.value(64, 3) - 0.2f32.ln() - g.value(64, 4);
+        assert!((live.position(0).unwrap().margin - want.clamp(0.0, MARGIN_CAP)).abs() < 1e-5);
     }
 }

@@ -5,7 +5,7 @@
 //! figures: `docs/drafter.md` in the repository). This crate
 //! holds the parts that need no tensor library:
 //!
-//! - [`features`]: the 74 features per block position the order model reads, computed the
+//! - [`features`]: the 78 features per block position the order model reads, computed the
 //!   same way at training time (from stored trajectories) and at decode time (from the live
 //!   stale [`BlockStats`](spot_core::BlockStats));
 //! - [`trajectory`]: draft-free decoding trajectories (per step, the stale statistics and the
@@ -33,14 +33,15 @@ pub mod spiffy;
 pub mod train;
 pub mod trajectory;
 
-pub use analysis::{TokenCalibration, TokenHits, token_hits};
+pub use analysis::{TokenCalibration, TokenHits, nearest_calibration, token_hits};
 pub use checkpoint::DrafterError;
 pub use collect::{CollectError, Manifest, TrajectoryDir};
 pub use features::{
-    FEATURES_VERSION, N_FEATURES, PositionStale, StaleSource, TOP_K, write_features,
+    FEATURES_VERSION, LiveStale, N_FEATURES, PositionStale, StaleSource, TOP_K, noised_margin,
+    write_features,
 };
 pub use network::{OrderModel, OrderModelConfig};
-pub use scorer::LearnedScorer;
+pub use scorer::{Calibrated, LearnedScorer};
 pub use spiffy::{SpiffyGraph, SpiffyScorer};
 pub use train::{
     Accuracy, EpochReport, TrainConfig, TrainObserver, evaluate_on, train, train_from,

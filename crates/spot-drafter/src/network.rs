@@ -1,11 +1,18 @@
 //! The order network `q_φ(s | y)`: a 3-layer transformer encoder over the block's positions.
 //!
-//! Input `[N, L, 74]` features ([`crate::features`]); a linear embedding to `d_model` plus a
+//! Input `[N, L, 78]` features ([`crate::features`]); a linear embedding to `d_model` plus a
 //! learned position embedding; `layers` pre-norm encoder layers (multi-head self-attention over
 //! all `L` positions, GELU feed-forward); a final LayerNorm and a linear head to one score per
 //! position. Scores of positions committed in `y` are excluded by the caller (softmax over the
 //! masked positions). Default shape (d_model 128, 8 heads, FFN 512, 3 layers, L = 32):
-//! 608,897 parameters.
+//! 609,410 parameters.
+//!
+//! **Residual on stale confidence (features version 3).** The score of position `s` is
+//! `β · ln c_s + f(x)_s`, where `c_s` is the stale confidence (feature 74), `β` a learned scalar
+//! (`base_scale`, initially 1) and the head of `f` starts at zero: an untrained network ranks
+//! positions exactly by stale confidence (`q(s | y) ∝ c_s`), the training-free baseline it has
+//! to beat, and training learns only the correction. Version-2 checkpoints (74 features, no
+//! residual) still load and score as before.
 //!
 //! Parameters are kept as a flat list of named 1-D tensors, reshaped in the forward; that keeps
 //! checkpoint I/O ([`crate::checkpoint`]) and the optimiser ([`crate::train`](mod@crate::train)) one loop each.
@@ -15,8 +22,8 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
-use crate::analysis::TokenCalibration;
-use crate::features::{FEATURES_VERSION, N_FEATURES};
+use crate::analysis::{TokenCalibration, nearest_calibration};
+use crate::features::{FEATURES_VERSION, FEATURES_VERSION_2, N_FEATURES, N_FEATURES_V2};
 use crate::rng::SplitMix;
 
 /// Shape of the order network (stored next to every checkpoint).
@@ -42,6 +49,11 @@ pub struct OrderModelConfig {
     /// [`TokenCalibration`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_calibration: Option<TokenCalibration>,
+    /// Token calibrations fitted per decoding temperature (each with its `temperature`); the
+    /// scorer uses the one nearest the target's temperature, and `token_calibration` only when
+    /// this is empty ([`OrderModelConfig::calibration_for`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub token_calibration_by_temperature: Vec<TokenCalibration>,
 }
 
 impl Default for OrderModelConfig {
@@ -55,6 +67,7 @@ impl Default for OrderModelConfig {
             ffn: 512,
             layers: 3,
             token_calibration: None,
+            token_calibration_by_temperature: Vec::new(),
         }
     }
 }
@@ -94,15 +107,48 @@ impl OrderModelConfig {
         }
         v.push(("final_ln.weight".into(), vec![d], Init::Ones));
         v.push(("final_ln.bias".into(), vec![d], Init::Zeros));
-        v.push(("head.weight".into(), vec![d, 1], w));
-        v.push(("head.bias".into(), vec![1], Init::Zeros));
+        if self.residual() {
+            // Zero head: an untrained network is the stale-confidence ranking.
+            v.push(("head.weight".into(), vec![d, 1], Init::Zeros));
+            v.push(("head.bias".into(), vec![1], Init::Zeros));
+            v.push(("base_scale".into(), vec![1], Init::Ones));
+        } else {
+            v.push(("head.weight".into(), vec![d, 1], w));
+            v.push(("head.bias".into(), vec![1], Init::Zeros));
+        }
         v
+    }
+
+    /// Whether scores are residual on the log stale confidence (features version 3 and later).
+    pub fn residual(&self) -> bool {
+        self.features_version >= FEATURES_VERSION
+    }
+
+    /// The token calibration for decoding at `temperature`: the per-temperature table nearest
+    /// to it, else the temperature-agnostic one.
+    ///
+    /// ```
+    /// use spot_drafter::{OrderModelConfig, TokenCalibration};
+    /// let table = |t: f32| TokenCalibration {
+    ///     edges: vec![1.0], top1: vec![vec![0.9]], runner_up: vec![vec![0.05]], temperature: Some(t),
+    /// };
+    /// let cfg = OrderModelConfig {
+    ///     token_calibration_by_temperature: vec![table(0.0), table(1.0), table(2.0)],
+    ///     ..OrderModelConfig::default()
+    /// };
+    /// assert_eq!(cfg.calibration_for(0.8).unwrap().temperature, Some(1.0));
+    /// assert_eq!(cfg.calibration_for(0.2).unwrap().temperature, Some(0.0));
+    /// assert!(OrderModelConfig::default().calibration_for(1.0).is_none());
+    /// ```
+    pub fn calibration_for(&self, temperature: f32) -> Option<&TokenCalibration> {
+        nearest_calibration(&self.token_calibration_by_temperature, temperature)
+            .or(self.token_calibration.as_ref())
     }
 
     /// Number of parameters.
     ///
     /// ```
-    /// assert_eq!(spot_drafter::OrderModelConfig::default().parameter_count(), 608_897);
+    /// assert_eq!(spot_drafter::OrderModelConfig::default().parameter_count(), 609_410);
     /// ```
     pub fn parameter_count(&self) -> usize {
         self.params()
@@ -113,9 +159,13 @@ impl OrderModelConfig {
 
     /// Whether the shape is usable (positive sizes, heads divide d_model, current features).
     pub fn check(&self) -> Result<(), String> {
-        if self.features_version != FEATURES_VERSION || self.n_features != N_FEATURES {
+        let known = [
+            (FEATURES_VERSION, N_FEATURES),
+            (FEATURES_VERSION_2, N_FEATURES_V2),
+        ];
+        if !known.contains(&(self.features_version, self.n_features)) {
             return Err(format!(
-                "features version {} with {} features; this build computes version {FEATURES_VERSION} with {N_FEATURES}",
+                "features version {} with {} features; this build reads version {FEATURES_VERSION} with {N_FEATURES} and version {FEATURES_VERSION_2} with {N_FEATURES_V2}",
                 self.features_version, self.n_features
             ));
         }
@@ -130,7 +180,11 @@ impl OrderModelConfig {
         {
             return Err("block_size, d_model, heads, ffn and layers must be positive".into());
         }
-        if let Some(c) = &self.token_calibration {
+        for c in self
+            .token_calibration
+            .iter()
+            .chain(&self.token_calibration_by_temperature)
+        {
             c.check()?;
         }
         if !self.d_model.is_multiple_of(self.heads) {
@@ -231,6 +285,11 @@ impl<B: Backend> OrderModel<B> {
         self.cfg.token_calibration = c;
     }
 
+    /// Attaches the per-temperature token calibrations stored with the checkpoint.
+    pub fn set_token_calibrations(&mut self, c: Vec<TokenCalibration>) {
+        self.cfg.token_calibration_by_temperature = c;
+    }
+
     pub(crate) fn set_params(&mut self, params: Vec<Tensor<B, 1>>) {
         debug_assert_eq!(params.len(), self.params.len());
         self.params = params;
@@ -256,6 +315,7 @@ impl<B: Backend> OrderModel<B> {
     /// Scores `[N, L]` of features `[N, L, n_features]` (unnormalised, every position).
     pub fn scores(&self, features: Tensor<B, 3>) -> Tensor<B, 2> {
         let [n, l, f] = features.dims();
+        let features_in = features.clone();
         let c = &self.cfg;
         let (d, h) = (c.d_model, c.heads);
         let dh = d / h;
@@ -266,7 +326,7 @@ impl<B: Backend> OrderModel<B> {
         };
         let (we, be, pos) = (next(), next(), next());
         let pos = self.p2(pos).narrow(0, 0, l).reshape([1, l, d]);
-        let x = features.reshape([n * l, f]).matmul(self.p2(we)) + self.p1(be).unsqueeze::<2>();
+        let x = features_in.reshape([n * l, f]).matmul(self.p2(we)) + self.p1(be).unsqueeze::<2>();
         let mut x = (x.reshape([n, l, d]) + pos).reshape([n * l, d]);
         let scale = 1.0 / (dh as f64).sqrt();
         for _ in 0..c.layers {
@@ -299,7 +359,12 @@ impl<B: Backend> OrderModel<B> {
         }
         let (gf, bf, wh, bh) = (next(), next(), next(), next());
         let x = layer_norm(x, self.p1(gf), self.p1(bf));
-        (x.matmul(self.p2(wh)) + self.p1(bh).unsqueeze::<2>()).reshape([n, l])
+        let out = (x.matmul(self.p2(wh)) + self.p1(bh).unsqueeze::<2>()).reshape([n, l]);
+        if !c.residual() {
+            return out;
+        }
+        let base = features.narrow(2, BASE_FEATURE, 1).reshape([n, l]);
+        out + base * self.p1(next()).reshape([1, 1])
     }
 
     /// `q(s | y)` for a batch: softmax of the scores over the positions where `valid` is 1.0
@@ -323,6 +388,9 @@ impl<B: Backend> OrderModel<B> {
             .collect()
     }
 }
+
+/// The feature a residual network adds its output to: `ln` stale confidence.
+const BASE_FEATURE: usize = 74;
 
 fn layer_norm<B: Backend>(x: Tensor<B, 2>, g: Tensor<B, 1>, b: Tensor<B, 1>) -> Tensor<B, 2> {
     let mean = x.clone().mean_dim(1);

@@ -3,15 +3,16 @@
 //! Every step `t ≥ 1` of every block and every depth `d ≤ max_depth` gives one example: the
 //! root after `t` steps plus the next `d` true commits, the stale statistics of step `t - 1`,
 //! and the position of step `t + d`'s commit as the target (cross-entropy over the positions
-//! masked in the example's state). Adam, a held-out split by trajectory, and per-epoch
-//! next-commit accuracy by depth next to the stale-confidence ranking baseline.
+//! masked in the example's state). Adam with a warm-up and cosine learning-rate schedule, a
+//! held-out split by trajectory, and per-epoch next-commit accuracy by depth next to the
+//! stale-confidence ranking baseline.
 
 use burn_tensor::activation::log_softmax;
 use burn_tensor::backend::{AutodiffBackend, Backend};
 use burn_tensor::{Tensor, TensorData};
 
 use crate::analysis::TokenCalibration;
-use crate::features::{N_FEATURES, StaleSource, write_features};
+use crate::features::{StaleSource, write_features};
 use crate::network::{OrderModel, OrderModelConfig};
 use crate::rng::SplitMix;
 use crate::trajectory::{StepRecord, Trajectory};
@@ -23,16 +24,21 @@ pub struct TrainConfig {
     pub epochs: usize,
     /// Examples per optimiser step.
     pub batch_size: usize,
-    /// Adam learning rate.
+    /// Peak Adam learning rate: reached after a linear warm-up over the first 2% of the steps
+    /// (at most 500), then decayed along a cosine to a tenth of it at the last step.
     pub lr: f64,
     /// Deepest replay depth `d` (Algorithm 1 uses 0..=7).
     pub max_depth: usize,
-    /// Share of trajectories held out for evaluation (the last ones).
+    /// Share of trajectories held out for evaluation, spread evenly over the list (so every
+    /// collection directory and temperature is represented).
     pub holdout: f64,
     /// Seed of initialisation and shuffling.
     pub seed: u64,
     /// Use at most this many training examples per epoch (a seeded sample; `None`: all).
     pub max_examples: Option<usize>,
+    /// Evaluate each epoch on at most this many held-out examples (a fixed seeded sample;
+    /// `None`: all).
+    pub max_heldout: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -45,6 +51,7 @@ impl Default for TrainConfig {
             holdout: 0.1,
             seed: 0,
             max_examples: None,
+            max_heldout: None,
         }
     }
 }
@@ -161,9 +168,9 @@ struct Batch {
 }
 
 impl Batch {
-    fn fill(&mut self, trajs: &[Trajectory], refs: &[ExampleRef], l: usize) {
+    fn fill(&mut self, trajs: &[Trajectory], refs: &[ExampleRef], l: usize, nf: usize) {
         let n = refs.len();
-        self.features.resize(n * l * N_FEATURES, 0.0);
+        self.features.resize(n * l * nf, 0.0);
         self.valid.resize(n * l, 0.0);
         self.target.clear();
         self.depth.clear();
@@ -185,7 +192,8 @@ impl Batch {
                 &self.state,
                 mask,
                 usize::from(r.depth),
-                &mut self.features[i * l * N_FEATURES..(i + 1) * l * N_FEATURES],
+                tr.temperature,
+                &mut self.features[i * l * nf..(i + 1) * l * nf],
             );
             let mut best: Option<(usize, f32)> = None;
             for (s, &tok) in self.state.iter().enumerate() {
@@ -239,17 +247,14 @@ fn evaluate<B: Backend>(
     batch_size: usize,
     batch: &mut Batch,
 ) -> Accuracy {
-    let l = model.config().block_size;
+    let (l, nf) = (model.config().block_size, model.config().n_features);
     let mut acc = Accuracy::new(depths);
     let mut total = 0.0;
     for chunk in refs.chunks(batch_size.max(1)) {
-        batch.fill(trajs, chunk, l);
+        batch.fill(trajs, chunk, l, nf);
         let n = chunk.len();
         let x = Tensor::<B, 3>::from_data(
-            TensorData::new(
-                batch.features[..n * l * N_FEATURES].to_vec(),
-                [n, l, N_FEATURES],
-            ),
+            TensorData::new(batch.features[..n * l * nf].to_vec(), [n, l, nf]),
             model.device(),
         );
         let scores = model.scores(x);
@@ -282,10 +287,10 @@ fn evaluate<B: Backend>(
 
 /// Trains an order network on `trajs` (Algorithm 1) and returns it with one report per epoch.
 ///
-/// The last `holdout` share of the trajectories (at least one when there are two or more) is
-/// never trained on; the returned network is the epoch with the lowest held-out loss (the last
-/// epoch when nothing is held out), carrying a [`TokenCalibration`] fitted on the training
-/// trajectories. `trajs` must share one block size and mask id.
+/// A `holdout` share of the trajectories, spread evenly over the list (at least one when there
+/// are two or more), is never trained on; the returned network is the epoch with the lowest
+/// held-out loss (the last epoch when nothing is held out), carrying one [`TokenCalibration`]
+/// per decoding temperature fitted on the training trajectories. `trajs` must share one block size and mask id.
 pub fn train<B: AutodiffBackend>(
     trajs: &[Trajectory],
     model_cfg: OrderModelConfig,
@@ -332,23 +337,25 @@ pub fn train_from<B: AutodiffBackend>(
     if !(0.0..1.0).contains(&cfg.holdout) {
         return Err(format!("holdout {} is not in [0, 1)", cfg.holdout));
     }
-    let n_held = if trajs.len() >= 2 {
-        ((trajs.len() as f64 * cfg.holdout).ceil() as usize).clamp(1, trajs.len() - 1)
-    } else {
-        0
-    };
-    let train_ids: Vec<usize> = (0..trajs.len() - n_held).collect();
-    let held_ids: Vec<usize> = (trajs.len() - n_held..trajs.len()).collect();
+    let held = heldout_mask(trajs.len(), cfg.holdout);
+    let n_held = held.iter().filter(|&&h| h).count();
+    let train_ids: Vec<usize> = (0..trajs.len()).filter(|&i| !held[i]).collect();
+    let held_ids: Vec<usize> = (0..trajs.len()).filter(|&i| held[i]).collect();
     let mut train_refs = example_refs(trajs, &train_ids, cfg.max_depth);
-    let held_refs = example_refs(trajs, &held_ids, cfg.max_depth);
+    let mut held_refs = example_refs(trajs, &held_ids, cfg.max_depth);
     if train_refs.is_empty() {
         return Err("the trajectories hold no training examples".into());
     }
-    let l = model_cfg.block_size;
+    let (l, nf) = (model_cfg.block_size, model_cfg.n_features);
     let depths = cfg.max_depth + 1;
     let mut rng = SplitMix(cfg.seed ^ 0x5eed);
+    if let Some(cap) = cfg.max_heldout.filter(|&c| c < held_refs.len()) {
+        SplitMix(cfg.seed ^ 0x4e1d).shuffle(&mut held_refs);
+        held_refs.truncate(cap);
+    }
     let per_epoch = cfg.max_examples.unwrap_or(usize::MAX).min(train_refs.len());
     let steps_per_epoch = per_epoch.div_ceil(cfg.batch_size);
+    let schedule = Schedule::new(cfg.lr, steps_per_epoch * cfg.epochs);
     observer.start(per_epoch, held_refs.len(), steps_per_epoch);
 
     let mut model = match init {
@@ -369,14 +376,11 @@ pub fn train_from<B: AutodiffBackend>(
         rng.shuffle(&mut train_refs);
         let mut sum = 0.0;
         for (step, chunk) in train_refs[..per_epoch].chunks(cfg.batch_size).enumerate() {
-            batch.fill(trajs, chunk, l);
+            batch.fill(trajs, chunk, l, nf);
             let n = chunk.len();
             model.set_params(params.clone());
             let x = Tensor::<B, 3>::from_data(
-                TensorData::new(
-                    batch.features[..n * l * N_FEATURES].to_vec(),
-                    [n, l, N_FEATURES],
-                ),
+                TensorData::new(batch.features[..n * l * nf].to_vec(), [n, l, nf]),
                 device,
             );
             let loss = loss(
@@ -393,6 +397,7 @@ pub fn train_from<B: AutodiffBackend>(
                 ));
             }
             let grads = loss.backward();
+            adam.lr = schedule.at((epoch - 1) * steps_per_epoch + step);
             params = adam.step(params, &grads);
             sum += value * n as f64;
             observer.step(epoch, step, value);
@@ -420,9 +425,52 @@ pub fn train_from<B: AutodiffBackend>(
         Some((_, m)) => m,
         None => inner_model(&model),
     };
-    let train_part = &trajs[..trajs.len() - n_held];
-    out.set_token_calibration(Some(TokenCalibration::fit(train_part, cfg.max_depth)));
+    let train_part: Vec<&Trajectory> = train_ids.iter().map(|&i| &trajs[i]).collect();
+    out.set_token_calibration(None);
+    out.set_token_calibrations(TokenCalibration::fit_per_temperature(
+        &train_part,
+        cfg.max_depth,
+    ));
     Ok((out, reports))
+}
+
+/// Which of `n` trajectories are held out: a `holdout` share spread evenly over the list (at
+/// least one when there are two or more, never all).
+fn heldout_mask(n: usize, holdout: f64) -> Vec<bool> {
+    if n < 2 {
+        return vec![false; n];
+    }
+    let want = ((n as f64 * holdout).ceil() as usize).clamp(1, n - 1);
+    // Trajectory i is held out when the running count floor((i + 1) · want / n) steps up.
+    (0..n).map(|i| (i + 1) * want / n > i * want / n).collect()
+}
+
+/// The learning rate by optimiser step: linear warm-up, then cosine decay to a tenth.
+#[derive(Clone, Copy, Debug)]
+struct Schedule {
+    peak: f64,
+    warmup: usize,
+    total: usize,
+}
+
+impl Schedule {
+    fn new(peak: f64, total: usize) -> Self {
+        Self {
+            peak,
+            warmup: (total / 50).clamp(1, 500),
+            total: total.max(1),
+        }
+    }
+
+    fn at(&self, step: usize) -> f64 {
+        if step < self.warmup {
+            return self.peak * (step + 1) as f64 / self.warmup as f64;
+        }
+        let span = (self.total - self.warmup).saturating_sub(1).max(1) as f64;
+        let x = ((step - self.warmup) as f64 / span).min(1.0);
+        let floor = self.peak / 10.0;
+        floor + (self.peak - floor) * 0.5 * (1.0 + (std::f64::consts::PI * x).cos())
+    }
 }
 
 /// Evaluates a trained network on trajectories it was not trained on.
@@ -490,5 +538,32 @@ impl<B: AutodiffBackend> Adam<B> {
                 Tensor::from_inner(inner - update.mul_scalar(self.lr)).require_grad()
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_holdout_is_spread_over_the_list() {
+        let m = heldout_mask(30, 0.1);
+        let held: Vec<usize> = (0..30).filter(|&i| m[i]).collect();
+        assert_eq!(held, [9, 19, 29]);
+        assert_eq!(heldout_mask(2, 0.01), [false, true]);
+        assert_eq!(heldout_mask(1, 0.5), [false]);
+        assert_eq!(heldout_mask(3, 0.99).iter().filter(|&&h| h).count(), 2);
+    }
+
+    #[test]
+    fn the_learning_rate_warms_up_then_decays_to_a_tenth() {
+        let s = Schedule::new(1e-3, 1000);
+        assert_eq!(s.warmup, 20);
+        assert!((s.at(0) - 5e-5).abs() < 1e-12);
+        assert!((s.at(19) - 1e-3).abs() < 1e-12);
+        assert!((s.at(20) - 1e-3).abs() < 1e-12);
+        assert!((s.at(999) - 1e-4).abs() < 1e-9);
+        let lrs: Vec<f64> = (20..1000).map(|i| s.at(i)).collect();
+        assert!(lrs.windows(2).all(|w| w[1] <= w[0]));
     }
 }

@@ -7,22 +7,25 @@
 //! distribution of a round rooted at the state after step `t - 1`, and the commits of steps
 //! `t, t + 1, ...` are the true future (Algorithm 1, [`examples`]).
 //!
-//! # File format (version 1)
+//! # File format (version 2)
 //!
 //! One file per trajectory, little-endian:
 //!
 //! ```text
 //! magic  b"SPOTTRJ\0"          8 bytes
-//! version u32 (= 1), block_size u32, top_k u32, mask_id u32, temperature f32, seed u64
+//! version u32 (= 2), block_size u32, top_k u32, mask_id u32, temperature f32, seed u64
 //! id_len u32, id (UTF-8, id_len bytes)
 //! n_blocks u32, then per block:
 //!   start u64, initial tokens (block_size × u32), n_steps u32, then per step:
 //!     n_commits u32, commits (n_commits × (position u32, token u32))
 //!     n_masked u32 (positions masked before the step, in increasing order), per position:
 //!       position u32, token u32, runner_up u32, confidence f32, entropy f32, tail_mass f32,
-//!       top_probs (top_k × f32)
+//!       hedge u32, hedge_prob f32, margin f32, top_probs (top_k × f32)
 //! checksum u64 (FNV-1a of every byte before it)
 //! ```
+//!
+//! Version 2 added `hedge`, `hedge_prob` and `margin` (the noised runner-up and how far the
+//! choice is ahead of it); version 1 files are refused with [`TrajectoryError::Version`].
 //!
 //! Files are written to a temporary name and renamed, so a crash leaves either a whole file or
 //! none; reading a truncated, corrupted or other-version file is a [`TrajectoryError`] naming
@@ -35,10 +38,12 @@ use spot_core::{
     StepStrategy, TokenId, run_decode,
 };
 
-use crate::features::{PositionStale, StaleSource};
+use spot_tree::noised_runner_up;
+
+use crate::features::{PositionStale, StaleSource, noised_margin};
 
 /// The format version written and read.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 const MAGIC: &[u8; 8] = b"SPOTTRJ\0";
 
 /// Why a trajectory could not be written or read.
@@ -106,6 +111,13 @@ pub struct StoredPosition {
     pub entropy: f32,
     /// Mass outside the top-k.
     pub tail_mass: f32,
+    /// The runner-up of the decoder's own choice rule (the noised runner-up under `T > 0`, see
+    /// [`spot_tree::noised_runner_up`]; `token` when there is none): the tree's hedge.
+    pub hedge: TokenId,
+    /// The hedge's stale probability (0 when there is none).
+    pub hedge_prob: f32,
+    /// The noised margin of the choice over the hedge ([`noised_margin`]).
+    pub margin: f32,
     /// Top-k probabilities, most probable first.
     pub top_probs: Vec<f32>,
 }
@@ -138,6 +150,8 @@ impl StaleSource for StepRecord {
             entropy: p.entropy,
             tail_mass: p.tail_mass,
             confidence: p.confidence,
+            hedge_prob: p.hedge_prob,
+            margin: p.margin,
         })
     }
 }
@@ -199,17 +213,26 @@ impl StepStrategy for Recorder {
         let before: Vec<usize> = block.state().masked_positions().collect();
         let stats = block.plain_absorb(spot_core::first_stats(stats)?, &mut self.scratch)?;
         self.top_k.get_or_insert(stats.top_k());
+        let q = block.query();
+        let noise = (q.temperature > 0.0).then_some(q.noise);
+        let mask = block.state().mask_id();
         let positions = before
             .into_iter()
             .map(|s| {
                 let (ids, probs) = stats.top(s);
+                let position = (block.start() + s) as u64;
+                let token = stats.token(s);
+                let hedge = noised_runner_up(&stats, s, position, noise, mask);
                 StoredPosition {
                     position: s as u32,
-                    token: stats.token(s),
-                    runner_up: ids.get(1).copied().unwrap_or(stats.token(s)),
+                    token,
+                    runner_up: ids.get(1).copied().unwrap_or(token),
                     confidence: stats.confidence(s),
                     entropy: stats.entropy(s),
                     tail_mass: stats.tail_mass(s),
+                    hedge: hedge.map_or(token, |h| h.0),
+                    hedge_prob: hedge.map_or(0.0, |h| h.1),
+                    margin: noised_margin((token, stats.confidence(s)), hedge, position, noise),
                     top_probs: probs.to_vec(),
                 }
             })
@@ -360,6 +383,9 @@ impl Trajectory {
                     f32_(&mut w, p.confidence);
                     f32_(&mut w, p.entropy);
                     f32_(&mut w, p.tail_mass);
+                    u32_(&mut w, p.hedge);
+                    f32_(&mut w, p.hedge_prob);
+                    f32_(&mut w, p.margin);
                     for k in 0..self.top_k {
                         f32_(&mut w, p.top_probs.get(k).copied().unwrap_or(0.0));
                     }
@@ -455,6 +481,9 @@ impl Trajectory {
                         confidence: r.f32("confidence")?,
                         entropy: r.f32("entropy")?,
                         tail_mass: r.f32("tail mass")?,
+                        hedge: r.u32("hedge")?,
+                        hedge_prob: r.f32("hedge probability")?,
+                        margin: r.f32("margin")?,
                         top_probs: (0..top_k)
                             .map(|_| r.f32("top probabilities"))
                             .collect::<Result<Vec<_>>>()?,

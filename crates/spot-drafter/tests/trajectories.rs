@@ -3,7 +3,8 @@
 
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_core::{DecodeConfig, DraftFreeDecoder, TokenId};
-use spot_drafter::trajectory::FORMAT_VERSION;
+use spot_drafter::features::MARGIN_CAP;
+use spot_drafter::trajectory::{FORMAT_VERSION, StoredPosition};
 use spot_drafter::{
     CollectError, Manifest, N_FEATURES, Trajectory, TrajectoryDir, TrajectoryError, examples,
     record, write_features,
@@ -41,6 +42,7 @@ fn sample(seed: u64, block: usize, t: f32) -> Trajectory {
 /// Recording is draft-free decoding: same output, and the stored steps replay it exactly.
 #[test]
 fn recording_is_draft_free_decoding_and_replays() {
+    let mut moved = 0;
     for (seed, block, t) in [(1, 8, 0.0), (2, 16, 1.0), (3, 4, 0.5), (4, 32, 0.0)] {
         let prompt: Vec<TokenId> = (2..13).collect();
         let c = cfg(block, t, 3 * block);
@@ -79,6 +81,9 @@ fn recording_is_draft_free_decoding_and_replays() {
                 assert_eq!(best.position as usize, c.position);
                 assert_eq!(best.token, c.token);
                 assert_eq!(step.positions[0].top_probs.len(), traj.top_k);
+                for p in &step.positions {
+                    check_hedge(p, t, &mut moved);
+                }
                 state[c.position] = c.token;
             }
             assert!(state.iter().all(|&x| x != 63));
@@ -86,6 +91,27 @@ fn recording_is_draft_free_decoding_and_replays() {
             generated.extend_from_slice(&state[skip..]);
         }
         assert_eq!(generated, out.generated);
+    }
+    // Under T > 0 the noise moves the hedge off the probability runner-up for some positions.
+    assert!(moved > 0);
+}
+
+/// The stored hedge is the runner-up of the decoder's own rule and the margin its lead: at
+/// T = 0 the probability runner-up and ln p1 − ln p2; always in [0, cap].
+fn check_hedge(p: &StoredPosition, t: f32, moved: &mut usize) {
+    assert!((0.0..=MARGIN_CAP).contains(&p.margin), "{}", p.margin);
+    assert!(p.hedge_prob <= p.top_probs[0] + 1e-6);
+    if p.hedge_prob == 0.0 {
+        assert_eq!((p.hedge, p.margin), (p.token, MARGIN_CAP));
+        return;
+    }
+    assert_ne!(p.hedge, p.token);
+    if t == 0.0 {
+        assert_eq!(p.hedge, p.runner_up);
+        let want = (p.confidence.ln() - p.hedge_prob.ln()).clamp(0.0, MARGIN_CAP);
+        assert!((p.margin - want).abs() < 1e-5, "{} vs {want}", p.margin);
+    } else {
+        *moved += usize::from(p.hedge != p.runner_up);
     }
 }
 
@@ -141,8 +167,8 @@ fn examples_follow_algorithm_one() {
                 assert!(ex.stale.positions.iter().any(|p| p.position as usize == s));
             }
         }
-        let mut f = vec![0.0; ex.state.len() * N_FEATURES];
-        write_features(ex.stale, ex.state, 63, ex.depth, &mut f);
+        let mut f = vec![0.0f32; ex.state.len() * N_FEATURES];
+        write_features(ex.stale, ex.state, 63, ex.depth, traj.temperature, &mut f);
         assert!(f.iter().all(|v| v.is_finite()));
     });
     assert_eq!(n, seen);

@@ -143,7 +143,7 @@ struct Hyp {
 ///         tail_mass: 0.0, top_ids: &[t, 10 + t], top_probs: &[p, 1.0 - p] }).unwrap();
 /// }
 /// let root = BlockState::masked(4, 0);
-/// let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None };
+/// let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None, temperature: 0.0 };
 /// let mut b = TreeBuilder::new(TreeConfig { budget: 5, ..TreeConfig::default() }).unwrap();
 /// let tree = b.build(&ctx, &mut StaleConfidenceScorer).unwrap();
 /// assert_eq!(tree.draft_count(), 5);

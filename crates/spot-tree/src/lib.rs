@@ -19,7 +19,7 @@
 //! model.reset_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], 8).unwrap();
 //! let root = BlockState::masked(8, model.info().mask_id);
 //! let stale = model.forward(&[root.clone()], &StatsQuery::new(0.0, 0)).unwrap().remove(0);
-//! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 8, noise: None };
+//! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 8, noise: None, temperature: 0.0 };
 //! let mut builder = TreeBuilder::new(TreeConfig { budget: 12, ..TreeConfig::default() }).unwrap();
 //! let tree = builder.build(&ctx, &mut StaleConfidenceScorer).unwrap();
 //! assert_eq!(tree.draft_count(), 12);
@@ -43,6 +43,6 @@ pub use builder::{TreeBuilder, TreeConfig};
 pub use error::TreeError;
 pub use scorer::{
     NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,
-    check_block_size, fill_normalised, stale_runner_up,
+    check_block_size, fill_normalised, noised_runner_up, stale_runner_up,
 };
 pub use tree::{DraftTree, state_hash, zobrist};

@@ -26,6 +26,9 @@ pub struct ScoreContext<'a> {
     /// (seed, absolute position, token): the hedge is then the noised runner-up
     /// ([`ScoreContext::hedge_token`]).
     pub noise: Option<GumbelNoise>,
+    /// The target's decoding temperature (0 for greedy decoding). Learned scorers read it as a
+    /// feature; the stale statistics are already tempered by it.
+    pub temperature: f32,
 }
 
 impl ScoreContext<'_> {
@@ -36,23 +39,56 @@ impl ScoreContext<'_> {
     /// (the tempered log-probability differs from `l / T` by a constant per position). `None`
     /// when no other token has positive probability.
     pub fn hedge_token(&self, s: usize, mask: TokenId) -> Option<(TokenId, f32)> {
-        let Some(noise) = self.noise else {
-            return stale_runner_up(self.stale, s, mask);
-        };
-        let tok = self.stale.token(s);
-        let position = (self.block_start + s) as u64;
-        let (ids, probs) = self.stale.top(s);
-        ids.iter()
-            .zip(probs)
-            .filter(|(id, p)| **id != tok && **id != mask && **p > 0.0)
-            .map(|(&id, &p)| (id, p, p.ln() + noise.value(position, id)))
-            // The first of equal scores (the more probable one), as the target breaks ties.
-            .fold(None, |best: Option<(TokenId, f32, f32)>, c| match best {
-                Some(b) if b.2 >= c.2 => Some(b),
-                _ => Some(c),
-            })
-            .map(|(id, p, _)| (id, p))
+        noised_runner_up(
+            self.stale,
+            s,
+            (self.block_start + s) as u64,
+            self.noise,
+            mask,
+        )
     }
+}
+
+/// The runner-up of the target's choice rule at position `s` of `stale` (absolute position
+/// `position`), with its stale probability: the token of the stale top-k, other than the stale
+/// choice and the mask, with the largest noised score `ln p~(v) + G[position, v]` under
+/// `noise`, or the most probable one without noise ([`stale_runner_up`]). Ties go to the more
+/// probable token, as the target breaks them. `None` when no other token has positive
+/// probability. [`ScoreContext::hedge_token`] calls it; trajectory recorders store it.
+///
+/// ```
+/// use spot_core::{BlockStats, GumbelNoise, stats::PositionStats};
+/// let mut st = BlockStats::new(3);
+/// st.push(PositionStats {
+///     token: 5, confidence: 0.6, token_prob: 0.6, entropy: 1.0, tail_mass: 0.0,
+///     top_ids: &[5, 6, 7], top_probs: &[0.6, 0.3, 0.1],
+/// }).unwrap();
+/// assert_eq!(spot_tree::noised_runner_up(&st, 0, 40, None, 99), Some((6, 0.3)));
+/// let (id, _) = spot_tree::noised_runner_up(&st, 0, 40, Some(GumbelNoise::new(1)), 99).unwrap();
+/// assert!(id == 6 || id == 7);
+/// ```
+pub fn noised_runner_up(
+    stale: &BlockStats,
+    s: usize,
+    position: u64,
+    noise: Option<GumbelNoise>,
+    mask: TokenId,
+) -> Option<(TokenId, f32)> {
+    let Some(noise) = noise else {
+        return stale_runner_up(stale, s, mask);
+    };
+    let tok = stale.token(s);
+    let (ids, probs) = stale.top(s);
+    ids.iter()
+        .zip(probs)
+        .filter(|(id, p)| **id != tok && **id != mask && **p > 0.0)
+        .map(|(&id, &p)| (id, p, p.ln() + noise.value(position, id)))
+        // The first of equal scores (the more probable one), as the target breaks ties.
+        .fold(None, |best: Option<(TokenId, f32, f32)>, c| match best {
+            Some(b) if b.2 >= c.2 => Some(b),
+            _ => Some(c),
+        })
+        .map(|(id, p, _)| (id, p))
 }
 
 /// A batch of tree nodes to score, in the order scores must be written.

@@ -105,6 +105,7 @@ fn brute_force(
         stale,
         block_start: 0,
         noise: None,
+        temperature: 0.0,
     };
     let mut layer: HashMap<Vec<TokenId>, f32> = HashMap::new();
     layer.insert(root.tokens().to_vec(), 1.0);
@@ -176,7 +177,7 @@ proptest! {
     fn best_first_is_the_exact_top_d((root, stale) in (1usize..=7).prop_flat_map(|l| (root(l), stale(l))),
                                      cfg in cfg(), random in any::<bool>(), seed in any::<u64>()) {
         let mut builder = TreeBuilder::new(cfg).unwrap();
-        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None };
+        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None, temperature: 0.0 };
         let (mut a, mut b) = (scorer(random, seed), scorer(random, seed));
         let tree = builder.build(&ctx, a.as_mut()).unwrap();
         check_structure(tree, &cfg)?;
@@ -194,7 +195,7 @@ proptest! {
                                               cfg in cfg(), random in any::<bool>(), seed in any::<u64>()) {
         let cfg = TreeConfig { sum_orders: true, ..cfg };
         let mut builder = TreeBuilder::new(cfg).unwrap();
-        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None };
+        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None, temperature: 0.0 };
         let (mut a, mut b) = (scorer(random, seed), scorer(random, seed));
         let tree = builder.build(&ctx, a.as_mut()).unwrap();
         check_structure(tree, &cfg)?;
@@ -223,7 +224,7 @@ proptest! {
     fn chain_follows_stale_confidence((root, stale) in (1usize..=12).prop_flat_map(|l| (root(l), stale(l))),
                                       cfg in cfg()) {
         let mut builder = TreeBuilder::new(cfg).unwrap();
-        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None };
+        let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None, temperature: 0.0 };
         let tree = builder.build_chain(&ctx).unwrap();
         check_structure(tree, &cfg)?;
         let mut prev = f32::INFINITY;
@@ -264,6 +265,7 @@ fn identical_states_are_merged() {
         stale: &st,
         block_start: 0,
         noise: None,
+        temperature: 0.0,
     };
     let mut b = TreeBuilder::new(TreeConfig {
         budget: 10,
@@ -332,6 +334,7 @@ fn invalid_scores_and_limits_are_typed_errors() {
         stale: &st,
         block_start: 0,
         noise: None,
+        temperature: 0.0,
     };
     let mut b = TreeBuilder::new(TreeConfig::default()).unwrap();
     for v in [f32::NAN, f32::INFINITY, -1.0] {
@@ -346,6 +349,7 @@ fn invalid_scores_and_limits_are_typed_errors() {
         stale: &st,
         block_start: 0,
         noise: None,
+        temperature: 0.0,
     };
     assert!(matches!(
         b.build(&ctx, &mut StaleConfidenceScorer),
@@ -437,6 +441,7 @@ fn the_hedge_is_the_noised_runner_up() {
         stale: &st,
         block_start: 40,
         noise: None,
+        temperature: 0.0,
     };
     assert_eq!(ctx.hedge_token(0, MASK), Some((3, 0.3)));
     let mut picked = std::collections::HashSet::new();

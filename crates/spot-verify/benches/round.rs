@@ -102,6 +102,7 @@ fn setup(budget: usize) -> Setup {
         stale: &stale,
         block_start: 256,
         noise: None,
+        temperature: 0.0,
     };
     let mut b = TreeBuilder::new(TreeConfig {
         budget,
@@ -145,6 +146,7 @@ fn bench(c: &mut Criterion) {
             stale: &s.stale,
             block_start: 256,
             noise: None,
+            temperature: 0.0,
         };
         let mut builder = TreeBuilder::new(TreeConfig {
             budget,

@@ -23,7 +23,7 @@
 //! let stale = model.forward(&[x0.clone()], &q).unwrap().remove(0);
 //! let c = spot_core::exact_commit(&x0, &stale).unwrap().unwrap();
 //! let root = x0.with_commit(c).unwrap();
-//! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 8, noise: None };
+//! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 8, noise: None, temperature: 0.0 };
 //! let mut builder = TreeBuilder::new(TreeConfig { budget: 6, ..TreeConfig::default() }).unwrap();
 //! // The SSD-style chain: positions in order of stale confidence.
 //! let tree = builder.build_chain(&ctx).unwrap();
