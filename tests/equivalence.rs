@@ -8,7 +8,7 @@ use common::{case, cases, model};
 use proptest::prelude::*;
 use spot_dlm::{
     DecodeOutput, DraftFreeDecoder, MatchRule, OracleScorer, RandomScorer, SpotDecoder,
-    StaleConfidenceScorer, Transition, TreeConfig,
+    StaleConfidenceScorer, TokenOracleScorer, Transition, TreeConfig,
 };
 
 #[derive(Clone, Debug)]
@@ -17,6 +17,7 @@ enum Scorer {
     Chain,
     Random(u64),
     Oracle { with_tokens: bool },
+    TokenOracle,
 }
 
 fn scorer() -> impl Strategy<Value = Scorer> {
@@ -25,6 +26,7 @@ fn scorer() -> impl Strategy<Value = Scorer> {
         Just(Scorer::Chain),
         any::<u64>().prop_map(Scorer::Random),
         any::<bool>().prop_map(|with_tokens| Scorer::Oracle { with_tokens }),
+        Just(Scorer::TokenOracle),
     ]
 }
 
@@ -54,6 +56,10 @@ fn spot_decoder(scorer: &Scorer, tree: TreeConfig, reference: &DecodeOutput) -> 
         Scorer::Oracle { with_tokens } => {
             let trace = reference.trace.as_ref().expect("reference trace recorded");
             b.scorer(OracleScorer::from_trace(trace, *with_tokens).expect("valid trace"))
+        }
+        Scorer::TokenOracle => {
+            let trace = reference.trace.as_ref().expect("reference trace recorded");
+            b.scorer(TokenOracleScorer::from_trace(trace))
         }
     };
     b.build().expect("valid tree config")

@@ -51,8 +51,9 @@ pub struct BenchArgs {
     #[arg(long)]
     limit: Option<usize>,
     /// Methods (df always runs: it is the reference). Default: ssd, blockspec, spiffy, spot,
-    /// spot-gamma, oracle, skipping (with a note) those whose drafter file the folder lacks;
-    /// a method named here that cannot run is an error.
+    /// spot-gamma, oracle (oracle-token and oracle-joint only when named), skipping (with a
+    /// note) those whose drafter file the folder lacks; a method named here that cannot run is
+    /// an error.
     #[arg(long, value_enum, value_delimiter = ',')]
     methods: Option<Vec<Method>>,
     /// Draft budgets D.

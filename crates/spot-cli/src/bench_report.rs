@@ -224,7 +224,7 @@ pub fn write_outputs(
     Ok(())
 }
 
-const COLORS: [(&str, &str); 8] = [
+const COLORS: [(&str, &str); 10] = [
     ("df", "#444444"),
     ("ssd", "#1f77b4"),
     ("blockspec", "#ff7f0e"),
@@ -232,6 +232,8 @@ const COLORS: [(&str, &str); 8] = [
     ("spot", "#d62728"),
     ("spot-gamma", "#e377c2"),
     ("oracle", "#2ca02c"),
+    ("oracle-token", "#17becf"),
+    ("oracle-joint", "#bcbd22"),
     ("threshold", "#8c564b"),
 ];
 

@@ -8,7 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use spot_dlm::{
     BlockDiffusionModel, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace, DraftFreeDecoder,
-    OracleScorer, Request, SpotDecoder, SpotReport, StaleConfidenceScorer, Strategy, run_request,
+    OracleScorer, Request, SpotDecoder, SpotReport, StaleConfidenceScorer, Strategy,
+    TokenOracleScorer, run_request,
 };
 use spot_drafter::{
     Calibrated, LearnedScorer, OrderModel, SpiffyGraph, SpiffyScorer, TokenCalibration,
@@ -43,6 +44,12 @@ pub enum Method {
     /// Speculative upper bound: the true future commit positions (from a draft-free pass) with
     /// stale tokens. Its NFE excludes that pass.
     Oracle,
+    /// Speculative bound: positions by stale confidence, each with its true token (from a
+    /// draft-free pass). Its NFE excludes that pass.
+    OracleToken,
+    /// Speculative bound: true positions and true tokens (from a draft-free pass). Its NFE
+    /// excludes that pass.
+    OracleJoint,
 }
 
 impl Method {
@@ -57,6 +64,8 @@ impl Method {
             Method::Spot => "spot",
             Method::SpotGamma => "spot-gamma",
             Method::Oracle => "oracle",
+            Method::OracleToken => "oracle-token",
+            Method::OracleJoint => "oracle-joint",
         }
     }
 
@@ -258,7 +267,7 @@ pub fn strategy(
             ))
             .max_depth(g.max_depth)
         }
-        Method::Oracle => {
+        Method::Oracle | Method::OracleToken | Method::OracleJoint => {
             let owned;
             let trace = match reference {
                 Some(t) => t,
@@ -272,7 +281,10 @@ pub fn strategy(
                     &owned
                 }
             };
-            b.scorer(OracleScorer::from_trace(trace, false)?)
+            match method {
+                Method::OracleToken => b.scorer(TokenOracleScorer::from_trace(trace)),
+                m => b.scorer(OracleScorer::from_trace(trace, m == Method::OracleJoint)?),
+            }
         }
     };
     Ok(b.build()?.into())

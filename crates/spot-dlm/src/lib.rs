@@ -47,7 +47,7 @@ pub use spot_core::{
 };
 pub use spot_tree::{
     self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
-    StaleConfidenceScorer, TreeBuilder, TreeConfig, TreeError,
+    StaleConfidenceScorer, TokenOracleScorer, TreeBuilder, TreeConfig, TreeError,
 };
 pub use spot_verify::{self as verify, MatchRule, RoundEnd, Verifier};
 

@@ -43,6 +43,6 @@ pub use builder::{TreeBuilder, TreeConfig};
 pub use error::TreeError;
 pub use scorer::{
     NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,
-    check_block_size, fill_normalised, noised_runner_up, stale_runner_up,
+    TokenOracleScorer, check_block_size, fill_normalised, noised_runner_up, stale_runner_up,
 };
 pub use tree::{DraftTree, state_hash, zobrist};

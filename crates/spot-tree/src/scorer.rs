@@ -354,3 +354,74 @@ impl OrderScorer for OracleScorer {
         }
     }
 }
+
+/// The token oracle: positions ranked by stale confidence (as [`StaleConfidenceScorer`]), each
+/// proposed with the token the draft-free decode finally commits there (from its trace) instead
+/// of the stale choice. With [`OracleScorer`] (true positions, and with tokens both) it bounds
+/// what a better token model alone, a better order model alone, and both, could save.
+#[derive(Clone, Debug)]
+pub struct TokenOracleScorer {
+    truth: HashMap<usize, TokenId>,
+}
+
+impl TokenOracleScorer {
+    /// Builds the oracle from the trace of a draft-free decode with the same inputs.
+    ///
+    /// ```
+    /// use spot_core::{BlockState, Commit, DecodeTrace, decode::BlockTrace};
+    /// use spot_tree::TokenOracleScorer;
+    /// let trace = DecodeTrace { blocks: vec![BlockTrace {
+    ///     start: 8,
+    ///     initial: BlockState::masked(2, 9),
+    ///     steps: vec![vec![Commit { position: 1, token: 4 }], vec![Commit { position: 0, token: 5 }]],
+    /// }] };
+    /// let oracle = TokenOracleScorer::from_trace(&trace);
+    /// assert_eq!((oracle.token_at(8), oracle.token_at(9), oracle.token_at(10)), (Some(5), Some(4), None));
+    /// ```
+    pub fn from_trace(trace: &DecodeTrace) -> Self {
+        let mut truth = HashMap::new();
+        for block in &trace.blocks {
+            for c in block.steps.iter().flatten() {
+                truth.insert(block.start + c.position, c.token);
+            }
+        }
+        Self { truth }
+    }
+
+    /// The token the draft-free decode committed at absolute position `position`.
+    pub fn token_at(&self, position: usize) -> Option<TokenId> {
+        self.truth.get(&position).copied()
+    }
+}
+
+impl OrderScorer for TokenOracleScorer {
+    fn name(&self) -> &str {
+        "token-oracle"
+    }
+
+    fn score(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), TreeError> {
+        StaleConfidenceScorer.score(ctx, nodes, out)
+    }
+
+    fn token_hypotheses(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        _nodes: &NodeBatch<'_>,
+        _i: usize,
+        position: usize,
+        out: &mut Vec<(TokenId, f32)>,
+    ) -> bool {
+        match self.token_at(ctx.block_start + position) {
+            Some(t) => {
+                out.push((t, 1.0));
+                true
+            }
+            None => false,
+        }
+    }
+}
