@@ -30,6 +30,8 @@
 
 use spot_core::{GumbelNoise, TokenId};
 
+use crate::trajectory::StoredPosition;
+
 /// Version of the feature definition; checkpoints record it and refuse a mismatch.
 ///
 /// Version 2 (this one) replaced version 1's feature 65, top-1 minus top-2 probability (already
@@ -114,59 +116,36 @@ pub trait StaleSource {
     fn position(&self, s: usize) -> Option<PositionStale<'_>>;
 }
 
-/// The live stale statistics of a round as a [`StaleSource`]: the [`BlockStats`] plus the
-/// hedge and the noised margin of every position, computed once under the round's noise.
+/// The live stale statistics of a round as a [`StaleSource`]: the [`BlockStats`] of every
+/// position read the way the trajectory recorder stores them
+/// ([`StoredPosition::from_stats`](crate::trajectory::StoredPosition::from_stats)), so decoding
+/// and training compute the same features, hedge and noised margin included.
 ///
 /// [`BlockStats`]: spot_core::BlockStats
 #[derive(Debug)]
-pub struct LiveStale<'a> {
-    stats: &'a spot_core::BlockStats,
-    hedge_prob: Vec<f32>,
-    margin: Vec<f32>,
+pub struct LiveStale {
+    positions: Vec<StoredPosition>,
 }
 
-impl<'a> LiveStale<'a> {
+impl LiveStale {
     /// The round's stale statistics `stats` of the block starting at absolute position
     /// `block_start`, under `noise` (`None` at `T = 0`).
     pub fn new(
-        stats: &'a spot_core::BlockStats,
+        stats: &spot_core::BlockStats,
         block_start: usize,
         noise: Option<GumbelNoise>,
         mask: TokenId,
     ) -> Self {
-        let (mut hedge_prob, mut margin) = (Vec::new(), Vec::new());
-        for s in 0..stats.len() {
-            let position = (block_start + s) as u64;
-            let hedge = spot_tree::noised_runner_up(stats, s, position, noise, mask);
-            hedge_prob.push(hedge.map_or(0.0, |h| h.1));
-            margin.push(noised_margin(
-                (stats.token(s), stats.confidence(s)),
-                hedge,
-                position,
-                noise,
-            ));
-        }
-        Self {
-            stats,
-            hedge_prob,
-            margin,
-        }
+        let positions = (0..stats.len())
+            .map(|s| StoredPosition::from_stats(stats, s, block_start, noise, mask))
+            .collect();
+        Self { positions }
     }
 }
 
-impl StaleSource for LiveStale<'_> {
+impl StaleSource for LiveStale {
     fn position(&self, s: usize) -> Option<PositionStale<'_>> {
-        if s >= self.stats.len() {
-            return None;
-        }
-        Some(PositionStale {
-            top_probs: self.stats.top(s).1,
-            entropy: self.stats.entropy(s),
-            tail_mass: self.stats.tail_mass(s),
-            confidence: self.stats.confidence(s),
-            hedge_prob: self.hedge_prob[s],
-            margin: self.margin[s],
-        })
+        self.positions.get(s).map(StoredPosition::stale)
     }
 }
 

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 
 use spot_core::{
     BlockDiffusionModel, BlockRun, BlockState, BlockStats, Commit, DecodeConfig, DecodeOutput,
-    StepStrategy, TokenId, run_decode,
+    GumbelNoise, StepStrategy, TokenId, run_decode,
 };
 
 use spot_tree::noised_runner_up;
@@ -144,15 +144,51 @@ impl StepRecord {
 
 impl StaleSource for StepRecord {
     fn position(&self, s: usize) -> Option<PositionStale<'_>> {
-        let p = self.stored(s)?;
-        Some(PositionStale {
-            top_probs: &p.top_probs,
-            entropy: p.entropy,
-            tail_mass: p.tail_mass,
-            confidence: p.confidence,
-            hedge_prob: p.hedge_prob,
-            margin: p.margin,
-        })
+        self.stored(s).map(StoredPosition::stale)
+    }
+}
+
+impl StoredPosition {
+    /// What the drafter reads of position `s` of the live statistics `stats` of the block
+    /// starting at absolute position `block_start`, under the decoder's noise (`None` at
+    /// `T = 0`): the one definition shared by the trajectory recorder and the live scorer
+    /// ([`LiveStale`](crate::features::LiveStale)), so training and decoding see the same
+    /// features.
+    pub fn from_stats(
+        stats: &BlockStats,
+        s: usize,
+        block_start: usize,
+        noise: Option<GumbelNoise>,
+        mask: TokenId,
+    ) -> Self {
+        let (ids, probs) = stats.top(s);
+        let position = (block_start + s) as u64;
+        let token = stats.token(s);
+        let hedge = noised_runner_up(stats, s, position, noise, mask);
+        Self {
+            position: s as u32,
+            token,
+            runner_up: ids.get(1).copied().unwrap_or(token),
+            confidence: stats.confidence(s),
+            entropy: stats.entropy(s),
+            tail_mass: stats.tail_mass(s),
+            hedge: hedge.map_or(token, |h| h.0),
+            hedge_prob: hedge.map_or(0.0, |h| h.1),
+            margin: noised_margin((token, stats.confidence(s)), hedge, position, noise),
+            top_probs: probs.to_vec(),
+        }
+    }
+
+    /// The stored statistics as the drafter's features read them.
+    pub fn stale(&self) -> PositionStale<'_> {
+        PositionStale {
+            top_probs: &self.top_probs,
+            entropy: self.entropy,
+            tail_mass: self.tail_mass,
+            confidence: self.confidence,
+            hedge_prob: self.hedge_prob,
+            margin: self.margin,
+        }
     }
 }
 
@@ -218,24 +254,7 @@ impl StepStrategy for Recorder {
         let mask = block.state().mask_id();
         let positions = before
             .into_iter()
-            .map(|s| {
-                let (ids, probs) = stats.top(s);
-                let position = (block.start() + s) as u64;
-                let token = stats.token(s);
-                let hedge = noised_runner_up(&stats, s, position, noise, mask);
-                StoredPosition {
-                    position: s as u32,
-                    token,
-                    runner_up: ids.get(1).copied().unwrap_or(token),
-                    confidence: stats.confidence(s),
-                    entropy: stats.entropy(s),
-                    tail_mass: stats.tail_mass(s),
-                    hedge: hedge.map_or(token, |h| h.0),
-                    hedge_prob: hedge.map_or(0.0, |h| h.1),
-                    margin: noised_margin((token, stats.confidence(s)), hedge, position, noise),
-                    top_probs: probs.to_vec(),
-                }
-            })
+            .map(|s| StoredPosition::from_stats(&stats, s, block.start(), noise, mask))
             .collect();
         let step = StepRecord {
             commits: self.scratch.clone(),
