@@ -21,8 +21,6 @@ import os
 import random
 import sys
 
-import numpy as np
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, "data")
 # The project's shared/ folder lies beside the repository (SPOT_SHARED_DATA overrides).
@@ -73,13 +71,19 @@ def mbpp_docs():
     return out
 
 
-def cmd_docs(_args):
-    os.makedirs(DATA, exist_ok=True)
+def original_split():
+    """(train, val) document lists of the CPU recipe: seeded shuffle, first 2% held out.
+    Also used by gpu/prepare.sh to carry this held-out split to the GPU machine."""
     docs = stdlib_docs() + gsm8k_docs() + mbpp_docs()
     rng = random.Random(SEED)
     rng.shuffle(docs)
     n_val = max(1, round(VAL_FRACTION * len(docs)))
-    val, train = docs[:n_val], docs[n_val:]
+    return docs[n_val:], docs[:n_val]
+
+
+def cmd_docs(_args):
+    os.makedirs(DATA, exist_ok=True)
+    train, val = original_split()
     for name, part in (("train_docs.jsonl", train), ("val_docs.jsonl", val)):
         with open(os.path.join(DATA, name), "w", encoding="utf-8") as fh:
             for d in part:
@@ -98,6 +102,7 @@ def read_docs(name):
 
 
 def cmd_tokenize(_args):
+    import numpy as np
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(os.path.join(DATA, "tokenizer.json"))

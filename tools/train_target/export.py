@@ -5,6 +5,9 @@ Writes config.json (SDARForCausalLM / model_type sdar, Qwen3 fields, block_size,
 generation_config.json, model.safetensors (float32, HF Qwen3 names, no lm_head.weight: tied),
 tokenizer.json and README.md; then reloads the folder into Qwen3ForCausalLM and checks the
 logits equal the checkpoint's. `--readme-only` just regenerates README.md from the logs.
+GPU recipe: the checkpoint carries its model shape ("fields"); `--dtype bfloat16` stores bf16
+weights and the reload check then compares with the checkpoint rounded to bf16; `--no-readme`
+leaves the model card to tools/train_target/gpu/card.py.
 """
 from __future__ import annotations
 
@@ -24,9 +27,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-def sdar_config() -> dict:
+def sdar_config(fields: dict | None = None, dtype: str = "float32") -> dict:
     c = {"architectures": ["SDARForCausalLM"], "model_type": "sdar"}
-    c.update(QWEN3_FIELDS)
+    c.update(QWEN3_FIELDS if fields is None else fields)
     c.update({
         "attention_dropout": 0.0,
         "block_size": BLOCK,
@@ -34,7 +37,7 @@ def sdar_config() -> dict:
         "eos_token_id": ENDOFTEXT_ID,
         "bos_token_id": None,
         "pad_token_id": None,
-        "torch_dtype": "float32",
+        "torch_dtype": dtype,
         "use_cache": False,
         "use_sliding_window": False,
     })
@@ -51,7 +54,7 @@ def load_folder(folder: str):
     assert not unexpected, unexpected
     assert list(missing) == ["lm_head.weight"], missing
     model.tie_weights()
-    assert torch.equal(model.lm_head.weight, sd["model.embed_tokens.weight"])
+    assert torch.equal(model.lm_head.weight, sd["model.embed_tokens.weight"].to(torch.float32))
     return model.eval(), c
 
 
@@ -160,22 +163,28 @@ def main(argv=None):
     ap.add_argument("--log-dir", default=os.path.join(HERE, "logs"))
     ap.add_argument("--command", default="python3 tools/train_target/run_all.py --max-minutes 105")
     ap.add_argument("--readme-only", action="store_true")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="storage type of model.safetensors")
+    ap.add_argument("--no-readme", action="store_true", help="do not write README.md")
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     if a.readme_only:
         write_readme(a.out, a.log_dir, a.command)
         print(f"README -> {a.out}")
         return
     os.makedirs(a.out, exist_ok=True)
     ck = torch.load(a.ckpt, map_location="cpu", weights_only=True)
-    model = make_model()
+    fields = ck.get("fields")  # absent in CPU-recipe checkpoints: QWEN3_FIELDS
+    model = make_model(fields)
     model.load_state_dict(ck["model"])
     model.eval()
-    sd = {k: v.detach().to(torch.float32).contiguous().clone()
+    store = getattr(torch, a.dtype)
+    sd = {k: v.detach().to(store).contiguous().clone()
           for k, v in model.state_dict().items() if k != "lm_head.weight"}
     save_file(sd, os.path.join(a.out, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(a.out, "config.json"), "w") as fh:
-        json.dump(sdar_config(), fh, indent=2)
+        json.dump(sdar_config(fields, a.dtype), fh, indent=2)
     with open(os.path.join(a.out, "generation_config.json"), "w") as fh:
         json.dump({"eos_token_id": [ENDOFTEXT_ID, IM_END_ID]}, fh, indent=2)
     shutil.copyfile(a.tokenizer, os.path.join(a.out, "tokenizer.json"))
@@ -183,14 +192,22 @@ def main(argv=None):
     m2, _ = load_folder(a.out)
     ids = torch.randint(0, 6141, (1, 80), generator=torch.Generator().manual_seed(5))
     pos = torch.arange(80)[None]
+    exact = model
+    if store != torch.float32:  # the stored weights are the checkpoint's rounded to `store`
+        exact = make_model(fields).eval()
+        exact.load_state_dict({k: v.to(store).to(torch.float32) for k, v in model.state_dict().items()})
     with torch.no_grad():
-        l1 = model(input_ids=ids, attention_mask=block_causal_mask(80, BLOCK), position_ids=pos).logits
+        l1 = exact(input_ids=ids, attention_mask=block_causal_mask(80, BLOCK), position_ids=pos).logits
         l2 = m2(input_ids=ids, attention_mask=block_causal_mask(80, BLOCK), position_ids=pos).logits
+        l0 = model(input_ids=ids, attention_mask=block_causal_mask(80, BLOCK), position_ids=pos).logits
     assert torch.equal(l1, l2)
+    if store != torch.float32:
+        print(f"reload: logits equal to the checkpoint rounded to {a.dtype}; max |diff| to the float32 "
+              f"checkpoint {(l0 - l2).abs().max().item():.3e}")
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(os.path.join(a.out, "tokenizer.json"))
     assert tok.token_to_id("<|MASK|>") == MASK_ID and tok.get_vocab_size() == 6144
-    if os.path.exists(os.path.join(a.log_dir, "train_summary.json")):
+    if not a.no_readme and os.path.exists(os.path.join(a.log_dir, "train_summary.json")):
         write_readme(a.out, a.log_dir, a.command)
     total = sum(os.path.getsize(os.path.join(a.out, f)) for f in os.listdir(a.out))
     print(f"exported step {ck['step']} -> {a.out} ({total / 2**20:.1f} MiB, {len(sd)} tensors); reload check OK")

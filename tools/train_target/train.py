@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
 """SDAR-style (two-stream, BD3-LM) block-diffusion training of a tiny Qwen3ForCausalLM on CPU.
+(The GPU recipe, tools/train_target/gpu/, runs the same loop with --device cuda --amp bf16
+--attn sdpa --model '{...}'; the defaults are the CPU recipe and reproduce it unchanged.)
 
 x0: N=256 clean tokens. Per block of L=32: t ~ U(0.02, 1), each token masked with prob t -> xt.
 Input concat(xt, x0), positions concat(0..N-1, 0..N-1), 4D additive mask (see common.two_stream_mask).
@@ -9,6 +11,7 @@ tokens (NO 1/t weighting). Validation: same objective, fixed seed masks, fixed w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BLOCK, VOCAB, block_causal_mask, make_model, noise, sdar_loss, two_stream_mask  # noqa: E402
+from common import BLOCK, QWEN3_FIELDS, VOCAB, block_causal_mask, make_model, model_fields, noise, sdar_loss, two_stream_mask  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -64,15 +67,47 @@ def verify_mask_used(model, N, L, seed=0):
     return dict(clean_diff=d_clean, noisy_diff=d_noisy, default_mask_diff=d_default)
 
 
+def check_attn_matches_eager(model, fields, N, L, seed=0):
+    """For a non-eager attention implementation: the two-stream logits must equal eager's."""
+    ref = make_model(fields, attn="eager")
+    ref.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    x0 = torch.randint(0, VOCAB - 3, (2, N), generator=g)
+    xt, _, _ = noise(x0, L, g)
+    ids = torch.cat([xt, x0], 1)
+    pos = torch.arange(N).repeat(2)[None].expand(2, 2 * N)
+    m2 = two_stream_mask(N, L).expand(2, 1, 2 * N, 2 * N)
+    with torch.no_grad():
+        a = model(input_ids=ids, attention_mask=m2, position_ids=pos, use_cache=False).logits
+        b = ref(input_ids=ids, attention_mask=m2, position_ids=pos, use_cache=False).logits
+    d = (a - b).abs().max().item()
+    log(f"{model.config._attn_implementation} vs eager two-stream logits: max diff {d:.2e} -> "
+        f"{'OK' if d < 1e-4 else 'FAILED'}")
+    if not d < 1e-4:
+        raise SystemExit(f"attention implementation {model.config._attn_implementation} does not apply "
+                         "the 4D mask like eager; rerun with --attn eager")
+    return d
+
+
+def autocast(device, amp):
+    if amp == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
 @torch.no_grad()
-def evaluate(model, val_x, mask4d, L, batch, seed=777):
+def evaluate(model, val_x, mask4d, L, batch, seed=777, device=None, amp="none"):
+    """Masks drawn on the CPU with a fixed seed (same masks whatever the device)."""
     model.eval()
     g = torch.Generator().manual_seed(seed)
     tot, cnt = 0.0, 0
     for i in range(0, val_x.shape[0], batch):
         x0 = val_x[i:i + batch]
         xt, masked, _ = noise(x0, L, g)
-        loss, n = sdar_loss(model, x0, xt, masked, mask4d)
+        if device is not None and device.type != "cpu":
+            x0, xt, masked = x0.to(device), xt.to(device), masked.to(device)
+        with autocast(mask4d.device, amp):
+            loss, n = sdar_loss(model, x0, xt, masked, mask4d)
         tot += loss.item() * n
         cnt += n
     model.train()
@@ -98,6 +133,14 @@ def main(argv=None):
     ap.add_argument("--data", default=os.path.join(HERE, "data"))
     ap.add_argument("--log-dir", default=None)
     ap.add_argument("--ckpt", default=None)
+    # GPU recipe (defaults = CPU recipe)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda")
+    ap.add_argument("--amp", choices=["none", "bf16"], default="none", help="bf16 autocast")
+    ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager")
+    ap.add_argument("--model", default="", help="JSON overrides of common.QWEN3_FIELDS (size only)")
+    ap.add_argument("--max-params", type=int, default=0, help="refuse a model with more parameters")
+    ap.add_argument("--eval-every-s", type=float, default=0.0,
+                    help="validate every this many seconds of training instead of --eval-every steps")
     a = ap.parse_args(argv)
     if a.smoke:
         a.max_minutes = min(a.max_minutes, 1.5)
@@ -109,6 +152,13 @@ def main(argv=None):
     os.makedirs(a.ckpt, exist_ok=True)
 
     torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device cuda but torch {torch.__version__} sees no CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    fields = model_fields(**json.loads(a.model)) if a.model else dict(QWEN3_FIELDS)
     torch.manual_seed(a.seed)
     np.random.seed(a.seed)
     random.seed(a.seed)
@@ -136,18 +186,30 @@ def main(argv=None):
     log(f"unigram baseline CE (nats): all val tokens {uni_all:.4f}; periodic windows {uni_win:.4f}; "
         f"final windows {uni_final:.4f}")
 
-    model = make_model()
+    model = make_model(fields, attn=a.attn)
     n_params = sum(p.numel() for p in model.parameters())  # tied: counted once
     log(f"parameters: {n_params} (unique; embedding {model.model.embed_tokens.weight.numel()})")
-    check = verify_mask_used(model, N, L)
+    if a.max_params and n_params > a.max_params:
+        raise SystemExit(f"{n_params} parameters > --max-params {a.max_params}")
+    check = verify_mask_used(model, N, L)  # on the CPU, float32, before any move
+    if a.attn != "eager":
+        check["attn_vs_eager_diff"] = check_attn_matches_eager(model, fields, N, L)
+    model.to(device)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-    mask4d = two_stream_mask(N, L)
-    g_noise = torch.Generator().manual_seed(a.seed + 1)
+    groups = [{"params": decay, "weight_decay": a.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if device.type == "cuda":
+        opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    else:
+        opt = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
+    mask4d = two_stream_mask(N, L).to(device)
+    if device.type == "cpu":
+        g_noise = torch.Generator().manual_seed(a.seed + 1)
+    else:  # noise drawn on the device (common.noise uses x0's device)
+        g_noise = torch.Generator(device=device).manual_seed(a.seed + 1)
+        train_dev = torch.from_numpy(train).to(device)
+        offs = torch.arange(N, device=device)
     rng = np.random.default_rng(a.seed + 2)
     budget = a.max_minutes * 60.0
 
@@ -158,12 +220,19 @@ def main(argv=None):
     va_w.writerow(["step", "tokens_seen", "val_loss", "masked_tokens", "elapsed_s"])
 
     def save(step):
-        torch.save({"model": model.state_dict(), "step": step}, os.path.join(a.ckpt, "model.pt"))
+        ck = {"model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "step": step}
+        if a.model:
+            ck["fields"] = fields
+        tmp = os.path.join(a.ckpt, "model.pt.tmp")
+        torch.save(ck, tmp)
+        os.replace(tmp, os.path.join(a.ckpt, "model.pt"))
 
-    v0, _ = evaluate(model, val_x, mask4d, L, a.batch)
+    ev = dict(device=device, amp=a.amp)
+    v0, _ = evaluate(model, val_x, mask4d, L, a.batch, **ev)
     log(f"step 0 val {v0:.4f}")
     va_w.writerow([0, 0, f"{v0:.5f}", "", f"{time.time() - t_start:.1f}"])
     t_loop = time.time()
+    t_eval = t_loop
     step, recent, last_val = 0, [], v0
     model.train()
     while True:
@@ -178,24 +247,29 @@ def main(argv=None):
         for gr in opt.param_groups:
             gr["lr"] = lr
         starts = rng.integers(0, train.size - N, size=a.batch)
-        x0 = torch.from_numpy(np.stack([train[s:s + N] for s in starts]))
+        if device.type == "cpu":
+            x0 = torch.from_numpy(np.stack([train[s:s + N] for s in starts]))
+        else:
+            x0 = train_dev[torch.from_numpy(starts).to(device)[:, None] + offs]
         xt, masked, _ = noise(x0, L, g_noise)
-        loss, _ = sdar_loss(model, x0, xt, masked, mask4d)
+        with autocast(device, a.amp):
+            loss, _ = sdar_loss(model, x0, xt, masked, mask4d)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        recent.append(loss.item())
+        recent.append(loss.detach())
         if step % a.log_every == 0:
-            tl = sum(recent) / len(recent)
+            tl = sum(float(x) for x in recent) / len(recent)
             recent = []
             el = time.time() - t_start
             tr_w.writerow([step, step * a.batch * N, f"{lr:.3e}", f"{tl:.5f}", f"{el:.1f}"])
             tr_f.flush()
             log(f"step {step} lr {lr:.2e} train {tl:.4f} ({(time.time() - t_loop) / step:.2f} s/step)")
-        if step % a.eval_every == 0:
-            last_val, _ = evaluate(model, val_x, mask4d, L, a.batch)
+        if (time.time() - t_eval >= a.eval_every_s) if a.eval_every_s > 0 else (step % a.eval_every == 0):
+            t_eval = time.time()
+            last_val, _ = evaluate(model, val_x, mask4d, L, a.batch, **ev)
             va_w.writerow([step, step * a.batch * N, f"{last_val:.5f}", "", f"{time.time() - t_start:.1f}"])
             va_f.flush()
             log(f"step {step} val {last_val:.4f} (unigram {uni_win:.4f})")
@@ -203,8 +277,8 @@ def main(argv=None):
     loop_s = time.time() - t_loop
     save(step)
     # final numbers: train loss = mean of last 20 steps; val on the periodic and the larger final set
-    v_per, _ = evaluate(model, val_x, mask4d, L, a.batch)
-    v_fin, n_fin = evaluate(model, val_final, mask4d, L, a.batch, seed=778)
+    v_per, _ = evaluate(model, val_x, mask4d, L, a.batch, **ev)
+    v_fin, n_fin = evaluate(model, val_final, mask4d, L, a.batch, seed=778, **ev)
     va_w.writerow([step, step * a.batch * N, f"{v_per:.5f}", "", f"{time.time() - t_start:.1f}"])
     tr_f.close()
     va_f.close()
@@ -223,6 +297,11 @@ def main(argv=None):
         loss_weighting="plain mean over masked tokens (no 1/t weighting)",
         mask_check=check, args=vars(a), torch=torch.__version__,
     )
+    if a.model:  # GPU recipe: record the model shape and where it ran
+        import transformers
+        summary.update(model_fields=fields, transformers=transformers.__version__,
+                       device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                       clean_tokens_per_s=round(step * a.batch * N / max(loop_s, 1e-9)))
     with open(os.path.join(a.log_dir, "train_summary.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     log("summary " + json.dumps({k: v for k, v in summary.items() if k not in ("args", "mask_check")}))
