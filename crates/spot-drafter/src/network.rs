@@ -180,6 +180,29 @@ impl OrderModelConfig {
         {
             return Err("block_size, d_model, heads, ffn and layers must be positive".into());
         }
+        // Sizes come from a file: bound them before anything is allocated from them.
+        for (name, v, max) in [
+            ("block_size", self.block_size, 4096),
+            ("d_model", self.d_model, 8192),
+            ("heads", self.heads, 256),
+            ("ffn", self.ffn, 65_536),
+            ("layers", self.layers, 64),
+        ] {
+            if v > max {
+                return Err(format!("{name} {v} exceeds {max}"));
+            }
+        }
+        let (d, f) = (self.d_model as u128, self.ffn as u128);
+        let per_layer = 4 * d + 4 * (d * d + d) + 2 * d * f + f + d;
+        let total = (self.n_features as u128 + 1 + self.block_size as u128) * d
+            + self.layers as u128 * per_layer
+            + 3 * d
+            + 2;
+        if total > MAX_PARAMETERS {
+            return Err(format!(
+                "{total} parameters exceed the limit of {MAX_PARAMETERS}"
+            ));
+        }
         for c in self
             .token_calibration
             .iter()
@@ -388,6 +411,9 @@ impl<B: Backend> OrderModel<B> {
             .collect()
     }
 }
+
+/// The most parameters a checkpoint may declare (1 GiB of f32).
+const MAX_PARAMETERS: u128 = 1 << 28;
 
 /// The feature a residual network adds its output to: `ln` stale confidence.
 const BASE_FEATURE: usize = 74;

@@ -231,6 +231,19 @@ fn checkpoint_round_trip_and_bad_files() {
         matches!(e, DrafterError::Config { .. }) && e.to_string().contains("version 9"),
         "{e}"
     );
+    // Sizes from the file are bounded before anything is allocated from them.
+    for (from, to, what) in [
+        ("\"layers\": 2", "\"layers\": 1000000000000", "layers"),
+        ("\"d_model\": 32", "\"d_model\": 8192", "parameters"),
+        ("\"block_size\": 16", "\"block_size\": 99999", "block_size"),
+    ] {
+        std::fs::write(config_path(&w), json.replace(from, to)).unwrap();
+        let e = load(&w);
+        assert!(
+            matches!(e, DrafterError::Config { .. }) && e.to_string().contains(what),
+            "{e}"
+        );
+    }
     // Unknown field, missing config.
     std::fs::write(
         config_path(&w),
