@@ -110,7 +110,8 @@ pub struct PositionStale<'a> {
     pub margin: f32,
 }
 
-/// Where stale statistics come from: the live [`BlockStats`] of a round, or a stored step.
+/// Where stale statistics come from: the live [`BlockStats`](spot_core::BlockStats) of a round
+/// (through [`LiveStale`]), or a stored step.
 pub trait StaleSource {
     /// Statistics of position `s`, or `None` when the source holds none for it.
     fn position(&self, s: usize) -> Option<PositionStale<'_>>;

@@ -16,7 +16,7 @@ use crate::network::OrderModel;
 /// builder's default (stale choice weighted by its stale probability, the hedge only below the
 /// hedge threshold); with one, both are weighted by the calibrated chance that the target
 /// commits them, from the table fitted nearest the target's temperature (see
-/// [`TokenCalibration`](crate::TokenCalibration) and
+/// [`TokenCalibration`] and
 /// [`OrderModelConfig::calibration_for`](crate::OrderModelConfig::calibration_for)).
 #[derive(Debug)]
 pub struct LearnedScorer<B: Backend> {
