@@ -193,16 +193,19 @@ impl Drafters {
         let baseline = methods
             .iter()
             .any(|m| matches!(m, Method::Blockspec | Method::Spiffy));
-        let drafter_json = files
-            .needed(Method::Spot)
-            .into_iter()
-            .nth(1)
-            .filter(|p| p.is_file());
-        if let Some(p) = drafter_json.filter(|_| baseline && files.calibrate_baselines) {
-            let cfg = spot_drafter::checkpoint::load_config(&files.needed(Method::Spot)[0])
-                .with_context(|| {
-                    format!("loading the baselines' token calibration {}", p.display())
-                })?;
+        // The drafter checkpoint's weights path, then its JSON (see `DraftFiles::needed`).
+        let drafter = files.needed(Method::Spot);
+        if let [weights, json] = drafter.as_slice()
+            && baseline
+            && files.calibrate_baselines
+            && json.is_file()
+        {
+            let cfg = spot_drafter::checkpoint::load_config(weights).with_context(|| {
+                format!(
+                    "loading the baselines' token calibration {}",
+                    json.display()
+                )
+            })?;
             d.calibration = cfg.token_calibration_by_temperature;
             d.calibration.extend(cfg.token_calibration);
         }

@@ -338,7 +338,6 @@ impl<B: Backend> OrderModel<B> {
     /// Scores `[N, L]` of features `[N, L, n_features]` (unnormalised, every position).
     pub fn scores(&self, features: Tensor<B, 3>) -> Tensor<B, 2> {
         let [n, l, f] = features.dims();
-        let features_in = features.clone();
         let c = &self.cfg;
         let (d, h) = (c.d_model, c.heads);
         let dh = d / h;
@@ -349,7 +348,8 @@ impl<B: Backend> OrderModel<B> {
         };
         let (we, be, pos) = (next(), next(), next());
         let pos = self.p2(pos).narrow(0, 0, l).reshape([1, l, d]);
-        let x = features_in.reshape([n * l, f]).matmul(self.p2(we)) + self.p1(be).unsqueeze::<2>();
+        let x =
+            features.clone().reshape([n * l, f]).matmul(self.p2(we)) + self.p1(be).unsqueeze::<2>();
         let mut x = (x.reshape([n, l, d]) + pos).reshape([n * l, d]);
         let scale = 1.0 / (dh as f64).sqrt();
         for _ in 0..c.layers {
