@@ -1,9 +1,10 @@
-//! `spot calibrate-spiffy`: the Spiffy baseline's static draft graph from trajectories.
+//! `spot calibrate-spiffy`: the Spiffy baseline's static draft graph from trajectories;
+//! `spot calibrate-tokens`: a drafter checkpoint's token calibration.
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
-use spot_drafter::{SpiffyGraph, TrajectoryDir};
+use anyhow::{Context, Result, bail};
+use spot_drafter::{CalibrationKey, SpiffyGraph, TokenCalibration, Trajectory, TrajectoryDir};
 
 /// Arguments of `spot calibrate-spiffy`.
 #[derive(clap::Args)]
@@ -45,5 +46,79 @@ pub fn run(a: &CalibrateArgs) -> Result<()> {
             p.count as f64 / g.sequences as f64
         );
     }
+    Ok(())
+}
+
+/// Arguments of `spot calibrate-tokens`.
+#[derive(clap::Args)]
+pub struct CalibrateTokensArgs {
+    /// Trajectory directories written by `spot collect` (training prompts only; one table is
+    /// fitted per decoding temperature found).
+    #[arg(long, required = true, num_args = 1..)]
+    trajectories: Vec<PathBuf>,
+    /// Drafter checkpoint whose token calibration is replaced (`.safetensors`, config next to
+    /// it as `.json`).
+    #[arg(long)]
+    drafter: PathBuf,
+    /// Where to write the recalibrated checkpoint (default: over `--drafter`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Deepest replay depth with a row of its own (deeper nodes use the last row).
+    #[arg(long, default_value_t = 7)]
+    max_depth: usize,
+}
+
+/// Runs `spot calibrate-tokens`: refits a drafter checkpoint's per-temperature token
+/// calibration ([`TokenCalibration::fit_per_temperature`]) without retraining its network.
+pub fn run_tokens(a: &CalibrateTokensArgs) -> Result<()> {
+    let device = crate::backend::device()?;
+    let mut net = spot_drafter::checkpoint::load::<crate::Backend>(&a.drafter, &device)
+        .with_context(|| format!("loading drafter {}", a.drafter.display()))?;
+    let block = net.config().block_size;
+    let mut trajs = Vec::new();
+    for d in &a.trajectories {
+        let dir = TrajectoryDir::open(d)?;
+        if dir.manifest().block_size != block {
+            bail!(
+                "{} has block size {}, the drafter {block}",
+                d.display(),
+                dir.manifest().block_size
+            );
+        }
+        trajs.extend(dir.read_all()?.into_iter().map(|(_, t)| t));
+    }
+    if trajs.is_empty() {
+        bail!(
+            "{:?}: no trajectories (run spot collect first)",
+            a.trajectories
+        );
+    }
+    let refs: Vec<&Trajectory> = trajs.iter().collect();
+    let tables = TokenCalibration::fit_per_temperature(&refs, a.max_depth);
+    for t in &tables {
+        let group: Vec<&Trajectory> = refs
+            .iter()
+            .copied()
+            .filter(|x| Some(x.temperature) == t.temperature)
+            .collect();
+        let loss = |key| {
+            TokenCalibration::fit(group.iter().copied(), a.max_depth, key)
+                .log_loss(&group, a.max_depth)
+        };
+        eprintln!(
+            "T = {}: {} trajectories, key {:?} (log-loss: confidence {:.4}, margin {:.4})",
+            t.temperature.unwrap_or(f32::NAN),
+            group.len(),
+            t.key,
+            loss(CalibrationKey::Confidence),
+            loss(CalibrationKey::Margin),
+        );
+    }
+    net.set_token_calibration(None);
+    net.set_token_calibrations(tables);
+    let out = a.out.as_ref().unwrap_or(&a.drafter);
+    spot_drafter::checkpoint::save(&net, out)
+        .with_context(|| format!("writing drafter {}", out.display()))?;
+    eprintln!("wrote {}", out.display());
     Ok(())
 }

@@ -55,6 +55,9 @@ enum Command {
     EvalDrafter(eval_drafter::EvalArgs),
     /// Calibrate the Spiffy baseline's static draft graph from trajectories.
     CalibrateSpiffy(calibrate::CalibrateArgs),
+    /// Refit a drafter checkpoint's token calibration (per temperature, by stale confidence or
+    /// noised margin) from trajectories, without retraining the network.
+    CalibrateTokens(calibrate::CalibrateTokensArgs),
     /// Compare decoding methods and budgets on prompt sets: NFE, positions, commits per
     /// forward, wall time and agreement with draft-free; Markdown, JSON and SVG.
     Bench(bench::BenchArgs),
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Command::TrainDrafter(a) => train_drafter::run(a),
         Command::EvalDrafter(a) => eval_drafter::run(a),
         Command::CalibrateSpiffy(a) => calibrate::run(a),
+        Command::CalibrateTokens(a) => calibrate::run_tokens(a),
         Command::Bench(a) => bench::run(a),
     };
     match result {

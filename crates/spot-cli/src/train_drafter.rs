@@ -35,7 +35,8 @@ pub struct TrainArgs {
     /// Deepest replay depth of Algorithm 1.
     #[arg(long, default_value_t = 7)]
     max_depth: usize,
-    /// Share of trajectories held out (spread evenly over the interleaved list).
+    /// Share of prompts held out, with every trajectory decoded from them (spread evenly over
+    /// the interleaved list).
     #[arg(long, default_value_t = 0.1)]
     holdout: f64,
     /// Training examples per epoch (a seeded sample; default: all).

@@ -730,3 +730,81 @@ fn sample_top_k_is_exact_across_methods() {
     let out = spot(&["generate", "--prompt", "x", "--sample-top-k", "0"]);
     assert!(!out.status.success());
 }
+
+/// `spot calibrate-tokens` refits a copy of the shipped drafter's token calibration from
+/// freshly collected trajectories: one table for the one temperature collected, the weights
+/// byte for byte unchanged; a trajectory directory of another block size is refused naming it.
+#[test]
+fn calibrate_tokens_refits_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/sdar-tiny-code");
+    let traj = dir.path().join("t1");
+    let collect = |model: &std::path::Path, out: &std::path::Path| {
+        spot(&[
+            "collect",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompts",
+            humaneval().to_str().unwrap(),
+            "--limit",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+            "--max-new-tokens",
+            "32",
+            "--temperature",
+            "1",
+            "--seed",
+            "3",
+        ])
+    };
+    let out = collect(&shipped, &traj);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let weights = dir.path().join("d.safetensors");
+    std::fs::copy(shipped.join("spot-drafter.safetensors"), &weights).unwrap();
+    std::fs::copy(shipped.join("spot-drafter.json"), dir.path().join("d.json")).unwrap();
+    let out = spot(&[
+        "calibrate-tokens",
+        "--trajectories",
+        traj.to_str().unwrap(),
+        "--drafter",
+        weights.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("T = 1: 2 trajectories"), "{err}");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("d.json")).unwrap()).unwrap();
+    let tables = cfg["token_calibration_by_temperature"].as_array().unwrap();
+    assert_eq!(tables.len(), 1, "{cfg}");
+    assert_eq!(tables[0]["temperature"], 1.0);
+    assert!(["confidence", "margin"].contains(&tables[0]["key"].as_str().unwrap()));
+    assert_eq!(
+        std::fs::read(&weights).unwrap(),
+        std::fs::read(shipped.join("spot-drafter.safetensors")).unwrap()
+    );
+    // The SDAR fixture decodes in blocks of another size than the drafter's 32.
+    let small = dir.path().join("small");
+    let out = collect(&fixture("sdar-tiny"), &small);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = spot(&[
+        "calibrate-tokens",
+        "--trajectories",
+        small.to_str().unwrap(),
+        "--drafter",
+        weights.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("small has block size"),
+        "{err}"
+    );
+}

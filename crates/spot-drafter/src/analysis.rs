@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::features::MARGIN_CAP;
 use crate::trajectory::{Trajectory, examples};
 
 /// Token hit rates of the stale statistics, by replay depth (Algorithm 1's examples).
@@ -67,11 +68,51 @@ pub fn token_hits(trajs: &[Trajectory], max_depth: usize) -> TokenHits {
     h
 }
 
-/// Upper edges of the stale-confidence bins of a [`TokenCalibration`].
+/// Upper edges of the stale-confidence bins of a [`TokenCalibration`] keyed by
+/// [`CalibrationKey::Confidence`].
 pub const CALIBRATION_EDGES: [f32; 10] = [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0];
 
-/// How often a stale token is still the target's choice, by replay depth and stale confidence,
-/// measured on training trajectories.
+/// Upper edges of the noised-margin bins of a [`TokenCalibration`] keyed by
+/// [`CalibrationKey::Margin`] (nats; the last one is [`MARGIN_CAP`]).
+pub const MARGIN_EDGES: [f32; 10] = [0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 10.0, MARGIN_CAP];
+
+/// What a [`TokenCalibration`] bins its examples by.
+///
+/// Under `T > 0` the tempered confidence says little about whether the target's noised choice
+/// survives (at `T = 2` nearly every position's confidence is below 0.05); the noised margin
+/// ([`noised_margin`](crate::features::noised_margin): how far the logits must move before the choice flips) does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CalibrationKey {
+    /// The stale confidence of the choice ([`CALIBRATION_EDGES`]); checkpoints written before
+    /// keys existed use it.
+    #[default]
+    Confidence,
+    /// The noised margin of the choice over the hedge ([`MARGIN_EDGES`]).
+    Margin,
+}
+
+impl CalibrationKey {
+    /// The bins' upper edges.
+    pub fn edges(self) -> &'static [f32] {
+        match self {
+            CalibrationKey::Confidence => &CALIBRATION_EDGES,
+            CalibrationKey::Margin => &MARGIN_EDGES,
+        }
+    }
+
+    /// The value binned for a position with stale `confidence` and noised `margin`.
+    pub fn value(self, confidence: f32, margin: f32) -> f32 {
+        match self {
+            CalibrationKey::Confidence => confidence,
+            CalibrationKey::Margin => margin,
+        }
+    }
+}
+
+/// How often a stale token is still the target's choice, by replay depth and by a key of the
+/// stale statistics (the confidence or the noised margin, [`CalibrationKey`]), measured on
+/// training trajectories.
 ///
 /// The tree's mass multiplies the order probability by a token factor. The paper uses the stale
 /// probability `p~_s(v)`, which is not the chance that `v` survives: on the shipped target the
@@ -82,14 +123,18 @@ pub const CALIBRATION_EDGES: [f32; 10] = [0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenCalibration {
-    /// Upper edges of the confidence bins, ascending, the last one 1.
+    /// What the bins are of (absent in older checkpoints: the confidence).
+    #[serde(default)]
+    pub key: CalibrationKey,
+    /// Upper edges of the key's bins, ascending (values above the last edge fall in the last
+    /// bin); for the confidence the last one is 1.
     pub edges: Vec<f32>,
-    /// `top1[d][b]`: share of examples at depth `d` (deeper ones use the last row) with stale
-    /// confidence in bin `b` whose committed token was the stale choice (Laplace-smoothed;
-    /// fitted tables are non-decreasing in confidence, adjacent bins pooled where needed).
+    /// `top1[d][b]`: share of examples at depth `d` (deeper ones use the last row) with the key
+    /// in bin `b` whose committed token was the stale choice (Laplace-smoothed; fitted tables
+    /// are non-decreasing in the key, adjacent bins pooled where needed).
     pub top1: Vec<Vec<f32>>,
     /// The same for the hedge (the runner-up of the decoder's choice rule; the noised
-    /// runner-up under `T > 0`); fitted tables are non-increasing in confidence.
+    /// runner-up under `T > 0`); fitted tables are non-increasing in the key.
     pub runner_up: Vec<Vec<f32>>,
     /// The decoding temperature of the trajectories it was fitted on (`None`: any, mixed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,9 +142,14 @@ pub struct TokenCalibration {
 }
 
 impl TokenCalibration {
-    /// Measures the hit rates on `trajs` for depths `0..=max_depth`.
-    pub fn fit<'a>(trajs: impl IntoIterator<Item = &'a Trajectory>, max_depth: usize) -> Self {
-        let (nd, nb) = (max_depth + 1, CALIBRATION_EDGES.len());
+    /// Measures the hit rates on `trajs` for depths `0..=max_depth`, binned by `key`.
+    pub fn fit<'a>(
+        trajs: impl IntoIterator<Item = &'a Trajectory>,
+        max_depth: usize,
+        key: CalibrationKey,
+    ) -> Self {
+        let edges = key.edges();
+        let (nd, nb) = (max_depth + 1, edges.len());
         let mut n = vec![vec![0u64; nb]; nd];
         let mut h1 = vec![vec![0u64; nb]; nd];
         let mut h2 = vec![vec![0u64; nb]; nd];
@@ -108,14 +158,14 @@ impl TokenCalibration {
                 let Some(p) = ex.stale.stored(ex.target) else {
                     return;
                 };
-                let b = bin(&CALIBRATION_EDGES, p.confidence);
+                let b = bin(edges, key.value(p.confidence, p.margin));
                 n[ex.depth][b] += 1;
                 h1[ex.depth][b] += u64::from(p.token == ex.token);
                 h2[ex.depth][b] += u64::from(p.hedge == ex.token && p.token != ex.token);
             });
         }
-        // The stale choice survives more often the more confident it was, and the runner-up
-        // less often: sparse bins that break that order are pooled with their neighbours.
+        // The stale choice survives more often the larger its key, and the runner-up less
+        // often: sparse bins that break that order are pooled with their neighbours.
         let rate = |h: &Vec<Vec<u64>>, increasing: bool| -> Vec<Vec<f32>> {
             h.iter()
                 .zip(&n)
@@ -123,16 +173,55 @@ impl TokenCalibration {
                 .collect()
         };
         Self {
-            edges: CALIBRATION_EDGES.to_vec(),
+            key,
+            edges: edges.to_vec(),
             top1: rate(&h1, true),
             runner_up: rate(&h2, false),
             temperature: None,
         }
     }
 
+    /// Fits a table per [`CalibrationKey`] on `trajs` and keeps the one that predicts them
+    /// best ([`TokenCalibration::log_loss`]; the confidence on a tie).
+    pub fn fit_best(trajs: &[&Trajectory], max_depth: usize) -> Self {
+        let fit = |key| Self::fit(trajs.iter().copied(), max_depth, key);
+        let (conf, margin) = (fit(CalibrationKey::Confidence), fit(CalibrationKey::Margin));
+        if margin.log_loss(trajs, max_depth) < conf.log_loss(trajs, max_depth) {
+            margin
+        } else {
+            conf
+        }
+    }
+
+    /// Mean log-loss (nats) of the table's two predictions on the examples of `trajs` up to
+    /// `max_depth`: the binary cross-entropy of "the stale choice is committed" plus that of
+    /// "the hedge is committed" (NaN without examples).
+    pub fn log_loss(&self, trajs: &[&Trajectory], max_depth: usize) -> f64 {
+        let (mut sum, mut count) = (0.0f64, 0usize);
+        let bce = |p: f32, hit: bool| {
+            let p = f64::from(p).clamp(1e-6, 1.0 - 1e-6);
+            -(if hit { p } else { 1.0 - p }).ln()
+        };
+        for t in trajs {
+            examples(t, max_depth, |ex| {
+                let Some(p) = ex.stale.stored(ex.target) else {
+                    return;
+                };
+                let x = self.key.value(p.confidence, p.margin);
+                sum += bce(self.top1(ex.depth, x), p.token == ex.token);
+                sum += bce(
+                    self.runner_up(ex.depth, x),
+                    p.hedge == ex.token && p.token != ex.token,
+                );
+                count += 1;
+            });
+        }
+        sum / count as f64
+    }
+
     /// One calibration per distinct decoding temperature of `trajs` (each fitted on the
-    /// trajectories decoded at that temperature, with its `temperature` set), by ascending
-    /// temperature.
+    /// trajectories decoded at that temperature with the key that predicts them best,
+    /// [`TokenCalibration::fit_best`], and its `temperature` set), by ascending temperature.
     pub fn fit_per_temperature(trajs: &[&Trajectory], max_depth: usize) -> Vec<Self> {
         let mut temps: Vec<f32> = trajs.iter().map(|t| t.temperature).collect();
         temps.sort_by(f32::total_cmp);
@@ -140,10 +229,14 @@ impl TokenCalibration {
         temps
             .into_iter()
             .map(|temp| {
-                let group = trajs.iter().copied().filter(|t| t.temperature == temp);
+                let group: Vec<&Trajectory> = trajs
+                    .iter()
+                    .copied()
+                    .filter(|t| t.temperature == temp)
+                    .collect();
                 Self {
                     temperature: Some(temp),
-                    ..Self::fit(group, max_depth)
+                    ..Self::fit_best(&group, max_depth)
                 }
             })
             .collect()
@@ -156,8 +249,11 @@ impl TokenCalibration {
             .edges
             .windows(2)
             .all(|w| w[0].partial_cmp(&w[1]) == Some(std::cmp::Ordering::Less));
-        if nb == 0 || !ascending || self.edges[nb - 1] != 1.0 {
-            return Err("token_calibration.edges must ascend and end at 1".into());
+        if nb == 0 || !ascending || self.edges.iter().any(|e| !e.is_finite()) {
+            return Err("token_calibration.edges must be finite and ascend".into());
+        }
+        if self.key == CalibrationKey::Confidence && self.edges[nb - 1] != 1.0 {
+            return Err("token_calibration.edges of the confidence must end at 1".into());
         }
         if self
             .temperature
@@ -183,26 +279,23 @@ impl TokenCalibration {
         Ok(())
     }
 
-    fn lookup(&self, table: &[Vec<f32>], depth: usize, confidence: f32) -> f32 {
+    fn lookup(&self, table: &[Vec<f32>], depth: usize, x: f32) -> f32 {
         let row = &table[depth.min(table.len() - 1)];
-        row[bin(&self.edges, confidence).min(row.len() - 1)]
+        row[bin(&self.edges, x).min(row.len() - 1)]
     }
 
-    /// Chance that the stale choice is committed, at `depth` with stale `confidence`.
-    pub fn top1(&self, depth: usize, confidence: f32) -> f32 {
-        self.lookup(&self.top1, depth, confidence)
+    /// Chance that the stale choice is committed, at `depth` with the key's value `x` (the
+    /// stale confidence or the noised margin, [`CalibrationKey::value`]).
+    pub fn top1(&self, depth: usize, x: f32) -> f32 {
+        self.lookup(&self.top1, depth, x)
     }
 
     /// Chance that the hedge (the choice rule's runner-up) is committed instead.
-    pub fn runner_up(&self, depth: usize, confidence: f32) -> f32 {
-        self.lookup(&self.runner_up, depth, confidence)
+    pub fn runner_up(&self, depth: usize, x: f32) -> f32 {
+        self.lookup(&self.runner_up, depth, x)
     }
 }
 
-/// Laplace-smoothed hit rates `(hits + 1) / (count + 2)` per bin, with adjacent bins pooled
-/// (their counts summed) until the rates are monotone in the bin order: non-decreasing when
-/// `increasing`, else non-increasing (pool-adjacent-violators; an empty bin adds no counts to
-/// the pool it joins).
 /// The table of `tables` for decoding at `temperature`: the one fitted at the nearest
 /// temperature, else (no table has one) the first.
 pub fn nearest_calibration(
@@ -216,6 +309,10 @@ pub fn nearest_calibration(
     tables.iter().min_by(|a, b| dist(a).total_cmp(&dist(b)))
 }
 
+/// Laplace-smoothed hit rates `(hits + 1) / (count + 2)` per bin, with adjacent bins pooled
+/// (their counts summed) until the rates are monotone in the bin order: non-decreasing when
+/// `increasing`, else non-increasing (pool-adjacent-violators; an empty bin adds no counts to
+/// the pool it joins).
 fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> Vec<f32> {
     let rate = |h: u64, n: u64| (h as f64 + 1.0) / (n as f64 + 2.0);
     // Pools as (hits, count, bins).

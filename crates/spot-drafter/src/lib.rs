@@ -33,7 +33,7 @@ pub mod spiffy;
 pub mod train;
 pub mod trajectory;
 
-pub use analysis::{TokenCalibration, TokenHits, nearest_calibration, token_hits};
+pub use analysis::{CalibrationKey, TokenCalibration, TokenHits, nearest_calibration, token_hits};
 pub use checkpoint::DrafterError;
 pub use collect::{CollectError, Manifest, TrajectoryDir};
 pub use features::{

@@ -130,6 +130,7 @@ impl OrderModelConfig {
     /// ```
     /// use spot_drafter::{OrderModelConfig, TokenCalibration};
     /// let table = |t: f32| TokenCalibration {
+    ///     key: Default::default(),
     ///     edges: vec![1.0], top1: vec![vec![0.9]], runner_up: vec![vec![0.05]], temperature: Some(t),
     /// };
     /// let cfg = OrderModelConfig {
@@ -302,7 +303,6 @@ impl<B: Backend> OrderModel<B> {
         &self.params
     }
 
-    /// Replaces the parameters (same count and lengths, e.g. after an optimiser step).
     /// Attaches (or removes) the token calibration stored with the checkpoint.
     pub fn set_token_calibration(&mut self, c: Option<TokenCalibration>) {
         self.cfg.token_calibration = c;
@@ -313,6 +313,7 @@ impl<B: Backend> OrderModel<B> {
         self.cfg.token_calibration_by_temperature = c;
     }
 
+    /// Replaces the parameters (same count and lengths, e.g. after an optimiser step).
     pub(crate) fn set_params(&mut self, params: Vec<Tensor<B, 1>>) {
         debug_assert_eq!(params.len(), self.params.len());
         self.params = params;

@@ -4,8 +4,8 @@ use burn_tensor::backend::Backend;
 use spot_core::TokenId;
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size};
 
-use crate::analysis::{TokenCalibration, nearest_calibration};
-use crate::features::{LiveStale, write_features};
+use crate::analysis::{CalibrationKey, TokenCalibration, nearest_calibration};
+use crate::features::{LiveStale, noised_margin, write_features};
 use crate::network::OrderModel;
 
 /// SPOT's order scorer: `q_φ(s | y)` from the round's stale statistics.
@@ -98,7 +98,8 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
     }
 }
 
-/// The stale choice and the hedge at `position` of node `i`, weighted by `cal`'s hit rates.
+/// The stale choice and the hedge at `position` of node `i`, weighted by `cal`'s hit rates at
+/// the position's key (its stale confidence or noised margin, as the recorder stores them).
 fn calibrated_hypotheses(
     cal: &TokenCalibration,
     ctx: &ScoreContext<'_>,
@@ -108,10 +109,18 @@ fn calibrated_hypotheses(
     out: &mut Vec<(TokenId, f32)>,
 ) {
     let (depth, stale) = (nodes.depth(i), ctx.stale);
-    let conf = stale.confidence(position);
-    out.push((stale.token(position), cal.top1(depth, conf)));
-    if let Some((id, _)) = ctx.hedge_token(position, nodes.mask_id()) {
-        out.push((id, cal.runner_up(depth, conf)));
+    let (token, conf) = (stale.token(position), stale.confidence(position));
+    let hedge = ctx.hedge_token(position, nodes.mask_id());
+    let x = match cal.key {
+        CalibrationKey::Confidence => conf,
+        CalibrationKey::Margin => {
+            let at = (ctx.block_start + position) as u64;
+            noised_margin((token, conf), hedge, at, ctx.noise)
+        }
+    };
+    out.push((token, cal.top1(depth, x)));
+    if let Some((id, _)) = hedge {
+        out.push((id, cal.runner_up(depth, x)));
     }
 }
 
@@ -126,6 +135,7 @@ fn calibrated_hypotheses(
 /// use spot_drafter::{Calibrated, TokenCalibration};
 /// use spot_tree::{OrderScorer, StaleConfidenceScorer};
 /// let cal = TokenCalibration {
+///     key: Default::default(),
 ///     edges: vec![1.0], top1: vec![vec![0.8]], runner_up: vec![vec![0.1]], temperature: Some(0.0),
 /// };
 /// let s = Calibrated::new(StaleConfidenceScorer, vec![cal]);
@@ -173,5 +183,64 @@ impl<S: OrderScorer> OrderScorer for Calibrated<S> {
             }
             None => self.inner.token_hypotheses(ctx, nodes, i, position, out),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use spot_core::{BlockState, BlockStats, stats::PositionStats};
+    use spot_tree::{DraftTree, StaleConfidenceScorer};
+
+    use super::*;
+
+    /// A margin-keyed table weighs each position by its noised margin, not its confidence:
+    /// two positions of equal confidence get the rates of their own margin bins.
+    #[test]
+    fn margin_tables_weigh_by_the_margin() {
+        const MASK: TokenId = 99;
+        let mut stale = BlockStats::new(2);
+        // Same confidence; position 0 is decisive over its runner-up, position 1 is not.
+        for probs in [[0.5f32, 0.01], [0.5, 0.45]] {
+            stale
+                .push(PositionStats {
+                    token: 5,
+                    confidence: 0.5,
+                    token_prob: 0.5,
+                    entropy: 1.0,
+                    tail_mass: 1.0 - probs[0] - probs[1],
+                    top_ids: &[5, 6],
+                    top_probs: &probs,
+                })
+                .unwrap();
+        }
+        let root = BlockState::masked(2, MASK);
+        let ctx = ScoreContext {
+            root: &root,
+            stale: &stale,
+            block_start: 0,
+            noise: None,
+            temperature: 0.0,
+        };
+        let tree = DraftTree::new(&root);
+        let batch = NodeBatch::new(&tree, &[0]);
+        let edges = crate::analysis::MARGIN_EDGES.to_vec();
+        let ramp: Vec<f32> = (0..edges.len()).map(|b| 0.5 + 0.05 * b as f32).collect();
+        let cal = TokenCalibration {
+            key: CalibrationKey::Margin,
+            top1: vec![ramp.clone()],
+            runner_up: vec![ramp.iter().map(|r| 1.0 - r).collect()],
+            edges,
+            temperature: Some(0.0),
+        };
+        cal.check().unwrap();
+        let mut s = Calibrated::new(StaleConfidenceScorer, vec![cal.clone()]);
+        let mut hyp = |position| {
+            let mut out = Vec::new();
+            assert!(s.token_hypotheses(&ctx, &batch, 0, position, &mut out));
+            out
+        };
+        // ln(0.5 / 0.01) = 3.9 nats: bin 6 (<= 4); ln(0.5 / 0.45) = 0.105: bin 0.
+        assert_eq!(hyp(0), vec![(5, cal.top1[0][6]), (6, cal.runner_up[0][6])]);
+        assert_eq!(hyp(1), vec![(5, cal.top1[0][0]), (6, cal.runner_up[0][0])]);
     }
 }

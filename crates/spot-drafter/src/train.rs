@@ -4,7 +4,7 @@
 //! root after `t` steps plus the next `d` true commits, the stale statistics of step `t - 1`,
 //! and the position of step `t + d`'s commit as the target (cross-entropy over the positions
 //! masked in the example's state). Adam with a warm-up and cosine learning-rate schedule, a
-//! held-out split by trajectory, and per-epoch next-commit accuracy by depth next to the
+//! held-out split by prompt, and per-epoch next-commit accuracy by depth next to the
 //! stale-confidence ranking baseline.
 
 use burn_tensor::activation::log_softmax;
@@ -14,6 +14,8 @@ use burn_tensor::{Tensor, TensorData};
 use crate::analysis::TokenCalibration;
 use crate::features::{StaleSource, write_features};
 use crate::network::{OrderModel, OrderModelConfig};
+use std::collections::HashMap;
+
 use crate::rng::SplitMix;
 use crate::trajectory::{StepRecord, Trajectory};
 
@@ -29,8 +31,9 @@ pub struct TrainConfig {
     pub lr: f64,
     /// Deepest replay depth `d` (Algorithm 1 uses 0..=7).
     pub max_depth: usize,
-    /// Share of trajectories held out for evaluation, spread evenly over the list (so every
-    /// collection directory and temperature is represented).
+    /// Share of prompts held out for evaluation, spread evenly over the list (so every
+    /// collection directory and temperature is represented), each with every trajectory
+    /// decoded from it (by [`Trajectory::id`]).
     pub holdout: f64,
     /// Seed of initialisation and shuffling.
     pub seed: u64,
@@ -337,7 +340,7 @@ pub fn train_from<B: AutodiffBackend>(
     if !(0.0..1.0).contains(&cfg.holdout) {
         return Err(format!("holdout {} is not in [0, 1)", cfg.holdout));
     }
-    let held = heldout_mask(trajs.len(), cfg.holdout);
+    let held = heldout_by_prompt(trajs, cfg.holdout);
     let n_held = held.iter().filter(|&&h| h).count();
     let train_ids: Vec<usize> = (0..trajs.len()).filter(|&i| !held[i]).collect();
     let held_ids: Vec<usize> = (0..trajs.len()).filter(|&i| held[i]).collect();
@@ -434,8 +437,25 @@ pub fn train_from<B: AutodiffBackend>(
     Ok((out, reports))
 }
 
-/// Which of `n` trajectories are held out: a `holdout` share spread evenly over the list (at
-/// least one when there are two or more, never all).
+/// Which trajectories are held out: a `holdout` share of the distinct prompt ids (in order of
+/// first appearance, spread evenly, [`heldout_mask`]), every trajectory of a held-out prompt
+/// with it. The same prompt decoded at several temperatures is then never on both sides of
+/// the split: the continuation seen in training would otherwise be recognised in held-out.
+fn heldout_by_prompt(trajs: &[Trajectory], holdout: f64) -> Vec<bool> {
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    let index: Vec<usize> = trajs
+        .iter()
+        .map(|t| {
+            let next = ids.len();
+            *ids.entry(t.id.as_str()).or_insert(next)
+        })
+        .collect();
+    let held = heldout_mask(ids.len(), holdout);
+    index.into_iter().map(|i| held[i]).collect()
+}
+
+/// Which of `n` items are held out: a `holdout` share spread evenly over the list (at least
+/// one when there are two or more, never all).
 fn heldout_mask(n: usize, holdout: f64) -> Vec<bool> {
     if n < 2 {
         return vec![false; n];
@@ -544,6 +564,28 @@ impl<B: AutodiffBackend> Adam<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prompt_is_held_out_at_every_temperature_or_none() {
+        // Prompts p0..p9 decoded at T = 0 and T = 2, interleaved as `spot train-drafter` does.
+        let traj = |id: usize, temperature: f32| Trajectory {
+            id: format!("p{id}"),
+            block_size: 4,
+            top_k: 2,
+            mask_id: 9,
+            temperature,
+            seed: 0,
+            blocks: Vec::new(),
+        };
+        let trajs: Vec<Trajectory> = (0..10).flat_map(|i| [traj(i, 0.0), traj(i, 2.0)]).collect();
+        let held = heldout_by_prompt(&trajs, 0.2);
+        let held_ids: Vec<&str> = (0..20)
+            .filter(|&i| held[i])
+            .map(|i| trajs[i].id.as_str())
+            .collect();
+        // Two of ten prompts (p4, p9), each at both temperatures.
+        assert_eq!(held_ids, ["p4", "p4", "p9", "p9"]);
+    }
 
     #[test]
     fn the_holdout_is_spread_over_the_list() {

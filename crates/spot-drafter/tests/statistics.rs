@@ -170,8 +170,10 @@ fn token_hits_measure_staleness() {
 /// and a damaged table is a typed error.
 #[test]
 fn token_calibration_fits_and_travels_with_the_checkpoint() {
-    use spot_drafter::{OrderModel, OrderModelConfig, TokenCalibration, checkpoint};
-    let stable = TokenCalibration::fit(&trajectories(6, 1.0, 0.0), 3);
+    use spot_drafter::{
+        CalibrationKey, OrderModel, OrderModelConfig, TokenCalibration, checkpoint,
+    };
+    let stable = TokenCalibration::fit(&trajectories(6, 1.0, 0.0), 3, CalibrationKey::Confidence);
     stable.check().unwrap();
     assert_eq!(stable.top1.len(), 4);
     // Every populated bin of a stable target hits (smoothed towards 1/2 only when empty).
@@ -180,7 +182,7 @@ fn token_calibration_fits_and_travels_with_the_checkpoint() {
         "{stable:?}"
     );
     assert!(stable.top1.iter().flatten().any(|&v| v > 0.9), "{stable:?}");
-    let unstable = TokenCalibration::fit(&trajectories(6, 0.0, 0.0), 3);
+    let unstable = TokenCalibration::fit(&trajectories(6, 0.0, 0.0), 3, CalibrationKey::Confidence);
     let hits = token_hits(&trajectories(6, 0.0, 0.0), 3);
     assert!(hits.top1_rate(2) < 1.0);
     assert!(
@@ -215,4 +217,52 @@ fn token_calibration_fits_and_travels_with_the_checkpoint() {
         matches!(e, DrafterError::Config { .. }) && e.to_string().contains("top1"),
         "{e}"
     );
+}
+
+/// Under noise the calibration may bin by the noised margin: tables of either key are well
+/// formed, `fit_best` keeps the one with the lower log-loss, a table without a key (an older
+/// checkpoint) reads as the confidence, and a margin table need not end at 1.
+#[test]
+fn token_calibration_by_noised_margin() {
+    use spot_drafter::{CalibrationKey, TokenCalibration};
+    let trajs = trajectories(8, 0.3, 1.0);
+    let refs: Vec<&Trajectory> = trajs.iter().collect();
+    let conf = TokenCalibration::fit(refs.iter().copied(), 3, CalibrationKey::Confidence);
+    let margin = TokenCalibration::fit(refs.iter().copied(), 3, CalibrationKey::Margin);
+    margin.check().unwrap();
+    assert_eq!(
+        margin.edges.last(),
+        Some(&spot_drafter::features::MARGIN_CAP)
+    );
+    let (lc, lm) = (conf.log_loss(&refs, 3), margin.log_loss(&refs, 3));
+    assert!(
+        lc.is_finite() && lm.is_finite() && lc > 0.0 && lm > 0.0,
+        "{lc} {lm}"
+    );
+    let best = TokenCalibration::fit_best(&refs, 3);
+    assert_eq!(
+        best.key,
+        if lm < lc {
+            CalibrationKey::Margin
+        } else {
+            CalibrationKey::Confidence
+        }
+    );
+    assert_eq!(best.log_loss(&refs, 3), lc.min(lm));
+    // The margin's hit rate rises with the margin (pooled where the data disagree).
+    assert!(
+        margin
+            .top1
+            .iter()
+            .all(|row| row.windows(2).all(|w| w[0] <= w[1]))
+    );
+    // An older checkpoint's table has no key: the confidence.
+    let mut v = serde_json::to_value(&conf).unwrap();
+    v.as_object_mut().unwrap().remove("key");
+    let old: TokenCalibration = serde_json::from_value(v).unwrap();
+    assert_eq!(old, conf);
+    // Non-finite edges are refused.
+    let mut bad = margin.clone();
+    bad.edges[3] = f32::NAN;
+    assert!(bad.check().unwrap_err().contains("edges"));
 }
