@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use spot_dlm::toy::{ToyConfig, ToyModel};
-use spot_dlm::{ConfidenceRule, DecodeConfig, TokenId, Transition};
+use spot_dlm::{BlockLayout, ConfidenceRule, DecodeConfig, TokenId, Transition};
 
 /// Property cases per test: 1,000 by default (what CI runs); `SPOT_PROPTEST_CASES` overrides.
 pub fn cases() -> u32 {
@@ -80,6 +80,7 @@ pub fn decode_config(
         any::<bool>(),
         prop_oneof![Just(1usize), Just(4), Just(32)],
         prop_oneof![3 => Just(None), 1 => prop_oneof![Just(1usize), Just(3), Just(10)].prop_map(Some)],
+        prop_oneof![3 => Just(BlockLayout::Aligned), 1 => Just(BlockLayout::AfterPrompt)],
     )
         .prop_map(
             |(
@@ -92,6 +93,7 @@ pub fn decode_config(
                 early_stop,
                 top_k,
                 sample_top_k,
+                layout,
             )| {
                 DecodeConfig {
                     block_size,
@@ -104,6 +106,7 @@ pub fn decode_config(
                     early_stop,
                     top_k,
                     sample_top_k,
+                    layout,
                 }
             },
         )

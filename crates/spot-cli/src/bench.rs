@@ -233,7 +233,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     transition: Transition::Exact,
                     stop_ids: stop_ids.clone(),
                     early_stop: protocol == Protocol::Eos,
-                    ..DecodeConfig::default()
+                    ..DecodeConfig::for_model(model.info())
                 };
                 for (id, ids) in prompts {
                     let key = |method: Method, budget: Option<usize>| Key {

@@ -58,7 +58,7 @@ pub fn run(a: &CollectArgs) -> Result<()> {
         seed: a.seed,
         stop_ids: model.info().stop_ids.clone(),
         early_stop: !a.no_early_stop,
-        ..DecodeConfig::default()
+        ..DecodeConfig::for_model(model.info())
     };
     let canon = |p: &std::path::Path| {
         std::fs::canonicalize(p)

@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{
-    BatchDriver, BlockDiffusionModel, BlockObserver, BlockProgress, ConfidenceRule, DecodeConfig,
-    DecodeOutput, Request, Strategy, Transition, run_request,
+    BatchDriver, BlockDiffusionModel, BlockLayout, BlockObserver, BlockProgress, ConfidenceRule,
+    DecodeConfig, DecodeOutput, Request, Strategy, Transition, run_request,
 };
 use spot_models::{DiffusionModel, Family, StopStrings};
 
@@ -57,6 +57,11 @@ pub struct GenerateArgs {
     /// Block size (default: the config's `block_size`, else 32).
     #[arg(long)]
     block_size: Option<usize>,
+    /// Where blocks sit: `aligned` (absolute multiples of the block size, the prompt's tail in
+    /// the first block; SDAR's, LLaDA2.0's) or `after-prompt` (LLaDA's own sampler). Default:
+    /// the model family's own; block-causal models accept only `aligned`.
+    #[arg(long, value_enum)]
+    layout: Option<LayoutArg>,
     /// Sampling temperature (0 = argmax).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(crate) temperature: f32,
@@ -436,8 +441,21 @@ fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeCon
         early_stop: !a.no_early_stop,
         confidence: a.confidence,
         sample_top_k: a.sample_top_k.map(|k| k as usize),
+        layout: a.layout.map_or(defaults.layout, |l| match l {
+            LayoutArg::Aligned => BlockLayout::Aligned,
+            LayoutArg::AfterPrompt => BlockLayout::AfterPrompt,
+        }),
         ..defaults
     }
+}
+
+/// `--layout`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LayoutArg {
+    /// Blocks at absolute multiples of the block size.
+    Aligned,
+    /// The first block right after the prompt.
+    AfterPrompt,
 }
 
 fn decode(

@@ -21,6 +21,17 @@ fn spot(args: &[&str]) -> Output {
         .expect("spot runs")
 }
 
+/// A JSON array of token ids as `--prompt-ids` takes them (`1,2,3`).
+fn id_list(ids: &serde_json::Value) -> String {
+    let ids: Vec<String> = ids
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    ids.join(",")
+}
+
 /// The decode cases of a fixture's `golden.json`: prompt ids joined by commas, the
 /// `max_new_tokens` argument, and the case.
 fn golden_cases(name: &str) -> Vec<(String, String, serde_json::Value)> {
@@ -31,19 +42,31 @@ fn golden_cases(name: &str) -> Vec<(String, String, serde_json::Value)> {
         .unwrap()
         .iter()
         .map(|case| {
-            let ids: Vec<String> = case["prompt"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_string())
-                .collect();
             (
-                ids.join(","),
+                id_list(&case["prompt"]),
                 case["max_new_tokens"].to_string(),
                 case.clone(),
             )
         })
         .collect()
+}
+
+/// `spot generate` of prompt ids on a fixture folder with blocks of 8, as JSON.
+fn generate_ids_args<'a>(dir: &'a str, ids: &'a str, n: &'a str, method: &'a str) -> Vec<&'a str> {
+    vec![
+        "generate",
+        "--model",
+        dir,
+        "--prompt-ids",
+        ids,
+        "--max-new-tokens",
+        n,
+        "--block-size",
+        "8",
+        "--method",
+        method,
+        "--json",
+    ]
 }
 
 fn json(out: &Output) -> serde_json::Value {
@@ -57,7 +80,8 @@ fn json(out: &Output) -> serde_json::Value {
 
 /// `spot generate --json` returns the transformers oracle's tokens for every golden case of
 /// every block-diffusion family (SDAR, LLaDA, Dream, LLaDA2.0-MoE), with every method that is
-/// exact.
+/// exact. The golden cases decode aligned blocks (`--layout aligned`, LLaDA's default being
+/// its own sampler's: see `llada_defaults_to_its_own_sampler`).
 #[test]
 fn generate_matches_the_oracle() {
     for name in [
@@ -70,20 +94,8 @@ fn generate_matches_the_oracle() {
         let dir = fixture(name);
         for (ids, n, case) in golden_cases(name) {
             for method in ["df", "blockspec", "ssd"] {
-                let mut args = vec![
-                    "generate",
-                    "--model",
-                    dir.to_str().unwrap(),
-                    "--prompt-ids",
-                    &ids,
-                    "--max-new-tokens",
-                    &n,
-                    "--block-size",
-                    "8",
-                    "--method",
-                    method,
-                    "--json",
-                ];
+                let mut args = generate_ids_args(dir.to_str().unwrap(), &ids, &n, method);
+                args.extend(["--layout", "aligned"]);
                 if case["early_stop"] == false {
                     args.push("--no-early-stop");
                 }
@@ -807,4 +819,37 @@ fn calibrate_tokens_refits_a_checkpoint() {
         !out.status.success() && err.contains("small has block size"),
         "{err}"
     );
+}
+
+/// `spot generate` on a LLaDA-format folder decodes as LLaDA's own sampler by default (blocks
+/// right after the prompt, `tools/oracle/llada_sampler.py`), with every exact method; an SDAR
+/// folder refuses `--layout after-prompt` naming the layout.
+#[test]
+fn llada_defaults_to_its_own_sampler() {
+    let text = std::fs::read_to_string(fixture("llada-tiny").join("sampler.json")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let dir = fixture("llada-tiny");
+    for case in rec["cases"].as_array().unwrap().iter().take(3) {
+        let ids = id_list(&case["prompt"]);
+        let n = case["gen_length"].to_string();
+        for method in ["df", "blockspec"] {
+            let mut args = generate_ids_args(dir.to_str().unwrap(), &ids, &n, method);
+            args.push("--no-early-stop");
+            let j = json(&spot(&args));
+            assert_eq!(j["tokens"], case["tokens"], "{method} prompt {ids}");
+        }
+    }
+    let out = spot(&[
+        "generate",
+        "--model",
+        fixture("sdar-tiny").to_str().unwrap(),
+        "--prompt-ids",
+        "5,6,7",
+        "--max-new-tokens",
+        "8",
+        "--layout",
+        "after-prompt",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("layout"), "{err}");
 }

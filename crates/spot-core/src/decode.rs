@@ -37,6 +37,48 @@ pub struct DecodeConfig {
     /// [`StatsQuery::sample_top_k`]. Every forward of the decode applies it, so speculative
     /// decoding still returns exactly the draft-free tokens.
     pub sample_top_k: Option<usize>,
+    /// Where the blocks sit relative to the prompt ([`BlockLayout`]).
+    pub layout: BlockLayout,
+}
+
+/// Where a decode's blocks sit.
+///
+/// ```
+/// use spot_core::{BlockLayout, DecodeConfig, decode::plan_blocks, toy::{ToyConfig, ToyModel}};
+/// use spot_core::BlockDiffusionModel;
+/// let model = ToyModel::new(ToyConfig::default());
+/// let prompt = [1, 2, 3, 4, 5];
+/// let cfg = DecodeConfig { block_size: 4, max_new_tokens: 8, ..DecodeConfig::default() };
+/// // Aligned: blocks [4, 8) (the prompt's last token rides in it) to [12, 16).
+/// let aligned = plan_blocks(&prompt, &cfg, model.info()).unwrap();
+/// assert_eq!((aligned.first_start, aligned.blocks), (4, 3));
+/// // After the prompt: blocks [5, 9) and [9, 13).
+/// let cfg = DecodeConfig { layout: BlockLayout::AfterPrompt, ..cfg };
+/// let after = plan_blocks(&prompt, &cfg, model.info()).unwrap();
+/// assert_eq!((after.first_start, after.blocks), (5, 2));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BlockLayout {
+    /// Blocks start at absolute multiples of the block size; the prompt's last partial block
+    /// rides in the first decoded block. SDAR's and LLaDA2.0's samplers decode this way, and
+    /// block-causal models (trained on aligned blocks) accept nothing else.
+    #[default]
+    Aligned,
+    /// The first block starts right after the prompt, and the generation region is
+    /// `ceil(max_new_tokens / L)` whole blocks: LLaDA's own semi-autoregressive sampler. Only
+    /// models with full attention over the sequence accept it
+    /// ([`ModelInfo::any_layout`](crate::ModelInfo::any_layout)).
+    AfterPrompt,
+}
+
+impl BlockLayout {
+    /// The command-line spelling: `aligned` or `after-prompt`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockLayout::Aligned => "aligned",
+            BlockLayout::AfterPrompt => "after-prompt",
+        }
+    }
 }
 
 impl Default for DecodeConfig {
@@ -52,13 +94,14 @@ impl Default for DecodeConfig {
             early_stop: true,
             top_k: 32,
             sample_top_k: None,
+            layout: BlockLayout::Aligned,
         }
     }
 }
 
 impl DecodeConfig {
-    /// The defaults for a model: its declared block size (32 when it declares none) and its
-    /// stop ids, everything else as [`DecodeConfig::default`].
+    /// The defaults for a model: its declared block size (32 when it declares none), its stop
+    /// ids and its family's block layout, everything else as [`DecodeConfig::default`].
     ///
     /// ```
     /// use spot_core::{BlockDiffusionModel, DecodeConfig, toy::{ToyConfig, ToyModel}};
@@ -71,6 +114,7 @@ impl DecodeConfig {
         Self {
             block_size: info.block_size.unwrap_or(32),
             stop_ids: info.stop_ids.clone(),
+            layout: info.layout,
             ..Self::default()
         }
     }
@@ -191,10 +235,12 @@ pub struct DecodeOutput {
 /// The block plan for a prompt: where the first block starts and how many blocks to decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockPlan {
-    /// Absolute start of the first decoded block (`floor(P / L) * L`); the prompt before it is
-    /// the prefilled prefix, the rest of the prompt rides in the first block.
+    /// Absolute start of the first decoded block: `floor(P / L) * L` when aligned (the rest
+    /// of the prompt rides in the first block), `P` after the prompt; the prompt before it is
+    /// the prefilled prefix.
     pub first_start: usize,
-    /// Number of blocks to decode (`ceil((P + max_new_tokens) / L) - floor(P / L)`).
+    /// Number of blocks to decode: `ceil((P + max_new_tokens) / L) - floor(P / L)` when
+    /// aligned, `ceil(max_new_tokens / L)` after the prompt.
     pub blocks: usize,
 }
 
@@ -241,22 +287,38 @@ pub fn plan_blocks(
             ),
         ));
     }
+    if cfg.layout != info.layout && !info.any_layout {
+        return Err(Error::config(
+            "layout",
+            format!(
+                "this model decodes {} blocks only, got {}",
+                info.layout.name(),
+                cfg.layout.name()
+            ),
+        ));
+    }
     let p = prompt.len();
-    let first_start = p / l * l;
-    let end = p
-        .checked_add(cfg.max_new_tokens)
-        .map(|n| n.div_ceil(l) * l)
-        .filter(|&e| e <= info.max_positions)
-        .ok_or(Error::SequenceTooLong {
+    let first_start = match cfg.layout {
+        BlockLayout::Aligned => p / l * l,
+        BlockLayout::AfterPrompt => p,
+    };
+    // The end of the last block, from the first block's start (saturating: an overflow is
+    // too long for any model).
+    let end = cfg
+        .max_new_tokens
+        .saturating_add(p - first_start)
+        .div_ceil(l)
+        .saturating_mul(l)
+        .saturating_add(first_start);
+    if end > info.max_positions {
+        return Err(Error::SequenceTooLong {
             prompt_len: p,
             max_new_tokens: cfg.max_new_tokens,
-            needed: p
-                .saturating_add(cfg.max_new_tokens)
-                .div_ceil(l)
-                .saturating_mul(l),
+            needed: end,
             block_size: l,
             max_positions: info.max_positions,
-        })?;
+        });
+    }
     Ok(BlockPlan {
         first_start,
         blocks: (end - first_start) / l,

@@ -56,8 +56,8 @@ pub mod transition;
 pub use autoregressive::{ArConfig, ArInfo, ArOutput, AutoregressiveModel, decode_autoregressive};
 pub use batch::{BatchDriver, Finished, RequestId};
 pub use decode::{
-    BlockObserver, BlockPlan, BlockProgress, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats,
-    DecodeTrace, DraftFreeDecoder, first_stats, plan_blocks, run_decode, run_request,
+    BlockLayout, BlockObserver, BlockPlan, BlockProgress, BlockTrace, DecodeConfig, DecodeOutput,
+    DecodeStats, DecodeTrace, DraftFreeDecoder, first_stats, plan_blocks, run_decode, run_request,
 };
 pub use error::{Error, Result};
 pub use model::{

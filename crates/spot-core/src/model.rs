@@ -18,6 +18,12 @@ pub struct ModelInfo {
     /// The block size the checkpoint declares (`block_size` in SDAR's and LLaDA2.0's
     /// `config.json`), when it declares one; [`crate::DecodeConfig::for_model`] uses it.
     pub block_size: Option<usize>,
+    /// The block layout of the family's own sampler; [`crate::DecodeConfig::for_model`] uses
+    /// it.
+    pub layout: crate::BlockLayout,
+    /// Whether the model decodes correctly under every [`crate::BlockLayout`] (full attention
+    /// over the sequence); otherwise a decode with another layout than `layout` is refused.
+    pub any_layout: bool,
 }
 
 /// What a prefix update cost.

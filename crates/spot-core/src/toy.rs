@@ -106,6 +106,8 @@ impl ToyModel {
             max_positions: cfg.max_positions,
             stop_ids: cfg.stop_ids.clone(),
             block_size: None,
+            layout: crate::BlockLayout::Aligned,
+            any_layout: true,
         };
         Self {
             cfg,

@@ -39,11 +39,12 @@ use std::time::Instant;
 
 pub use spot_core::{
     self as core, ArConfig, ArInfo, ArOutput, AutoregressiveModel, BatchDriver,
-    BlockDiffusionModel, BlockEvent, BlockObserver, BlockProgress, BlockRun, BlockState,
-    BlockStats, CacheSlot, CancelHandle, Commit, ConfidenceRule, DecodeConfig, DecodeOutput,
-    DecodeStats, DecodeTrace, DraftFreeDecoder, Finished, GumbelNoise, MeteredModel, ModelInfo,
-    MultiRequestModel, Need, Request, RequestId, ScoreGroup, StatsQuery, StepStrategy, StopCheck,
-    TokenId, Transition, decode_autoregressive, exact_commit, run_decode, run_request, toy,
+    BlockDiffusionModel, BlockEvent, BlockLayout, BlockObserver, BlockProgress, BlockRun,
+    BlockState, BlockStats, CacheSlot, CancelHandle, Commit, ConfidenceRule, DecodeConfig,
+    DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder, Finished, GumbelNoise, MeteredModel,
+    ModelInfo, MultiRequestModel, Need, Request, RequestId, ScoreGroup, StatsQuery, StepStrategy,
+    StopCheck, TokenId, Transition, decode_autoregressive, exact_commit, run_decode, run_request,
+    toy,
 };
 pub use spot_tree::{
     self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,

@@ -8,8 +8,8 @@
 
 use burn_tensor::backend::Backend;
 use spot_core::{
-    BlockDiffusionModel, BlockState, BlockStats, CacheSlot, ModelInfo, MultiRequestModel,
-    PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
+    BlockDiffusionModel, BlockLayout, BlockState, BlockStats, CacheSlot, ModelInfo,
+    MultiRequestModel, PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
 };
 
 use crate::attention::{Attend, Kv};
@@ -59,13 +59,21 @@ impl<B: Backend, C: std::fmt::Debug> std::fmt::Debug for BlockCausal<B, C> {
 }
 
 /// The [`ModelInfo`] of a block-diffusion frame (the mask id was resolved when it opened).
-pub(crate) fn diffusion_info<B: Backend>(frame: &Frame<B>) -> ModelInfo {
+/// Block-causal models decode aligned blocks only; full-sequence ones (`any_layout`) take
+/// either layout, their family's own being `layout`.
+pub(crate) fn diffusion_info<B: Backend>(
+    frame: &Frame<B>,
+    layout: BlockLayout,
+    any_layout: bool,
+) -> ModelInfo {
     ModelInfo {
         vocab_size: frame.vocab_size,
         mask_id: frame.mask_id.unwrap_or_default(),
         max_positions: frame.max_positions,
         stop_ids: frame.stop_ids.clone(),
         block_size: frame.block_size,
+        layout,
+        any_layout,
     }
 }
 
@@ -74,7 +82,7 @@ const SLOT0: CacheSlot = CacheSlot(0);
 impl<B: Backend, C> BlockCausal<B, C> {
     pub(crate) fn assemble(cfg: C, net: Net<B>, frame: Frame<B>) -> Self {
         Self {
-            info: diffusion_info(&frame),
+            info: diffusion_info(&frame, BlockLayout::Aligned, false),
             cfg,
             net,
             frame,

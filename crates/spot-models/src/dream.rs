@@ -13,6 +13,7 @@
 use std::path::Path;
 
 use burn_tensor::backend::Backend;
+use spot_core::BlockLayout;
 
 use crate::config::DecoderConfig;
 use crate::dense::{QWEN_NAMES, dense_net};
@@ -52,6 +53,8 @@ impl<B: Backend> FullSequence<B, DreamConfig> {
             &weights,
             (device, precision),
         )?;
-        Ok(Self::assemble(cfg, net, frame, true))
+        // Dream's own sampler has no blocks; until its layout is checked against it, the
+        // aligned one stays the default.
+        Ok(Self::assemble(cfg, net, frame, true, BlockLayout::Aligned))
     }
 }

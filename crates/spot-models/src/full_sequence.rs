@@ -22,8 +22,8 @@
 use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{
-    BlockDiffusionModel, BlockState, BlockStats, CacheSlot, ModelInfo, MultiRequestModel,
-    PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
+    BlockDiffusionModel, BlockLayout, BlockState, BlockStats, CacheSlot, ModelInfo,
+    MultiRequestModel, PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
 };
 
 use crate::attention::{Attend, Kv};
@@ -100,9 +100,17 @@ impl<B: Backend, C: std::fmt::Debug> std::fmt::Debug for FullSequence<B, C> {
 }
 
 impl<B: Backend, C> FullSequence<B, C> {
-    pub(crate) fn assemble(cfg: C, net: Net<B>, frame: Frame<B>, shift: bool) -> Self {
+    /// A full-sequence model; `shift` for Dream's shifted logits, `layout` the block layout of
+    /// the family's own sampler (both layouts are accepted).
+    pub(crate) fn assemble(
+        cfg: C,
+        net: Net<B>,
+        frame: Frame<B>,
+        shift: bool,
+        layout: BlockLayout,
+    ) -> Self {
         Self {
-            info: diffusion_info(&frame),
+            info: diffusion_info(&frame, layout, true),
             cfg,
             net,
             frame,

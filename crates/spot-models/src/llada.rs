@@ -15,6 +15,7 @@ use std::path::Path;
 
 use burn_tensor::backend::Backend;
 use serde::Deserialize;
+use spot_core::BlockLayout;
 
 use crate::config::Checker;
 use crate::dense::{DenseNames, DenseSpec, dense_net};
@@ -272,6 +273,14 @@ impl<B: Backend> FullSequence<B, LladaConfig> {
             qk_norm: false,
         };
         let net = dense_net(&spec, &LLADA_NAMES, &weights, (device, precision))?;
-        Ok(Self::assemble(cfg, net, frame, false))
+        // LLaDA's own sampler starts the first block right after the prompt
+        // (tests/families.rs checks it against tools/oracle/llada_sampler.py).
+        Ok(Self::assemble(
+            cfg,
+            net,
+            frame,
+            false,
+            BlockLayout::AfterPrompt,
+        ))
     }
 }

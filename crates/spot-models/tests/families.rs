@@ -8,7 +8,7 @@ mod common;
 use common::*;
 use spot_dlm::core::ConfidenceRule;
 use spot_dlm::{
-    BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
+    BlockDiffusionModel, BlockLayout, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
     StaleConfidenceScorer, StatsQuery,
 };
 use spot_models::{Family, HeadPlacement};
@@ -169,13 +169,26 @@ fn head_placements_agree() {
 }
 
 /// Speculative decoding (tree and chain, several budgets) returns exactly the draft-free
-/// tokens for every family at T = 0 and T = 1, with no more forwards.
+/// tokens for every family at T = 0 and T = 1, with no more forwards, in both block layouts
+/// where the model takes both (full attention); block-causal models refuse blocks after the
+/// prompt with an error naming the layout.
 #[test]
 fn speculative_equals_draft_free_for_every_family() {
     let mut cases = 0;
     for name in DIFFUSION_FIXTURES {
         let mut m = load_any(name);
         let stop = m.info().stop_ids.clone();
+        let (own, any) = (m.info().layout, m.info().any_layout);
+        if !any {
+            let cfg = DecodeConfig {
+                layout: BlockLayout::AfterPrompt,
+                ..DecodeConfig::for_model(m.info())
+            };
+            let e = DraftFreeDecoder::new()
+                .decode(&mut m, &[5, 6, 7], &cfg)
+                .unwrap_err();
+            assert!(e.to_string().contains("layout"), "{name}: {e}");
+        }
         for i in 0..8u64 {
             let len = 1 + (i as usize * 7) % 19;
             let prompt: Vec<u32> = (0..len)
@@ -189,6 +202,11 @@ fn speculative_equals_draft_free_for_every_family() {
                     seed: i,
                     stop_ids: stop.clone(),
                     early_stop: i % 2 == 0,
+                    layout: if any && i % 4 < 2 {
+                        BlockLayout::AfterPrompt
+                    } else {
+                        own
+                    },
                     ..DecodeConfig::default()
                 };
                 let reference = DraftFreeDecoder::new()
@@ -556,4 +574,47 @@ fn merged_appends_equal_appends_alone() {
             assert!(m.append_blocks(&twice).is_err(), "{name}");
         }
     }
+}
+
+/// LLaDA-format folders decode by default as LLaDA's own sampler does (blocks right after the
+/// prompt, `tools/oracle/llada_sampler.py`): the same tokens on every recorded case, while the
+/// aligned layout decodes something else on at least one (so the check can fail).
+#[test]
+fn llada_defaults_reproduce_its_own_sampler() {
+    let text = std::fs::read_to_string(fixture("llada-tiny").join("sampler.json")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut m = load_any("llada-tiny");
+    assert_eq!(m.info().layout, BlockLayout::AfterPrompt);
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut differ = 0;
+    for (i, case) in rec["cases"].as_array().unwrap().iter().enumerate() {
+        let prompt = ids(&case["prompt"]);
+        let cfg = DecodeConfig {
+            block_size: case["block_length"].as_u64().unwrap() as usize,
+            max_new_tokens: case["gen_length"].as_u64().unwrap() as usize,
+            early_stop: false,
+            ..DecodeConfig::for_model(m.info())
+        };
+        let out = DraftFreeDecoder::new()
+            .decode(&mut m, &prompt, &cfg)
+            .unwrap();
+        assert_eq!(out.generated, ids(&case["tokens"]), "case {i}");
+        let aligned = DecodeConfig {
+            layout: BlockLayout::Aligned,
+            ..cfg
+        };
+        let out = DraftFreeDecoder::new()
+            .decode(&mut m, &prompt, &aligned)
+            .unwrap();
+        let want = ids(&case["aligned_tokens"]);
+        assert_eq!(&out.generated[..want.len()], &want[..], "case {i} aligned");
+        differ += usize::from(want != ids(&case["tokens"]));
+    }
+    assert!(differ > 0);
 }
