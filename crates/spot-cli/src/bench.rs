@@ -218,22 +218,20 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         ProgressStyle::with_template("{bar:30} {pos}/{len} decodes {msg} [{elapsed}<{eta}]")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let block_size = model.block_size().unwrap_or(32);
-    let stop_ids = model.info().stop_ids.clone();
+    // The model's block size, stop ids and block layout.
+    let base = DecodeConfig::for_model(model.info());
     let mut cells: BTreeMap<Key, Cell> = BTreeMap::new();
     let mut mismatches = 0usize;
     for (set, prompts) in &sets {
         for &temperature in &a.temperatures {
             for &protocol in &a.protocols {
                 let cfg = DecodeConfig {
-                    block_size,
                     max_new_tokens: a.max_new_tokens,
                     temperature,
                     seed: a.seed,
                     transition: Transition::Exact,
-                    stop_ids: stop_ids.clone(),
                     early_stop: protocol == Protocol::Eos,
-                    ..DecodeConfig::for_model(model.info())
+                    ..base.clone()
                 };
                 for (id, ids) in prompts {
                     let key = |method: Method, budget: Option<usize>| Key {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use spot_drafter::{CalibrationKey, SpiffyGraph, TokenCalibration, Trajectory, TrajectoryDir};
+use spot_drafter::{SpiffyGraph, TokenCalibration, Trajectory, TrajectoryDir};
 
 /// Arguments of `spot calibrate-spiffy`.
 #[derive(clap::Args)]
@@ -94,25 +94,16 @@ pub fn run_tokens(a: &CalibrateTokensArgs) -> Result<()> {
         );
     }
     let refs: Vec<&Trajectory> = trajs.iter().collect();
-    let tables = TokenCalibration::fit_per_temperature(&refs, a.max_depth);
-    for t in &tables {
-        let group: Vec<&Trajectory> = refs
-            .iter()
-            .copied()
-            .filter(|x| Some(x.temperature) == t.temperature)
-            .collect();
-        let loss = |key| {
-            TokenCalibration::fit(group.iter().copied(), a.max_depth, key)
-                .log_loss(&group, a.max_depth)
-        };
+    let mut tables = Vec::new();
+    for (t, count, [conf, margin]) in
+        TokenCalibration::fit_per_temperature_scored(&refs, a.max_depth)
+    {
         eprintln!(
-            "T = {}: {} trajectories, key {:?} (log-loss: confidence {:.4}, margin {:.4})",
+            "T = {}: {count} trajectories, key {:?} (log-loss: confidence {conf:.4}, margin {margin:.4})",
             t.temperature.unwrap_or(f32::NAN),
-            group.len(),
             t.key,
-            loss(CalibrationKey::Confidence),
-            loss(CalibrationKey::Margin),
         );
+        tables.push(t);
     }
     net.set_token_calibration(None);
     net.set_token_calibrations(tables);

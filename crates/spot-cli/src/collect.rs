@@ -52,11 +52,9 @@ pub fn run(a: &CollectArgs) -> Result<()> {
     let set = prompts::load_prompts(&a.prompts, a.field.as_deref(), a.limit)?;
     let field = a.field.clone().unwrap_or_else(|| "(auto)".into());
     let cfg = DecodeConfig {
-        block_size: model.block_size().unwrap_or(32),
         max_new_tokens: a.max_new_tokens,
         temperature: a.temperature,
         seed: a.seed,
-        stop_ids: model.info().stop_ids.clone(),
         early_stop: !a.no_early_stop,
         ..DecodeConfig::for_model(model.info())
     };

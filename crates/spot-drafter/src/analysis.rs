@@ -184,13 +184,20 @@ impl TokenCalibration {
     /// Fits a table per [`CalibrationKey`] on `trajs` and keeps the one that predicts them
     /// best ([`TokenCalibration::log_loss`]; the confidence on a tie).
     pub fn fit_best(trajs: &[&Trajectory], max_depth: usize) -> Self {
-        let fit = |key| Self::fit(trajs.iter().copied(), max_depth, key);
-        let (conf, margin) = (fit(CalibrationKey::Confidence), fit(CalibrationKey::Margin));
-        if margin.log_loss(trajs, max_depth) < conf.log_loss(trajs, max_depth) {
-            margin
-        } else {
-            conf
-        }
+        Self::fit_scored(trajs, max_depth).0
+    }
+
+    /// [`TokenCalibration::fit_best`] with the log-loss on `trajs` of each key's table
+    /// (confidence, margin).
+    pub fn fit_scored(trajs: &[&Trajectory], max_depth: usize) -> (Self, [f64; 2]) {
+        let fit = |key| {
+            let table = Self::fit(trajs.iter().copied(), max_depth, key);
+            let loss = table.log_loss(trajs, max_depth);
+            (table, loss)
+        };
+        let (conf, lc) = fit(CalibrationKey::Confidence);
+        let (margin, lm) = fit(CalibrationKey::Margin);
+        (if lm < lc { margin } else { conf }, [lc, lm])
     }
 
     /// Mean log-loss (nats) of the table's two predictions on the examples of `trajs` up to
@@ -223,6 +230,18 @@ impl TokenCalibration {
     /// trajectories decoded at that temperature with the key that predicts them best,
     /// [`TokenCalibration::fit_best`], and its `temperature` set), by ascending temperature.
     pub fn fit_per_temperature(trajs: &[&Trajectory], max_depth: usize) -> Vec<Self> {
+        Self::fit_per_temperature_scored(trajs, max_depth)
+            .into_iter()
+            .map(|(table, _, _)| table)
+            .collect()
+    }
+
+    /// [`TokenCalibration::fit_per_temperature`] with each table's trajectory count and the
+    /// log-loss of each key on its trajectories ([`TokenCalibration::fit_scored`]).
+    pub fn fit_per_temperature_scored(
+        trajs: &[&Trajectory],
+        max_depth: usize,
+    ) -> Vec<(Self, usize, [f64; 2])> {
         let mut temps: Vec<f32> = trajs.iter().map(|t| t.temperature).collect();
         temps.sort_by(f32::total_cmp);
         temps.dedup();
@@ -234,10 +253,12 @@ impl TokenCalibration {
                     .copied()
                     .filter(|t| t.temperature == temp)
                     .collect();
-                Self {
+                let (best, losses) = Self::fit_scored(&group, max_depth);
+                let table = Self {
                     temperature: Some(temp),
-                    ..Self::fit_best(&group, max_depth)
-                }
+                    ..best
+                };
+                (table, group.len(), losses)
             })
             .collect()
     }

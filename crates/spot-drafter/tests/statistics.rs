@@ -240,6 +240,7 @@ fn token_calibration_by_noised_margin() {
         "{lc} {lm}"
     );
     let best = TokenCalibration::fit_best(&refs, 3);
+    assert_eq!(TokenCalibration::fit_scored(&refs, 3).1, [lc, lm]);
     assert_eq!(
         best.key,
         if lm < lc {
