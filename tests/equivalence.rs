@@ -6,10 +6,66 @@ mod common;
 
 use common::{case, cases, model};
 use proptest::prelude::*;
+use spot_dlm::tree::JoinPrediction;
 use spot_dlm::{
-    DecodeOutput, DraftFreeDecoder, MatchRule, OracleScorer, RandomScorer, SpotDecoder,
-    StaleConfidenceScorer, TokenOracleScorer, Transition, TreeConfig,
+    DecodeOutput, DraftFreeDecoder, JoinModel, MatchRule, OracleScorer, RandomScorer, ScoreContext,
+    SetTreeConfig, SpotDecoder, StaleConfidenceScorer, StaleThresholdJoin, TokenId,
+    TokenOracleScorer, Transition, TreeConfig, TreeError,
 };
+
+/// A set drafter with arbitrary (seeded) join and token probabilities, certain ones (0 and 1)
+/// included: it exercises every path of the set enumeration, and exactness may not depend on
+/// it.
+struct RandomJoin(u64);
+
+impl JoinModel for RandomJoin {
+    fn name(&self) -> &str {
+        "random-join"
+    }
+    fn predict(
+        &mut self,
+        _ctx: &ScoreContext<'_>,
+        state: &[TokenId],
+        steps: usize,
+        _tau: f32,
+        out: &mut JoinPrediction,
+    ) -> Result<(), TreeError> {
+        let h = spot_dlm::toy::mix64(self.0 ^ spot_dlm::tree::state_hash(state) ^ steps as u64);
+        for s in 0..state.len() {
+            let r = spot_dlm::toy::mix64(h ^ s as u64);
+            out.join[s] = match r % 5 {
+                0 => 0.0,
+                1 => 1.0,
+                _ => (r >> 40) as f32 / (1u64 << 24) as f32,
+            };
+            out.token[s] = ((r >> 8) % 1000) as f32 / 999.0;
+        }
+        Ok(())
+    }
+}
+
+fn set_config() -> impl Strategy<Value = SetTreeConfig> {
+    (
+        1usize..=24,
+        1usize..=8,
+        prop_oneof![Just(0.0f32), Just(0.001), Just(0.05)],
+        1usize..=8,
+    )
+        .prop_map(|(budget, max_steps, gamma, sets_per_node)| SetTreeConfig {
+            budget,
+            max_steps,
+            gamma,
+            sets_per_node,
+        })
+}
+
+fn set_transition() -> impl Strategy<Value = Transition> {
+    prop_oneof![
+        1 => Just(Transition::Exact),
+        3 => prop_oneof![Just(0.05f32), Just(0.2), Just(0.5), Just(0.9)]
+            .prop_map(|tau| Transition::Threshold { tau }),
+    ]
+}
 
 #[derive(Clone, Debug)]
 enum Scorer {
@@ -114,6 +170,23 @@ proptest! {
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
         let fast = spot_decoder(&scorer, tree, &reference).decode(&mut m, &prompt, &cfg).unwrap();
+        check_invariants(&reference, &fast)?;
+    }
+
+    /// Set-valued trees (SPOT-Sets) under threshold decoding, any τ, T, rule and seed, with the
+    /// training-free stale-threshold drafter or arbitrary join probabilities.
+    #[test]
+    fn set_trees_equal_draft_free_threshold((toy, prompt, cfg) in case(set_transition()),
+                                            random in proptest::option::of(any::<u64>()),
+                                            sets in set_config()) {
+        let mut m = model(&toy);
+        let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
+        let b = SpotDecoder::builder().record_trace(true);
+        let b = match random {
+            Some(seed) => b.sets(RandomJoin(seed), sets),
+            None => b.sets(StaleThresholdJoin, sets),
+        };
+        let fast = b.build().unwrap().decode(&mut m, &prompt, &cfg).unwrap();
         check_invariants(&reference, &fast)?;
     }
 

@@ -33,6 +33,16 @@ impl Protocol {
     }
 }
 
+/// The decoder every speculative method must equal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Reference {
+    /// One commit per forward (`Φ`): the draft-free decoder.
+    Exact,
+    /// Threshold decoding `Φ^τ` at `--tau` (Fast-dLLM); one-commit draft-free runs beside it
+    /// for comparison.
+    Threshold,
+}
+
 /// Arguments of `spot bench`.
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -82,6 +92,15 @@ pub struct BenchArgs {
     /// Spiffy graph (default: the model folder's `spiffy-graph.json`).
     #[arg(long)]
     spiffy: Option<PathBuf>,
+    /// SPOT-Sets tables (default: the model folder's `spot-sets.json`).
+    #[arg(long)]
+    sets: Option<PathBuf>,
+    /// The reference decoder: `exact` (one commit per forward) or `threshold` (`--tau`).
+    #[arg(long, value_enum, default_value_t = Reference::Exact)]
+    reference: Reference,
+    /// The threshold of `--reference threshold`.
+    #[arg(long, default_value_t = 0.9)]
+    tau: f32,
     /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
     /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
     /// so that they differ from `spot` only in the commit order).
@@ -108,6 +127,15 @@ pub const DEFAULT_METHODS: [Method; 6] = [
     Method::Oracle,
 ];
 
+/// The methods `spot bench --reference threshold` runs when `--methods` is not given.
+pub const DEFAULT_THRESHOLD_METHODS: [Method; 5] = [
+    Method::Blockspec,
+    Method::Spiffy,
+    Method::Spot,
+    Method::Sets,
+    Method::SetsStale,
+];
+
 /// The speculative methods to run and those skipped with the reason: a default method whose
 /// drafter file is missing is skipped; one named by `--methods`, or whose file was given with
 /// `--drafter` / `--spiffy`, is an error naming the file.
@@ -116,7 +144,10 @@ fn runnable(a: &BenchArgs, files: &DraftFiles<'_>) -> Result<(Vec<Method>, Vec<S
     let mut spec: Vec<Method> = a
         .methods
         .as_deref()
-        .unwrap_or(&DEFAULT_METHODS)
+        .unwrap_or(match a.reference {
+            Reference::Exact => &DEFAULT_METHODS,
+            Reference::Threshold => &DEFAULT_THRESHOLD_METHODS,
+        })
         .iter()
         .copied()
         .filter(|m| m.is_speculative())
@@ -170,7 +201,21 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         .find(|m| **m == Method::Threshold)
     {
         bail!(
-            "--methods: {} is not exact (it is not draft-free's output); bench compares exact methods",
+            "--methods: {} is not exact (it is not draft-free's output); use --reference threshold --tau TAU to make it the reference",
+            m.name()
+        );
+    }
+    let transition = match a.reference {
+        Reference::Exact => Transition::Exact,
+        Reference::Threshold => Transition::Threshold { tau: a.tau },
+    };
+    transition.validate()?;
+    if let (Reference::Threshold, Some(m)) = (
+        a.reference,
+        a.methods.iter().flatten().find(|m| m.is_oracle()),
+    ) {
+        bail!(
+            "--methods: {} replays one-commit trajectories; it does not apply to --reference threshold",
             m.name()
         );
     }
@@ -179,6 +224,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         dir: &dir,
         drafter: a.drafter.as_deref(),
         spiffy: a.spiffy.as_deref(),
+        sets: a.sets.as_deref(),
         calibrate_baselines: !a.uncalibrated_baselines,
     };
     let (spec, skipped) = runnable(a, &files)?;
@@ -208,7 +254,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let samples_path = a.out.join("samples.jsonl");
     let mut samples = std::fs::File::create(&samples_path)
         .with_context(|| format!("creating {}", samples_path.display()))?;
-    let per_prompt = 1 + spec.len() * a.budgets.len();
+    let reference_method = match a.reference {
+        Reference::Exact => Method::Df,
+        Reference::Threshold => Method::Threshold,
+    };
+    let per_prompt =
+        1 + usize::from(a.reference == Reference::Threshold) + spec.len() * a.budgets.len();
     let total: usize = sets.iter().map(|(_, s)| s.len()).sum::<usize>()
         * a.temperatures.len()
         * a.protocols.len()
@@ -229,7 +280,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     max_new_tokens: a.max_new_tokens,
                     temperature,
                     seed: a.seed,
-                    transition: Transition::Exact,
+                    transition,
                     early_stop: protocol == Protocol::Eos,
                     ..base.clone()
                 };
@@ -252,13 +303,33 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         .trace
                         .as_ref()
                         .context("draft-free decode returned no trace")?;
-                    let k = key(Method::Df, None);
+                    let k = key(reference_method, None);
                     let row = cells
                         .entry(k.clone())
                         .or_default()
                         .add(&k, id, &reference, wall, true, None);
                     writeln!(samples, "{row}")?;
                     bar.inc(1);
+                    if a.reference == Reference::Threshold {
+                        // One-commit draft-free beside it: a decoder of its own, not equal.
+                        let one = DecodeConfig {
+                            transition: Transition::Exact,
+                            ..cfg.clone()
+                        };
+                        let start = std::time::Instant::now();
+                        let df = DraftFreeDecoder::new()
+                            .decode(&mut model, ids, &one)
+                            .with_context(|| format!("{set} {id}: draft-free"))?;
+                        let wall = start.elapsed().as_secs_f64();
+                        let equal = df.tokens == reference.tokens;
+                        let k = key(Method::Df, None);
+                        let row = cells
+                            .entry(k.clone())
+                            .or_default()
+                            .add(&k, id, &df, wall, equal, None);
+                        writeln!(samples, "{row}")?;
+                        bar.inc(1);
+                    }
                     for &m in &spec {
                         for &budget in &a.budgets {
                             bar.set_message(format!(
@@ -286,7 +357,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                                 && r.out.stopped == reference.stopped;
                             if !equal {
                                 mismatches += 1;
-                                bar.suspend(|| eprintln!("MISMATCH: {set} {id} T={temperature} {} {} D={budget} differs from draft-free", protocol.name(), m.name()));
+                                bar.suspend(|| eprintln!("MISMATCH: {set} {id} T={temperature} {} {} D={budget} differs from {}", protocol.name(), m.name(), reference_method.name()));
                             }
                             let k = key(m, Some(budget));
                             let report: Option<&SpotReport> = r.report.as_ref();

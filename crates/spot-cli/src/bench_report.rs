@@ -150,9 +150,10 @@ pub fn write_outputs(
     }
     for ((set, t, protocol), mut rows) in groups(cells) {
         rows.sort_by_key(|(k, _)| (method_rank(k.method), k.budget));
-        let df = rows
+        // The reference: threshold decoding under `--reference threshold`, else draft-free.
+        let df = ["threshold", "df"]
             .iter()
-            .find(|(k, _)| k.method == "df")
+            .find_map(|m| rows.iter().find(|(k, _)| k.method == *m))
             .map(|(_, c)| c.mean(c.nfe as f64));
         let summaries: Vec<serde_json::Value> =
             rows.iter().map(|(k, c)| c.summary(k, df)).collect();
@@ -224,7 +225,7 @@ pub fn write_outputs(
     Ok(())
 }
 
-const COLORS: [(&str, &str); 10] = [
+const COLORS: [(&str, &str); 13] = [
     ("df", "#444444"),
     ("ssd", "#1f77b4"),
     ("blockspec", "#ff7f0e"),
@@ -235,6 +236,9 @@ const COLORS: [(&str, &str); 10] = [
     ("oracle-token", "#17becf"),
     ("oracle-joint", "#bcbd22"),
     ("threshold", "#8c564b"),
+    ("sets-stale", "#7f7f7f"),
+    ("sets", "#e6550d"),
+    ("sets-gamma", "#fd8d3c"),
 ];
 
 /// Display order: draft-free, the baselines, SPOT, the oracle (the order of [`COLORS`]).
@@ -338,8 +342,8 @@ fn svg(cells: &BTreeMap<Key, Cell>) -> String {
                 .filter(|(k, _)| k.method == *m)
                 .filter_map(|(k, cell)| k.budget.map(|b| (b as f64, cell.mean(cell.nfe as f64))))
                 .collect();
-            if *m == "df" {
-                if let Some((_, cell)) = rows_.iter().find(|(k, _)| k.method == "df") {
+            if pts.is_empty() {
+                if let Some((_, cell)) = rows_.iter().find(|(k, _)| k.method == *m) {
                     let v = cell.mean(cell.nfe as f64);
                     let _ = writeln!(
                         s,

@@ -1,10 +1,13 @@
 //! `spot calibrate-spiffy`: the Spiffy baseline's static draft graph from trajectories;
-//! `spot calibrate-tokens`: a drafter checkpoint's token calibration.
+//! `spot calibrate-tokens`: a drafter checkpoint's token calibration;
+//! `spot calibrate-sets`: the SPOT-Sets drafter's join tables.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use spot_drafter::{SpiffyGraph, TokenCalibration, Trajectory, TrajectoryDir};
+use spot_drafter::{
+    JoinTable, SetsDrafter, SpiffyGraph, TokenCalibration, Trajectory, TrajectoryDir,
+};
 
 /// Arguments of `spot calibrate-spiffy`.
 #[derive(clap::Args)]
@@ -110,6 +113,64 @@ pub fn run_tokens(a: &CalibrateTokensArgs) -> Result<()> {
     let out = a.out.as_ref().unwrap_or(&a.drafter);
     spot_drafter::checkpoint::save(&net, out)
         .with_context(|| format!("writing drafter {}", out.display()))?;
+    eprintln!("wrote {}", out.display());
+    Ok(())
+}
+
+/// Arguments of `spot calibrate-sets`.
+#[derive(clap::Args)]
+pub struct CalibrateSetsArgs {
+    /// Trajectory directories written by `spot collect --threshold TAU` (training prompts
+    /// only); one table is fitted per directory, for its temperature and `τ`.
+    #[arg(long, required = true, num_args = 1..)]
+    trajectories: Vec<PathBuf>,
+    /// File to write (default: `spot-sets.json` in the shipped model folder).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Threshold steps below the root with a row of their own (deeper ones read the last).
+    #[arg(long, default_value_t = 8)]
+    steps: usize,
+}
+
+/// Runs `spot calibrate-sets`.
+pub fn run_sets(a: &CalibrateSetsArgs) -> Result<()> {
+    if a.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let mut tables = Vec::new();
+    for d in &a.trajectories {
+        let dir = TrajectoryDir::open(d)?;
+        let Some(tau) = dir.manifest().threshold else {
+            bail!(
+                "{}: decoded with one commit per forward; collect with --threshold TAU",
+                d.display()
+            );
+        };
+        let trajs: Vec<Trajectory> = dir.read_all()?.into_iter().map(|(_, t)| t).collect();
+        if trajs.is_empty() {
+            bail!("{}: no trajectories (run spot collect first)", d.display());
+        }
+        let t = JoinTable::fit(&trajs, tau, a.steps);
+        eprintln!(
+            "{}: {} trajectories, T = {}, tau = {tau}: {} positions; P(join) at step 0 by stale confidence: {}",
+            d.display(),
+            trajs.len(),
+            dir.manifest().temperature,
+            t.samples,
+            t.edges
+                .iter()
+                .zip(&t.join[0])
+                .map(|(e, p)| format!("<={e}: {p:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        tables.push(t);
+    }
+    let out = match &a.out {
+        Some(p) => p.clone(),
+        None => crate::model_dir::resolve(None)?.join(spot_drafter::sets::DEFAULT_SETS),
+    };
+    SetsDrafter { tables }.save(&out)?;
     eprintln!("wrote {}", out.display());
     Ok(())
 }

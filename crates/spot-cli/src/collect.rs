@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use spot_dlm::{BlockDiffusionModel, DecodeConfig};
+use spot_dlm::{BlockDiffusionModel, DecodeConfig, Transition};
 use spot_drafter::{Manifest, TrajectoryDir, examples, record};
 
 use crate::{load, model_dir, prompts};
@@ -43,6 +43,10 @@ pub struct CollectArgs {
     /// Decode all blocks even after a stop id.
     #[arg(long)]
     no_early_stop: bool,
+    /// Decode with threshold decoding at this `τ` (the trajectories `spot calibrate-sets`
+    /// fits the SPOT-Sets drafter on) instead of one commit per forward.
+    #[arg(long)]
+    threshold: Option<f32>,
 }
 
 /// Runs `spot collect`.
@@ -56,8 +60,12 @@ pub fn run(a: &CollectArgs) -> Result<()> {
         temperature: a.temperature,
         seed: a.seed,
         early_stop: !a.no_early_stop,
+        transition: a
+            .threshold
+            .map_or(Transition::Exact, |tau| Transition::Threshold { tau }),
         ..DecodeConfig::for_model(model.info())
     };
+    cfg.validate()?;
     let canon = |p: &std::path::Path| {
         std::fs::canonicalize(p)
             .unwrap_or_else(|_| p.to_path_buf())
@@ -73,7 +81,8 @@ pub fn run(a: &CollectArgs) -> Result<()> {
         cfg.early_stop,
         cfg.temperature,
         cfg.seed,
-    );
+    )
+    .with_threshold(a.threshold);
     let out = TrajectoryDir::create_or_resume(&a.out, manifest)?;
     let tokenizer = model
         .tokenizer()

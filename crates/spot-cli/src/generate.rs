@@ -75,9 +75,11 @@ pub struct GenerateArgs {
     /// Decoding method.
     #[arg(long, value_enum, default_value_t = Method::Blockspec)]
     pub(crate) method: Method,
-    /// Threshold for `--method threshold`.
-    #[arg(long, default_value_t = 0.9)]
-    threshold: f32,
+    /// Decode with threshold decoding `Φ^τ` at this `τ` (commit every position whose
+    /// confidence exceeds it); speculative methods then verify against it. Default 0.9 for
+    /// `threshold` and the `sets*` methods, one commit per forward for the others.
+    #[arg(long)]
+    threshold: Option<f32>,
     /// Draft budget D (nodes per round) for speculative methods.
     #[arg(long, default_value_t = 8)]
     budget: usize,
@@ -88,6 +90,10 @@ pub struct GenerateArgs {
     /// Spiffy graph for `--method spiffy` (default: `spiffy-graph.json` in the model folder).
     #[arg(long)]
     spiffy: Option<PathBuf>,
+    /// SPOT-Sets tables for `--method sets` / `sets-gamma` (default: `spot-sets.json` in the
+    /// model folder).
+    #[arg(long)]
+    sets: Option<PathBuf>,
     /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
     /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
     /// so that they differ from `spot` only in the commit order).
@@ -211,6 +217,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
             dir: &dir,
             drafter: a.drafter.as_deref(),
             spiffy: a.spiffy.as_deref(),
+            sets: a.sets.as_deref(),
             calibrate_baselines: !a.uncalibrated_baselines,
         },
     )?;
@@ -433,11 +440,10 @@ fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeCon
         max_new_tokens: a.max_new_tokens,
         temperature: a.temperature,
         seed: a.seed,
-        transition: if a.method == Method::Threshold {
-            Transition::Threshold { tau: a.threshold }
-        } else {
-            Transition::Exact
-        },
+        transition: a
+            .threshold
+            .or((a.method == Method::Threshold || a.method.is_sets()).then_some(0.9))
+            .map_or(Transition::Exact, |tau| Transition::Threshold { tau }),
         early_stop: !a.no_early_stop,
         confidence: a.confidence,
         sample_top_k: a.sample_top_k.map(|k| k as usize),

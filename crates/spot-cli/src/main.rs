@@ -58,6 +58,9 @@ enum Command {
     /// Refit a drafter checkpoint's token calibration (per temperature, by stale confidence or
     /// noised margin) from trajectories, without retraining the network.
     CalibrateTokens(calibrate::CalibrateTokensArgs),
+    /// Fit the SPOT-Sets drafter (join and token tables per temperature and threshold) on
+    /// threshold-decoding trajectories (`spot collect --threshold`).
+    CalibrateSets(calibrate::CalibrateSetsArgs),
     /// Compare decoding methods and budgets on prompt sets: NFE, positions, commits per
     /// forward, wall time and agreement with draft-free; Markdown, JSON and SVG.
     Bench(bench::BenchArgs),
@@ -96,6 +99,7 @@ fn main() -> ExitCode {
         Command::EvalDrafter(a) => eval_drafter::run(a),
         Command::CalibrateSpiffy(a) => calibrate::run(a),
         Command::CalibrateTokens(a) => calibrate::run_tokens(a),
+        Command::CalibrateSets(a) => calibrate::run_sets(a),
         Command::Bench(a) => bench::run(a),
     };
     match result {

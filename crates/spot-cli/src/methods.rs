@@ -8,11 +8,11 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use spot_dlm::{
     BlockDiffusionModel, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace, DraftFreeDecoder,
-    OracleScorer, Request, SpotDecoder, SpotReport, StaleConfidenceScorer, Strategy,
-    TokenOracleScorer, run_request,
+    OracleScorer, Request, SetTreeConfig, SpotDecoder, SpotReport, StaleConfidenceScorer,
+    StaleThresholdJoin, Strategy, TokenOracleScorer, run_request,
 };
 use spot_drafter::{
-    Calibrated, LearnedScorer, OrderModel, SpiffyGraph, SpiffyScorer, TokenCalibration,
+    Calibrated, LearnedScorer, OrderModel, SetsDrafter, SpiffyGraph, SpiffyScorer, TokenCalibration,
 };
 
 use crate::Backend;
@@ -21,6 +21,7 @@ use crate::Backend;
 pub const DEFAULT_DRAFTER: &str = "spot-drafter.safetensors";
 /// File name of a model folder's default Spiffy graph (`spot calibrate-spiffy`).
 pub const DEFAULT_SPIFFY: &str = "spiffy-graph.json";
+pub use spot_drafter::sets::DEFAULT_SETS;
 
 /// Decoding methods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
@@ -50,6 +51,14 @@ pub enum Method {
     /// Speculative bound: true positions and true tokens (from a draft-free pass). Its NFE
     /// excludes that pass.
     OracleJoint,
+    /// SPOT-Sets: set-valued trees, one edge per threshold step, drafted by the calibrated
+    /// join tables (`--sets`, default `MODEL/spot-sets.json`; `spot calibrate-sets`).
+    Sets,
+    /// SPOT-Sets with the mass floor γ (`--spot-gamma`).
+    SetsGamma,
+    /// Training-free set drafter: the stale threshold step, then single commits by stale
+    /// confidence.
+    SetsStale,
 }
 
 impl Method {
@@ -66,12 +75,28 @@ impl Method {
             Method::Oracle => "oracle",
             Method::OracleToken => "oracle-token",
             Method::OracleJoint => "oracle-joint",
+            Method::Sets => "sets",
+            Method::SetsGamma => "sets-gamma",
+            Method::SetsStale => "sets-stale",
         }
     }
 
     /// Whether the method drafts and verifies (and so takes a budget).
     pub fn is_speculative(self) -> bool {
         !matches!(self, Method::Df | Method::Threshold)
+    }
+
+    /// Whether the method drafts set-valued trees (SPOT-Sets).
+    pub fn is_sets(self) -> bool {
+        matches!(self, Method::Sets | Method::SetsGamma | Method::SetsStale)
+    }
+
+    /// Whether the method reads the draft-free trace (the oracles).
+    pub fn is_oracle(self) -> bool {
+        matches!(
+            self,
+            Method::Oracle | Method::OracleToken | Method::OracleJoint
+        )
     }
 }
 
@@ -96,6 +121,8 @@ pub struct DraftFiles<'a> {
     pub drafter: Option<&'a Path>,
     /// `--spiffy`.
     pub spiffy: Option<&'a Path>,
+    /// `--sets`.
+    pub sets: Option<&'a Path>,
     /// Whether `blockspec` and `spiffy` take the drafter checkpoint's token calibration (when
     /// it exists; `--uncalibrated-baselines` turns it off).
     pub calibrate_baselines: bool,
@@ -115,6 +142,7 @@ impl DraftFiles<'_> {
                 vec![weights, config]
             }
             Method::Spiffy => vec![path(self.spiffy, DEFAULT_SPIFFY)],
+            Method::Sets | Method::SetsGamma => vec![path(self.sets, DEFAULT_SETS)],
             _ => Vec::new(),
         }
     }
@@ -124,6 +152,7 @@ impl DraftFiles<'_> {
         match method {
             Method::Spot | Method::SpotGamma => self.drafter.is_some(),
             Method::Spiffy => self.spiffy.is_some(),
+            Method::Sets | Method::SetsGamma => self.sets.is_some(),
             _ => false,
         }
     }
@@ -156,6 +185,9 @@ impl DraftFiles<'_> {
 pub fn missing_hint(method: Method) -> &'static str {
     match method {
         Method::Spiffy => "calibrate a graph with `spot calibrate-spiffy`, or pass --spiffy PATH",
+        Method::Sets | Method::SetsGamma => {
+            "fit the tables with `spot calibrate-sets`, or pass --sets PATH"
+        }
         _ => "train a drafter with `spot train-drafter`, or pass --drafter PATH",
     }
 }
@@ -165,6 +197,7 @@ pub fn missing_hint(method: Method) -> &'static str {
 pub struct Drafters {
     net: Option<OrderModel<Backend>>,
     spiffy: Option<SpiffyGraph>,
+    sets: Option<SetsDrafter>,
     /// Token calibrations for the baselines (empty: their papers' token weights).
     calibration: Vec<TokenCalibration>,
 }
@@ -215,6 +248,13 @@ impl Drafters {
                     .with_context(|| format!("loading Spiffy graph {}", p.display()))?,
             );
         }
+        if let Some(p) = methods
+            .iter()
+            .find(|m| matches!(m, Method::Sets | Method::SetsGamma))
+            .and_then(|&m| first(m))
+        {
+            d.sets = Some(SetsDrafter::load(&p)?);
+        }
         Ok(d)
     }
 }
@@ -242,8 +282,25 @@ pub fn strategy(
     let b = SpotDecoder::builder()
         .budget(settings.budget)
         .gamma(settings.gamma);
+    let sets_cfg = |gamma| SetTreeConfig {
+        budget: settings.budget,
+        gamma,
+        ..SetTreeConfig::default()
+    };
     let b = match method {
         Method::Df | Method::Threshold => return Ok(Strategy::draft_free()),
+        Method::SetsStale => b.sets(StaleThresholdJoin, sets_cfg(settings.gamma)),
+        Method::Sets | Method::SetsGamma => {
+            let Some(d) = &drafters.sets else {
+                bail!("--method {} needs the set drafter tables", method.name());
+            };
+            let gamma = if method == Method::SetsGamma {
+                settings.spot_gamma
+            } else {
+                settings.gamma
+            };
+            b.sets(d.clone(), sets_cfg(gamma))
+        }
         Method::Ssd => b.chain(),
         Method::Blockspec => b.scorer(Calibrated::new(
             StaleConfidenceScorer,

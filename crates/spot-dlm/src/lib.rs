@@ -47,8 +47,9 @@ pub use spot_core::{
     toy,
 };
 pub use spot_tree::{
-    self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
-    StaleConfidenceScorer, TokenOracleScorer, TreeBuilder, TreeConfig, TreeError,
+    self as tree, DraftTree, JoinModel, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
+    SetTreeBuilder, SetTreeConfig, StaleConfidenceScorer, StaleThresholdJoin, TokenOracleScorer,
+    TreeBuilder, TreeConfig, TreeError,
 };
 pub use spot_verify::{self as verify, MatchRule, RoundEnd, Verifier};
 
@@ -73,6 +74,8 @@ enum Drafter {
     Tree(Box<dyn OrderScorer + Send>),
     /// SSD-style chain by stale confidence.
     Chain,
+    /// Set-valued tree for threshold decoding (SPOT-Sets): one edge per threshold step.
+    Sets(Box<dyn JoinModel + Send>, SetTreeConfig),
 }
 
 /// Builder for [`SpotDecoder`]; see [`SpotDecoder::builder`].
@@ -136,6 +139,30 @@ impl SpotDecoderBuilder {
         self
     }
 
+    /// Draft set-valued trees (SPOT-Sets): each edge is one whole step of the target's
+    /// threshold rule, predicted by `model` ([`StaleThresholdJoin`] needs no training), grown
+    /// best-first under `cfg` (its budget replaces [`budget`](Self::budget)). Exact under any
+    /// transition; it pays off when the decode's [`Transition`] is a threshold.
+    ///
+    /// ```
+    /// use spot_dlm::{DecodeConfig, DraftFreeDecoder, SetTreeConfig, SpotDecoder,
+    ///     StaleThresholdJoin, Transition};
+    /// use spot_dlm::toy::{ToyConfig, ToyModel};
+    /// let mut model = ToyModel::new(ToyConfig::default());
+    /// let cfg = DecodeConfig { block_size: 8, max_new_tokens: 16,
+    ///     transition: Transition::Threshold { tau: 0.3 }, ..DecodeConfig::default() };
+    /// let reference = DraftFreeDecoder::new().decode(&mut model, &[1, 2, 3], &cfg)?;
+    /// let mut sets = SpotDecoder::builder()
+    ///     .sets(StaleThresholdJoin, SetTreeConfig { budget: 4, ..SetTreeConfig::default() })
+    ///     .build()?;
+    /// assert_eq!(sets.decode(&mut model, &[1, 2, 3], &cfg)?.tokens, reference.tokens);
+    /// # Ok::<(), spot_dlm::Error>(())
+    /// ```
+    pub fn sets(mut self, model: impl JoinModel + Send + 'static, cfg: SetTreeConfig) -> Self {
+        self.drafter = Drafter::Sets(Box::new(model), cfg);
+        self
+    }
+
     /// How nodes are matched ([`MatchRule::Coupled`], the exact rule, by default).
     pub fn match_rule(mut self, rule: MatchRule) -> Self {
         self.rule = rule;
@@ -150,8 +177,13 @@ impl SpotDecoderBuilder {
 
     /// Validates the limits and builds the decoder.
     pub fn build(self) -> Result<SpotDecoder, Error> {
+        let sets = match &self.drafter {
+            Drafter::Sets(_, cfg) => Some(SetTreeBuilder::new(*cfg)?),
+            _ => None,
+        };
         Ok(SpotDecoder {
             builder: TreeBuilder::new(self.tree)?,
+            sets,
             drafter: self.drafter,
             verifier: Verifier::new(self.rule),
             record_trace: self.record_trace,
@@ -171,6 +203,7 @@ impl SpotDecoderBuilder {
 /// decoder per request; its [`SpotDecoder::report`] covers the requests it completed).
 pub struct SpotDecoder {
     builder: TreeBuilder,
+    sets: Option<SetTreeBuilder>,
     drafter: Drafter,
     verifier: Verifier,
     record_trace: bool,
@@ -276,9 +309,16 @@ impl StepStrategy for SpotDecoder {
             temperature: block.query().temperature,
         };
         let t0 = Instant::now();
-        let tree = match &mut self.drafter {
-            Drafter::Tree(scorer) => self.builder.build(&ctx, scorer.as_mut())?,
-            Drafter::Chain => self.builder.build_chain(&ctx)?,
+        let tree = match (&mut self.drafter, &mut self.sets) {
+            (Drafter::Sets(model, _), Some(sets)) => {
+                let tau = match block.transition() {
+                    Transition::Threshold { tau } => tau,
+                    Transition::Exact => f32::INFINITY,
+                };
+                sets.build(&ctx, tau, model.as_mut())?
+            }
+            (Drafter::Tree(scorer), _) => self.builder.build(&ctx, scorer.as_mut())?,
+            _ => self.builder.build_chain(&ctx)?,
         };
         self.verifier.batch(tree, states);
         self.drafted = Some((Instant::now(), t0.elapsed()));
@@ -298,7 +338,10 @@ impl StepStrategy for SpotDecoder {
                 Some(block.plain_absorb(spot_core::first_stats(stats)?, &mut self.scratch)?);
             return Ok(());
         };
-        let tree = self.builder.tree();
+        let tree = match &self.sets {
+            Some(sets) => sets.tree(),
+            None => self.builder.tree(),
+        };
         let outcome = self.verifier.walk_stats(tree, stats, block.transition())?;
         self.report.record(
             outcome.walk.accepted_nodes,

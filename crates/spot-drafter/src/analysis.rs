@@ -334,7 +334,7 @@ pub fn nearest_calibration(
 /// (their counts summed) until the rates are monotone in the bin order: non-decreasing when
 /// `increasing`, else non-increasing (pool-adjacent-violators; an empty bin adds no counts to
 /// the pool it joins).
-fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> Vec<f32> {
+pub(crate) fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> Vec<f32> {
     let rate = |h: u64, n: u64| (h as f64 + 1.0) / (n as f64 + 2.0);
     // Pools as (hits, count, bins).
     let mut pools: Vec<(u64, u64, usize)> = Vec::with_capacity(hits.len());
@@ -357,7 +357,7 @@ fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> Vec<f32> {
 }
 
 /// The first bin whose upper edge is at least `confidence` (the last bin above every edge).
-fn bin(edges: &[f32], confidence: f32) -> usize {
+pub(crate) fn bin(edges: &[f32], confidence: f32) -> usize {
     edges
         .iter()
         .position(|&e| confidence <= e)

@@ -35,6 +35,9 @@ pub struct Manifest {
     pub temperature: f32,
     /// Noise seed.
     pub seed: u64,
+    /// The threshold `τ` of threshold decoding (`None`: one commit per forward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f32>,
 }
 
 impl Manifest {
@@ -61,7 +64,15 @@ impl Manifest {
             early_stop,
             temperature,
             seed,
+            threshold: None,
         }
+    }
+
+    /// The same manifest for trajectories decoded with threshold `tau` (`None`: one commit
+    /// per forward).
+    pub fn with_threshold(mut self, tau: Option<f32>) -> Self {
+        self.threshold = tau;
+        self
     }
 
     fn differences(&self, other: &Self) -> Option<(&'static str, String, String)> {
@@ -106,6 +117,10 @@ impl Manifest {
                 )
             })
             .or_else(|| f("seed", self.seed.to_string(), other.seed.to_string()))
+            .or_else(|| {
+                let t = |m: &Self| m.threshold.map_or("none".into(), |x| x.to_string());
+                f("threshold", t(self), t(other))
+            })
     }
 }
 

@@ -29,6 +29,7 @@ pub mod features;
 pub mod network;
 mod rng;
 pub mod scorer;
+pub mod sets;
 pub mod spiffy;
 pub mod train;
 pub mod trajectory;
@@ -42,6 +43,7 @@ pub use features::{
 };
 pub use network::{OrderModel, OrderModelConfig};
 pub use scorer::{Calibrated, LearnedScorer};
+pub use sets::{JoinTable, SetsDrafter, SetsError};
 pub use spiffy::{SpiffyGraph, SpiffyScorer};
 pub use train::{
     Accuracy, EpochReport, TrainConfig, TrainObserver, evaluate_on, train, train_from,

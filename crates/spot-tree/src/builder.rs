@@ -148,7 +148,7 @@ struct Hyp {
 /// let tree = b.build(&ctx, &mut StaleConfidenceScorer).unwrap();
 /// assert_eq!(tree.draft_count(), 5);
 /// // The heaviest child commits the most confident position with its stale token.
-/// assert_eq!(tree.edge(1).map(|c| (c.position, c.token)), Some((0, 1)));
+/// assert_eq!(tree.edge(1), &[spot_core::Commit::new(0, 1)]);
 /// ```
 #[derive(Clone, Debug)]
 pub struct TreeBuilder {
@@ -419,7 +419,7 @@ impl TreeBuilder {
         self.order.sort_unstable();
         for &id in &self.order {
             let id = id as usize;
-            let (Some(parent), Some(edge)) = (self.arena.parent(id), self.arena.edge(id)) else {
+            let Some(parent) = self.arena.parent(id) else {
                 continue;
             };
             let p = self.remap[parent];
@@ -429,7 +429,10 @@ impl TreeBuilder {
                     "internal: a selected node lost its parent (please report)",
                 ));
             }
-            self.remap[id] = self.out.push(p as usize, edge, self.arena.mass(id))? as u32;
+            self.remap[id] =
+                self.out
+                    .push_set(p as usize, self.arena.edge(id), self.arena.mass(id))?
+                    as u32;
         }
         Ok(&self.out)
     }

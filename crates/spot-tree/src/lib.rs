@@ -6,6 +6,9 @@
 //! - [`DraftTree`]: an arena of states with parent links, edges (position, token) and masses;
 //! - [`TreeBuilder`]: the layer-batched best-first builder with budget `D`, depth limit, mass
 //!   floor `γ` and the hedge, plus the SSD-style chain;
+//! - [`SetTreeBuilder`]: set-valued trees for threshold decoding (SPOT-Sets), each edge one
+//!   whole threshold step, drafted by a [`JoinModel`] ([`StaleThresholdJoin`] needs no
+//!   training);
 //! - [`OrderScorer`]: the interface the learned commit-order drafter implements, and the
 //!   baselines [`StaleConfidenceScorer`] (BlockSpec), [`RandomScorer`] and [`OracleScorer`].
 //!
@@ -37,6 +40,7 @@ struct ReadmeDoctests;
 mod builder;
 mod error;
 mod scorer;
+mod sets;
 mod tree;
 
 pub use builder::{TreeBuilder, TreeConfig};
@@ -45,4 +49,5 @@ pub use scorer::{
     NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,
     TokenOracleScorer, check_block_size, fill_normalised, noised_runner_up, stale_runner_up,
 };
+pub use sets::{JoinModel, JoinPrediction, SetTreeBuilder, SetTreeConfig, StaleThresholdJoin};
 pub use tree::{DraftTree, state_hash, zobrist};

@@ -22,10 +22,11 @@ pub fn state_hash(tokens: &[TokenId]) -> u64 {
 ///
 /// Blocks of up to 65,535 positions are supported (depths and mask counts are 16-bit).
 ///
-/// Node 0 is the root. Every other node was made from its parent by one commit (its *edge*) and
-/// carries a *mass*: the drafter's probability of reaching it,
-/// `m(child) = m(parent) · q(s | parent) · p~_s(v)`. Nodes are stored in order of depth, so a
-/// parent always precedes its children. States are unique: builders merge states reached by
+/// Node 0 is the root. Every other node was made from its parent by one commit, or by a set of
+/// commits (one step of threshold decoding, [`DraftTree::push_set`]): its *edge*. It carries a
+/// *mass*: the drafter's probability of reaching it, e.g.
+/// `m(child) = m(parent) · q(s | parent) · p~_s(v)`. A node's *depth* counts the positions
+/// committed since the root, not the edges; parents are pushed before their children. States are unique: builders merge states reached by
 /// different paths, and [`DraftTree::find_successor`] looks states up by value, so a state is
 /// accepted whichever path reached it.
 ///
@@ -39,6 +40,11 @@ pub fn state_hash(tokens: &[TokenId]) -> u64 {
 /// assert_eq!(tree.state(b), &[6, 5, 9, 9]);
 /// assert_eq!(tree.find_successor(0, &[Commit::new(1, 5)]), Some(a));
 /// assert_eq!(tree.find_successor(0, &[Commit::new(2, 5)]), None);
+/// // A set edge: one threshold step committing positions 2 and 3; its depth is 2.
+/// let c = tree.push_set(0, &[Commit::new(2, 7), Commit::new(3, 8)], 0.4).unwrap();
+/// assert_eq!((tree.depth(c), tree.edge(c).len()), (2, 2));
+/// // The walk looks states up by value: the step {1, 0} from the root reaches `b`.
+/// assert_eq!(tree.find_successor(0, &[Commit::new(0, 6), Commit::new(1, 5)]), Some(b));
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct DraftTree {
@@ -46,7 +52,8 @@ pub struct DraftTree {
     mask_id: TokenId,
     tokens: Vec<TokenId>,
     parent: Vec<u32>,
-    edge: Vec<Commit>,
+    edges: Vec<Commit>,
+    edge_end: Vec<u32>,
     mass: Vec<f32>,
     depth: Vec<u16>,
     hash: Vec<u64>,
@@ -69,8 +76,9 @@ impl DraftTree {
         self.tokens.extend_from_slice(root.tokens());
         self.parent.clear();
         self.parent.push(NO_PARENT);
-        self.edge.clear();
-        self.edge.push(Commit::new(0, self.mask_id));
+        self.edges.clear();
+        self.edge_end.clear();
+        self.edge_end.push(0);
         self.mass.clear();
         self.mass.push(1.0);
         self.depth.clear();
@@ -84,28 +92,51 @@ impl DraftTree {
     /// Adds a child of `parent` made by `commit`, with mass `mass`; returns its index.
     /// Fails when the commit is not valid on the parent's state.
     pub fn push(&mut self, parent: usize, commit: Commit, mass: f32) -> spot_core::Result<usize> {
+        self.push_set(parent, &[commit], mass)
+    }
+
+    /// Adds a child of `parent` made by the commits `set` at once (one threshold step), with
+    /// mass `mass`; returns its index. Fails when `set` is empty, commits a position twice, or
+    /// a commit is not valid on the parent's state.
+    pub fn push_set(
+        &mut self,
+        parent: usize,
+        set: &[Commit],
+        mass: f32,
+    ) -> spot_core::Result<usize> {
+        let invalid = |c: Commit, reason| spot_core::Error::InvalidCommit {
+            position: c.position,
+            token: c.token,
+            reason,
+        };
+        let first = set.first().copied().unwrap_or(Commit::new(0, self.mask_id));
+        if set.is_empty() {
+            return Err(invalid(first, "an edge commits at least one position"));
+        }
         if parent >= self.len() {
-            return Err(spot_core::Error::InvalidCommit {
-                position: commit.position,
-                token: commit.token,
-                reason: "parent node does not exist",
-            });
+            return Err(invalid(first, "parent node does not exist"));
         }
         let base = parent * self.len;
-        spot_core::state::check_commit(&self.tokens[base..base + self.len], self.mask_id, commit)?;
+        for (i, &c) in set.iter().enumerate() {
+            spot_core::state::check_commit(&self.tokens[base..base + self.len], self.mask_id, c)?;
+            if set[..i].iter().any(|d| d.position == c.position) {
+                return Err(invalid(c, "an edge commits a position twice"));
+            }
+        }
         self.tokens.extend_from_within(base..base + self.len);
-        let at = self.tokens.len() - self.len + commit.position;
-        self.tokens[at] = commit.token;
+        let row = self.tokens.len() - self.len;
+        let mut hash = self.hash[parent];
+        for c in set {
+            self.tokens[row + c.position] = c.token;
+            hash ^= zobrist(c.position, self.mask_id) ^ zobrist(c.position, c.token);
+        }
         self.parent.push(parent as u32);
-        self.edge.push(commit);
+        self.edges.extend_from_slice(set);
+        self.edge_end.push(self.edges.len() as u32);
         self.mass.push(mass);
-        self.depth.push(self.depth[parent] + 1);
-        self.hash.push(
-            self.hash[parent]
-                ^ zobrist(commit.position, self.mask_id)
-                ^ zobrist(commit.position, commit.token),
-        );
-        self.masked.push(self.masked[parent] - 1);
+        self.depth.push(self.depth[parent] + set.len() as u16);
+        self.hash.push(hash);
+        self.masked.push(self.masked[parent] - set.len() as u16);
         Ok(self.parent.len() - 1)
     }
 
@@ -150,20 +181,36 @@ impl DraftTree {
         (p != NO_PARENT).then_some(p as usize)
     }
 
-    /// The commit that made node `i` from its parent (`None` for the root).
-    pub fn edge(&self, i: usize) -> Option<Commit> {
-        (i != 0).then(|| self.edge[i])
+    /// The commits that made node `i` from its parent: one for a single-commit edge, several
+    /// for a set edge, none for the root.
+    pub fn edge(&self, i: usize) -> &[Commit] {
+        match i.checked_sub(1) {
+            Some(p) => &self.edges[self.edge_end[p] as usize..self.edge_end[i] as usize],
+            None => &[],
+        }
     }
 
-    /// The commits from the root down to node `i`, in order (empty for the root).
+    /// The commits from the root down to node `i`, edge by edge in order (empty for the root).
     pub fn path(&self, i: usize, out: &mut Vec<Commit>) {
         out.clear();
         let mut n = i;
-        while let (Some(p), Some(e)) = (self.parent(n), self.edge(n)) {
-            out.push(e);
+        while let Some(p) = self.parent(n) {
+            out.extend(self.edge(n).iter().rev());
             n = p;
         }
         out.reverse();
+    }
+
+    /// Edges from the root down to node `i` (equal to [`depth`](Self::depth) in a tree of
+    /// single-commit edges).
+    pub fn hops(&self, i: usize) -> usize {
+        let mut n = i;
+        let mut hops = 0;
+        while let Some(p) = self.parent(n) {
+            hops += 1;
+            n = p;
+        }
+        hops
     }
 
     /// Mass of node `i` (1 for the root).
@@ -171,7 +218,7 @@ impl DraftTree {
         self.mass[i]
     }
 
-    /// Depth of node `i` (commits since the root).
+    /// Depth of node `i`: positions committed since the root.
     pub fn depth(&self, i: usize) -> usize {
         usize::from(self.depth[i])
     }

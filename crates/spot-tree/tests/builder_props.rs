@@ -81,7 +81,8 @@ fn check_structure(tree: &DraftTree, cfg: &TreeConfig) -> Result<(), TestCaseErr
             prop_assert!(tree.mass(i) <= tree.mass(p));
             prop_assert!(tree.mass(i) >= cfg.gamma);
             prop_assert_eq!(tree.depth(i), tree.depth(p) + 1);
-            let e = tree.edge(i).unwrap();
+            prop_assert_eq!(tree.edge(i).len(), 1);
+            let e = tree.edge(i)[0];
             let expect = BlockState::from_tokens(tree.state(p).to_vec(), MASK)
                 .with_commit(e)
                 .unwrap();
@@ -230,7 +231,8 @@ proptest! {
         let mut prev = f32::INFINITY;
         for i in 1..tree.len() {
             prop_assert_eq!(tree.parent(i), Some(i - 1));
-            let e = tree.edge(i).unwrap();
+            prop_assert_eq!(tree.edge(i).len(), 1);
+            let e = tree.edge(i)[0];
             prop_assert_eq!(e.token, stale.token(e.position));
             prop_assert!(stale.token_prob(e.position) <= prev);
             prev = stale.token_prob(e.position);

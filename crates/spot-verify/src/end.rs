@@ -27,9 +27,11 @@ pub enum RoundEnd {
 impl RoundEnd {
     /// Classifies a round from its tree and walk (model-free).
     ///
-    /// Children are looked up by state (a node one commit below the last accepted node, whatever
-    /// its recorded parent), as the walk does. Under threshold decoding a step may commit a set;
-    /// it counts as a position miss unless a child commits one of its positions.
+    /// The nodes that extend the last accepted node's state (commits at positions it has
+    /// masked, by one edge or several, whatever their recorded parents) are looked up by state,
+    /// as the walk does. The round is a token miss when one of them commits exactly the
+    /// positions of the target's last step (one position under `Φ`, a set under threshold
+    /// decoding) with other tokens, a position miss when none does, a leaf when there are none.
     ///
     /// ```
     /// use spot_core::{BlockState, Commit};
@@ -56,25 +58,26 @@ impl RoundEnd {
             .map_or(0, |i| walk.step_ends[i]);
         let last: &[Commit] = walk.commits.get(start..).unwrap_or(&[]);
         let base = tree.state(cur);
-        let depth = tree.depth(cur) + 1;
+        let mask = tree.mask_id();
         let mut any_child = false;
-        let mut same_position = false;
+        let mut same_positions = false;
         for i in 1..tree.len() {
-            if tree.depth(i) != depth {
+            if tree.depth(i) <= tree.depth(cur) {
                 continue;
             }
             let state = tree.state(i);
-            let mut diff = (0..base.len()).filter(|&s| state[s] != base[s]);
-            let (Some(s), None) = (diff.next(), diff.next()) else {
-                continue;
-            };
-            if base[s] != tree.mask_id() {
+            let extends = (0..base.len()).all(|s| base[s] == mask || state[s] == base[s]);
+            if !extends {
                 continue;
             }
             any_child = true;
-            same_position |= last.iter().any(|c| c.position == s);
+            let new = (0..base.len()).filter(|&s| state[s] != base[s]);
+            same_positions |= tree.depth(i) - tree.depth(cur) == last.len()
+                && new
+                    .into_iter()
+                    .all(|s| last.iter().any(|c| c.position == s));
         }
-        match (any_child, same_position) {
+        match (any_child, same_positions) {
             (false, _) => RoundEnd::Leaf,
             (true, true) => RoundEnd::TokenMiss,
             (true, false) => RoundEnd::PositionMiss,

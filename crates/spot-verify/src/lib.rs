@@ -78,7 +78,8 @@ pub struct Walk {
     pub commits: Vec<Commit>,
     /// End offsets of the steps in `commits`.
     pub step_ends: Vec<usize>,
-    /// Draft nodes accepted (the depth of the last accepted node).
+    /// Draft nodes accepted: the path's length without the root (the depth of the last
+    /// accepted node when every edge commits one position).
     pub accepted_nodes: usize,
     /// Whether the round ended with the block complete.
     pub complete: bool,
@@ -203,7 +204,7 @@ pub fn walk(
         out.complete = scratch.len() == state.masked_count();
         break;
     }
-    out.accepted_nodes = tree.depth(cur);
+    out.accepted_nodes = out.path.len() - 1;
     Ok(())
 }
 

@@ -1,0 +1,428 @@
+//! The calibrated set drafter of SPOT-Sets: join and token tables fitted on the target's own
+//! threshold-decoding trajectories.
+//!
+//! For a hypothesised state `j` threshold steps below the round's root, a masked position
+//! joins the target's next step when its confidence there exceeds `τ`. The drafter only knows
+//! the stale statistics (those of the root's parent), so it predicts
+//! `P(join | stale confidence bin, j)` and `P(stale token is the one written | bin, j)`, both
+//! measured on trajectories decoded with the same `τ` ([`JoinTable::fit`]); the tables are
+//! monotone in the confidence (sparse bins pooled). A file holds one table per
+//! (temperature, `τ`) and the drafter reads the nearest ([`SetsDrafter`]).
+//!
+//! ```
+//! use spot_drafter::sets::{JoinTable, SetsDrafter};
+//! let table = JoinTable::fit(&[], 0.9, 4);
+//! assert_eq!(table.join.len(), 4);
+//! // With no data every rate is the Laplace prior 1/2.
+//! assert_eq!(table.join[0][0], 0.5);
+//! let drafter = SetsDrafter { tables: vec![table] };
+//! let json = drafter.to_json().unwrap();
+//! assert_eq!(SetsDrafter::from_json(&json).unwrap(), drafter);
+//! ```
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use spot_core::TokenId;
+use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
+
+use crate::analysis::{bin, monotone_rates};
+use crate::trajectory::Trajectory;
+
+/// File name of a model folder's default set drafter (`spot calibrate-sets`).
+pub const DEFAULT_SETS: &str = "spot-sets.json";
+
+/// Confidence bin edges before `τ` and its neighbours are added.
+const BASE_EDGES: [f32; 16] = [
+    0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 1.0,
+];
+
+/// Join and token rates of one (temperature, `τ`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinTable {
+    /// The threshold of the trajectories.
+    pub tau: f32,
+    /// Their temperature (`None`: mixed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Upper edges of the stale-confidence bins, ascending, the last one 1.
+    pub edges: Vec<f32>,
+    /// `join[j][b]`: share of positions masked `j` steps below the root (deeper ones use the
+    /// last row) with stale confidence in bin `b` that joined the target's next step.
+    pub join: Vec<Vec<f32>>,
+    /// `token[j][b]`: share of those that joined whose written token was the stale choice.
+    pub token: Vec<Vec<f32>>,
+    /// Positions counted.
+    pub samples: u64,
+}
+
+impl JoinTable {
+    /// The bin edges for threshold `tau`: [`BASE_EDGES`] plus `tau` and `tau ± 0.02`.
+    fn edges_for(tau: f32) -> Vec<f32> {
+        let mut e: Vec<f32> = BASE_EDGES.to_vec();
+        for x in [tau - 0.02, tau, tau + 0.02] {
+            if x > 0.0 && x < 1.0 {
+                e.push(x);
+            }
+        }
+        e.sort_by(f32::total_cmp);
+        e.dedup_by(|a, b| (*a - *b).abs() < 1e-6);
+        e
+    }
+
+    /// Measures the rates on threshold-decoding trajectories decoded with `tau`, for `steps`
+    /// rows (`j = 0 .. steps - 1`; the drafter reads the last row for deeper steps).
+    ///
+    /// Step `t`'s statistics are the stale distribution of the root `x[t+1]`; the position
+    /// `s` masked at `x[t+1+j]` joined when step `t+1+j` committed it above `τ` (a fallback
+    /// step, whose single commit is not above `τ`, has no joiner).
+    pub fn fit<'a>(
+        trajs: impl IntoIterator<Item = &'a Trajectory>,
+        tau: f32,
+        steps: usize,
+    ) -> Self {
+        let steps = steps.max(1);
+        let edges = Self::edges_for(tau);
+        let nb = edges.len();
+        let mut n = vec![vec![0u64; nb]; steps];
+        let mut joined = vec![vec![0u64; nb]; steps];
+        let mut same = vec![vec![0u64; nb]; steps];
+        let mut temps = Vec::new();
+        let mut samples = 0u64;
+        let mut state: Vec<TokenId> = Vec::new();
+        for t in trajs {
+            temps.push(t.temperature);
+            for b in &t.blocks {
+                state.clear();
+                state.extend_from_slice(&b.initial);
+                for (i, stale) in b.steps.iter().enumerate() {
+                    for c in &stale.commits {
+                        state[c.position] = c.token;
+                    }
+                    let mut node = state.clone();
+                    for (j, step) in b.steps.iter().enumerate().skip(i + 1).take(steps) {
+                        let row = j - i - 1;
+                        let fallback = step.commits.len() == 1
+                            && step
+                                .stored(step.commits[0].position)
+                                .is_some_and(|p| p.confidence <= tau);
+                        for s in (0..node.len()).filter(|&s| node[s] == t.mask_id) {
+                            let Some(p) = stale.stored(s) else { continue };
+                            let k = bin(&edges, p.confidence);
+                            n[row][k] += 1;
+                            samples += 1;
+                            let commit = step.commits.iter().find(|c| c.position == s);
+                            if let (Some(c), false) = (commit, fallback) {
+                                joined[row][k] += 1;
+                                same[row][k] += u64::from(c.token == p.token);
+                            }
+                        }
+                        for c in &step.commits {
+                            node[c.position] = c.token;
+                        }
+                    }
+                }
+            }
+        }
+        let join = (0..steps)
+            .map(|j| monotone_rates(&joined[j], &n[j], true))
+            .collect();
+        let token = (0..steps)
+            .map(|j| monotone_rates(&same[j], &joined[j], true))
+            .collect();
+        let temperature = temps
+            .first()
+            .copied()
+            .filter(|&t0| temps.iter().all(|&t| t == t0));
+        Self {
+            tau,
+            temperature,
+            edges,
+            join,
+            token,
+            samples,
+        }
+    }
+
+    /// Checks shapes and ranges.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.tau.is_finite()) {
+            return Err(format!("tau must be finite, got {}", self.tau));
+        }
+        let nb = self.edges.len();
+        if nb == 0 || !self.edges.windows(2).all(|w| w[0] < w[1]) {
+            return Err("edges must be non-empty and strictly ascending".into());
+        }
+        if self.join.is_empty() || self.join.len() != self.token.len() {
+            return Err(format!(
+                "join has {} rows and token {}; both need the same number, at least 1",
+                self.join.len(),
+                self.token.len()
+            ));
+        }
+        for (name, rows) in [("join", &self.join), ("token", &self.token)] {
+            for row in rows.iter() {
+                if row.len() != nb {
+                    return Err(format!("a {name} row has {} bins, edges {nb}", row.len()));
+                }
+                if let Some(v) = row.iter().find(|v| !(0.0..=1.0).contains(*v)) {
+                    return Err(format!("{name} holds {v}, outside [0, 1]"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Errors reading or writing a set drafter file.
+#[derive(Debug, thiserror::Error)]
+pub enum SetsError {
+    /// The file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not a valid set drafter.
+    #[error("{path}: not a valid SPOT-Sets drafter: {reason}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The file format tag.
+const FORMAT: &str = "spot-sets";
+/// The file format version.
+pub const SETS_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetsFile {
+    format: String,
+    version: u32,
+    tables: Vec<JoinTable>,
+}
+
+/// The calibrated set drafter: a [`JoinModel`] reading the [`JoinTable`] nearest to the
+/// decode's `τ` (then temperature).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SetsDrafter {
+    /// One table per (temperature, `τ`) fitted.
+    pub tables: Vec<JoinTable>,
+}
+
+impl SetsDrafter {
+    /// The JSON text of the file.
+    pub fn to_json(&self) -> Result<String, String> {
+        let file = SetsFile {
+            format: FORMAT.into(),
+            version: SETS_VERSION,
+            tables: self.tables.clone(),
+        };
+        serde_json::to_string_pretty(&file).map_err(|e| e.to_string())
+    }
+
+    /// Parses and checks a file's JSON text.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let file: SetsFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if file.format != FORMAT {
+            return Err(format!("format is {:?}, expected {FORMAT:?}", file.format));
+        }
+        if file.version != SETS_VERSION {
+            return Err(format!(
+                "version {} is not supported (this build reads {SETS_VERSION})",
+                file.version
+            ));
+        }
+        if file.tables.is_empty() {
+            return Err("holds no table".into());
+        }
+        for (i, t) in file.tables.iter().enumerate() {
+            t.check().map_err(|e| format!("table {i}: {e}"))?;
+        }
+        Ok(Self {
+            tables: file.tables,
+        })
+    }
+
+    /// Reads `path`; errors name the file.
+    pub fn load(path: &Path) -> Result<Self, SetsError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| SetsError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::from_json(&text).map_err(|reason| SetsError::Invalid {
+            path: shown,
+            reason,
+        })
+    }
+
+    /// Writes `path`.
+    pub fn save(&self, path: &Path) -> Result<(), SetsError> {
+        let shown = path.display().to_string();
+        let text = self.to_json().map_err(|reason| SetsError::Invalid {
+            path: shown.clone(),
+            reason,
+        })?;
+        std::fs::write(path, text).map_err(|source| SetsError::Io {
+            path: shown,
+            source,
+        })
+    }
+
+    /// The table for a decode at `temperature` with threshold `tau`: the nearest `τ`, then
+    /// the nearest temperature (a mixed table counts as far).
+    pub fn table(&self, temperature: f32, tau: f32) -> Option<&JoinTable> {
+        let key = |t: &JoinTable| {
+            let dt = t
+                .temperature
+                .map_or(f32::INFINITY, |x| (x - temperature).abs());
+            ((t.tau - tau).abs(), dt)
+        };
+        self.tables.iter().min_by(|a, b| {
+            let (x, y) = (key(a), key(b));
+            x.0.total_cmp(&y.0).then(x.1.total_cmp(&y.1))
+        })
+    }
+}
+
+impl JoinModel for SetsDrafter {
+    fn name(&self) -> &str {
+        "spot-sets"
+    }
+
+    fn predict(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        state: &[TokenId],
+        steps: usize,
+        tau: f32,
+        out: &mut JoinPrediction,
+    ) -> Result<(), TreeError> {
+        let Some(t) = self.table(ctx.temperature, tau) else {
+            return Err(TreeError::Scorer {
+                scorer: "spot-sets".into(),
+                reason: "holds no table".into(),
+            });
+        };
+        let row = steps.min(t.join.len() - 1);
+        let mask = ctx.root.mask_id();
+        for (s, &tok) in state.iter().enumerate() {
+            if tok != mask {
+                continue;
+            }
+            let k = bin(&t.edges, ctx.stale.confidence(s));
+            out.join[s] = t.join[row][k];
+            out.token[s] = t.token[row][k];
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trajectory::{BlockRecord, StepRecord, StoredPosition};
+    use spot_core::Commit;
+
+    fn pos(position: u32, token: TokenId, confidence: f32) -> StoredPosition {
+        StoredPosition {
+            position,
+            token,
+            runner_up: token,
+            confidence,
+            entropy: 1.0,
+            tail_mass: 0.0,
+            hedge: token,
+            hedge_prob: 0.0,
+            margin: 1.0,
+            top_probs: vec![confidence],
+        }
+    }
+
+    /// Three positions: step 0 commits position 0 above τ; step 1 commits `second`.
+    fn traj(second: Vec<Commit>, second_conf: f32) -> Trajectory {
+        let mask = 9;
+        Trajectory {
+            id: "t".into(),
+            block_size: 3,
+            top_k: 1,
+            mask_id: mask,
+            temperature: 0.0,
+            seed: 0,
+            blocks: vec![BlockRecord {
+                start: 0,
+                initial: vec![mask; 3],
+                steps: vec![
+                    StepRecord {
+                        commits: vec![Commit::new(0, 1)],
+                        positions: vec![pos(0, 1, 0.95), pos(1, 2, 0.5), pos(2, 3, 0.3)],
+                    },
+                    StepRecord {
+                        commits: second,
+                        positions: vec![pos(1, 2, second_conf), pos(2, 3, second_conf)],
+                    },
+                ],
+            }],
+        }
+    }
+
+    #[test]
+    fn joins_and_tokens_are_counted_from_the_stale_step() {
+        let t = traj(vec![Commit::new(1, 2), Commit::new(2, 4)], 0.95);
+        let table = JoinTable::fit([&t], 0.9, 2);
+        assert_eq!(table.samples, 2);
+        table.check().unwrap();
+        let (lo, hi) = (bin(&table.edges, 0.3), bin(&table.edges, 0.5));
+        // Both positions joined: above the prior of 1/2.
+        assert!(table.join[0][lo] > 0.5 && table.join[0][hi] > 0.5);
+        // Position 2's token changed, position 1's did not.
+        assert!(table.token[0][lo] < table.token[0][hi]);
+        // No row-1 data: the prior.
+        assert_eq!(table.join[1][lo], 0.5);
+    }
+
+    #[test]
+    fn a_fallback_step_has_no_joiner() {
+        let t = traj(vec![Commit::new(1, 2)], 0.5);
+        let table = JoinTable::fit([&t], 0.9, 2);
+        let lo = bin(&table.edges, 0.3);
+        assert!(table.join[0][lo] < 0.5);
+        // τ and its neighbours are bin edges.
+        assert!(table.edges.iter().any(|&e| (e - 0.9).abs() < 1e-6));
+        assert!(table.edges.iter().any(|&e| (e - 0.88).abs() < 1e-6));
+    }
+
+    #[test]
+    fn bad_files_are_refused_naming_the_problem() {
+        let good = SetsDrafter {
+            tables: vec![JoinTable::fit([], 0.9, 2)],
+        };
+        let json = good.to_json().unwrap();
+        let e = SetsDrafter::from_json(&json.replace("\"version\": 1", "\"version\": 7"));
+        assert!(e.unwrap_err().contains("version 7"));
+        let e = SetsDrafter::from_json(&json.replace("\"tau\"", "\"tua\""));
+        assert!(e.is_err());
+        let mut bad = good.clone();
+        bad.tables[0].join[0][0] = 1.5;
+        let e = SetsDrafter::from_json(&bad.to_json().unwrap()).unwrap_err();
+        assert!(e.contains("outside [0, 1]"), "{e}");
+        let e = SetsDrafter::load(Path::new("/nonexistent/spot-sets.json")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/spot-sets.json"));
+        // The nearest τ wins, then the nearest temperature.
+        let mut t1 = JoinTable::fit([], 0.1, 1);
+        t1.temperature = Some(1.0);
+        let two = SetsDrafter {
+            tables: vec![good.tables[0].clone(), t1],
+        };
+        assert_eq!(two.table(0.0, 0.2).map(|t| t.tau), Some(0.1));
+        assert_eq!(two.table(1.0, 0.8).map(|t| t.tau), Some(0.9));
+    }
+}

@@ -1,0 +1,731 @@
+//! Set-valued draft trees for threshold decoding (SPOT-Sets).
+//!
+//! Under threshold decoding `Φ^τ` one forward commits a *set* of positions: every masked
+//! position whose confidence exceeds `τ`, or the single most confident one when none does. A
+//! tree of single commits must then hold every intermediate state of a step to reach its end,
+//! and the walk skips them; a set tree puts the whole step on one edge.
+//!
+//! A [`JoinModel`] predicts, for each masked position of a hypothesised state, the probability
+//! that it joins the target's next step and the probability that its stale token is the one
+//! the target writes. Positions are treated as independent, so the most probable sets are
+//! found exactly by flipping the least certain decisions first; when no position joins, the
+//! step is the fallback commit of the most confident position (stale ranking). The
+//! [`SetTreeBuilder`] grows the `D` heaviest states best-first, a node's mass being its
+//! parent's times the probability of its set times the token probabilities of its commits.
+//!
+//! ```
+//! use spot_core::{BlockState, BlockStats, stats::PositionStats};
+//! use spot_tree::{ScoreContext, SetTreeBuilder, SetTreeConfig, StaleThresholdJoin};
+//! let mut stale = BlockStats::new(1);
+//! for (s, c) in [0.95f32, 0.3, 0.92, 0.6].into_iter().enumerate() {
+//!     let t = s as u32 + 1;
+//!     stale.push(PositionStats { token: t, confidence: c, token_prob: c, entropy: 1.0,
+//!         tail_mass: 0.0, top_ids: &[t], top_probs: &[c] }).unwrap();
+//! }
+//! let root = BlockState::masked(4, 0);
+//! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None, temperature: 0.0 };
+//! let mut b = SetTreeBuilder::new(SetTreeConfig { budget: 3, ..SetTreeConfig::default() }).unwrap();
+//! let tree = b.build(&ctx, 0.9, &mut StaleThresholdJoin).unwrap();
+//! // The stale threshold step {0, 2}, then single commits by stale confidence: a chain.
+//! assert_eq!(tree.state(1), &[1, 0, 3, 0]);
+//! assert_eq!(tree.state(2), &[1, 0, 3, 4]);
+//! assert_eq!(tree.depth(3), 4);
+//! ```
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, HashMap};
+
+use spot_core::{Commit, TokenId};
+
+use crate::error::TreeError;
+use crate::scorer::ScoreContext;
+use crate::tree::{DraftTree, zobrist};
+
+/// Shape limits of a set-valued draft tree.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SetTreeConfig {
+    /// Budget `D`: the most draft nodes (root excluded); at least 1.
+    pub budget: usize,
+    /// The most edges (threshold steps) between the root and a node; at least 1.
+    pub max_steps: usize,
+    /// Mass floor `γ` in `[0, 1)`: nodes less probable than it are not drafted.
+    pub gamma: f32,
+    /// Children considered per node: its `k` most probable sets; at least 1.
+    pub sets_per_node: usize,
+}
+
+impl Default for SetTreeConfig {
+    fn default() -> Self {
+        Self {
+            budget: 8,
+            max_steps: 16,
+            gamma: 0.0,
+            sets_per_node: 8,
+        }
+    }
+}
+
+impl SetTreeConfig {
+    /// Checks every field.
+    pub fn validate(&self) -> Result<(), TreeError> {
+        if self.budget == 0 || self.budget >= u32::MAX as usize / 2 {
+            return Err(TreeError::config(
+                "budget",
+                format!("must be in [1, 2^31), got {}", self.budget),
+            ));
+        }
+        if self.max_steps == 0 {
+            return Err(TreeError::config("max_steps", "must be at least 1, got 0"));
+        }
+        if self.sets_per_node == 0 {
+            return Err(TreeError::config(
+                "sets_per_node",
+                "must be at least 1, got 0",
+            ));
+        }
+        if !(self.gamma.is_finite() && (0.0..1.0).contains(&self.gamma)) {
+            return Err(TreeError::config(
+                "gamma",
+                format!("must be in [0, 1), got {}", self.gamma),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a set drafter predicts at one hypothesised state.
+#[derive(Clone, Debug, Default)]
+pub struct JoinPrediction {
+    /// Per block position: the probability that it joins the target's next threshold step
+    /// (read only at masked positions).
+    pub join: Vec<f32>,
+    /// Per block position: the probability that the target writes the stale token there when
+    /// it commits it.
+    pub token: Vec<f32>,
+}
+
+/// Predicts the target's next threshold step at a hypothesised state: the interface a set
+/// drafter implements.
+pub trait JoinModel {
+    /// A short name for error messages.
+    fn name(&self) -> &str;
+
+    /// Fills `out.join` and `out.token` (already sized to the block) for the node `state`,
+    /// `steps` edges below the root, under threshold `tau`. Values must lie in `[0, 1]`.
+    fn predict(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        state: &[TokenId],
+        steps: usize,
+        tau: f32,
+        out: &mut JoinPrediction,
+    ) -> Result<(), TreeError>;
+}
+
+impl<M: JoinModel + ?Sized> JoinModel for Box<M> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn predict(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        state: &[TokenId],
+        steps: usize,
+        tau: f32,
+        out: &mut JoinPrediction,
+    ) -> Result<(), TreeError> {
+        (**self).predict(ctx, state, steps, tau, out)
+    }
+}
+
+/// The training-free set drafter: the target's threshold rule applied to the stale
+/// statistics. A position joins (probability 1) when its stale confidence exceeds `τ` at the
+/// root's step, never afterwards (the stale statistics do not change), so the tree is a
+/// chain: the stale threshold step, then single commits by stale confidence, each token
+/// weighted by its stale probability.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StaleThresholdJoin;
+
+impl JoinModel for StaleThresholdJoin {
+    fn name(&self) -> &str {
+        "stale-threshold"
+    }
+
+    fn predict(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        state: &[TokenId],
+        steps: usize,
+        tau: f32,
+        out: &mut JoinPrediction,
+    ) -> Result<(), TreeError> {
+        let mask = ctx.root.mask_id();
+        for (s, &t) in state.iter().enumerate() {
+            let joins = t == mask && steps == 0 && ctx.stale.confidence(s) > tau;
+            out.join[s] = if joins { 1.0 } else { 0.0 };
+            out.token[s] = ctx.stale.token_prob(s).clamp(0.0, 1.0);
+        }
+        Ok(())
+    }
+}
+
+/// One candidate child: the `rank`-th most probable set of node `node`.
+#[derive(Clone, Copy, Debug)]
+struct Cand {
+    mass: f32,
+    node: u32,
+    rank: u32,
+}
+
+impl PartialEq for Cand {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Cand {}
+impl PartialOrd for Cand {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Cand {
+    /// Heavier first, then older nodes, then better-ranked sets (a max-heap pops the greatest).
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.mass
+            .total_cmp(&other.mass)
+            .then(other.node.cmp(&self.node))
+            .then(other.rank.cmp(&self.rank))
+    }
+}
+
+/// The most probable sets of one node, best first, as (mass factor, commits).
+#[derive(Clone, Debug, Default)]
+struct NodeSets {
+    factors: Vec<f32>,
+    ends: Vec<u32>,
+    commits: Vec<Commit>,
+}
+
+impl NodeSets {
+    fn set(&self, r: usize) -> &[Commit] {
+        let start = if r == 0 { 0 } else { self.ends[r - 1] as usize };
+        &self.commits[start..self.ends[r] as usize]
+    }
+}
+
+/// Builds set-valued draft trees; keeps its buffers between rounds.
+#[derive(Clone, Debug)]
+pub struct SetTreeBuilder {
+    cfg: SetTreeConfig,
+    out: DraftTree,
+    sets: Vec<NodeSets>,
+    pred: JoinPrediction,
+    heap: BinaryHeap<Cand>,
+    seen: HashMap<u64, Vec<u32>>,
+    flips: Vec<(f32, usize)>,
+    subsets: BinaryHeap<Subset>,
+    chosen: Vec<usize>,
+    set_buf: Vec<Commit>,
+}
+
+/// A subset of the flip list in the k-best enumeration: total cost and its members' indices
+/// (sorted, the last one the largest).
+#[derive(Clone, Debug, PartialEq)]
+struct Subset {
+    cost: f32,
+    members: Vec<u16>,
+}
+impl Eq for Subset {}
+impl PartialOrd for Subset {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Subset {
+    /// Cheaper first (a max-heap pops the greatest), then lexicographically smaller.
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .cost
+            .total_cmp(&self.cost)
+            .then_with(|| other.members.cmp(&self.members))
+    }
+}
+
+impl SetTreeBuilder {
+    /// A builder with limits `cfg`.
+    pub fn new(cfg: SetTreeConfig) -> Result<Self, TreeError> {
+        cfg.validate()?;
+        Ok(Self {
+            cfg,
+            out: DraftTree::default(),
+            sets: Vec::new(),
+            pred: JoinPrediction::default(),
+            heap: BinaryHeap::new(),
+            seen: HashMap::new(),
+            flips: Vec::new(),
+            subsets: BinaryHeap::new(),
+            chosen: Vec::new(),
+            set_buf: Vec::new(),
+        })
+    }
+
+    /// The limits.
+    pub fn config(&self) -> &SetTreeConfig {
+        &self.cfg
+    }
+
+    /// The most recently built tree.
+    pub fn tree(&self) -> &DraftTree {
+        &self.out
+    }
+
+    /// Builds the tree of one round for a target that decodes with threshold `tau` (pass
+    /// `f32::INFINITY` for one-commit decoding `Φ`: every step is then the fallback).
+    ///
+    /// Best-first over the whole tree: the heaviest candidate child is drafted next, so the
+    /// tree holds exactly the `D` heaviest states of the candidate tree (each node offering
+    /// its `sets_per_node` most probable sets, under the step limit and the mass floor); a
+    /// state reached a second time, by other sets, is drafted once.
+    pub fn build(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        tau: f32,
+        model: &mut dyn JoinModel,
+    ) -> Result<&DraftTree, TreeError> {
+        let l = ctx.root.len();
+        if ctx.stale.len() != l {
+            return Err(TreeError::StaleShape {
+                expected: l,
+                actual: ctx.stale.len(),
+            });
+        }
+        if l > usize::from(u16::MAX) {
+            return Err(TreeError::config(
+                "block_size",
+                format!("draft trees support blocks of up to 65535 positions, got {l}"),
+            ));
+        }
+        if tau.is_nan() {
+            return Err(TreeError::config("tau", "must not be NaN"));
+        }
+        self.out.reset(ctx.root);
+        self.sets.clear();
+        self.heap.clear();
+        self.seen.clear();
+        self.seen.entry(self.out.hash(0)).or_default().push(0);
+        self.sets.push(NodeSets::default());
+        let mut hops = vec![0usize];
+        if !ctx.root.is_complete() {
+            self.expand(ctx, tau, model, 0, 0)?;
+        }
+        while self.out.draft_count() < self.cfg.budget {
+            let Some(c) = self.heap.pop() else {
+                break;
+            };
+            let (node, rank) = (c.node as usize, c.rank as usize);
+            if rank + 1 < self.sets[node].factors.len() {
+                let mass = self.out.mass(node) * self.sets[node].factors[rank + 1];
+                self.offer(node, rank + 1, mass);
+            }
+            self.set_buf.clear();
+            self.set_buf.extend_from_slice(self.sets[node].set(rank));
+            if self.lookup(node).is_some() {
+                continue;
+            }
+            let id = self.out.push_set(node, &self.set_buf, c.mass)?;
+            self.seen
+                .entry(self.out.hash(id))
+                .or_default()
+                .push(id as u32);
+            self.sets.push(NodeSets::default());
+            hops.push(hops[node] + 1);
+            if hops[id] < self.cfg.max_steps && !self.out.is_complete(id) {
+                self.expand(ctx, tau, model, id, hops[id])?;
+            }
+        }
+        Ok(&self.out)
+    }
+
+    /// The node already holding `node`'s state plus `set_buf`, if any.
+    fn lookup(&self, node: usize) -> Option<usize> {
+        let mask = self.out.mask_id();
+        let h = self.set_buf.iter().fold(self.out.hash(node), |h, c| {
+            h ^ zobrist(c.position, mask) ^ zobrist(c.position, c.token)
+        });
+        let ids = self.seen.get(&h)?;
+        let base = self.out.state(node);
+        ids.iter().map(|&i| i as usize).find(|&i| {
+            self.out.state(i).iter().enumerate().all(|(s, &t)| {
+                t == self
+                    .set_buf
+                    .iter()
+                    .find(|c| c.position == s)
+                    .map_or(base[s], |c| c.token)
+            })
+        })
+    }
+
+    fn offer(&mut self, node: usize, rank: usize, mass: f32) {
+        if mass > 0.0 && mass >= self.cfg.gamma && mass.is_finite() {
+            self.heap.push(Cand {
+                mass,
+                node: node as u32,
+                rank: rank as u32,
+            });
+        }
+    }
+
+    /// Predicts node `id`'s next step and records its most probable sets.
+    fn expand(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        tau: f32,
+        model: &mut dyn JoinModel,
+        id: usize,
+        steps: usize,
+    ) -> Result<(), TreeError> {
+        let l = ctx.root.len();
+        let mask = ctx.root.mask_id();
+        self.pred.join.clear();
+        self.pred.join.resize(l, 0.0);
+        self.pred.token.clear();
+        self.pred.token.resize(l, 0.0);
+        model.predict(ctx, self.out.state(id), steps, tau, &mut self.pred)?;
+        let state = self.out.state(id);
+        let bad = |position: usize, value: f32| TreeError::InvalidScore {
+            scorer: model.name().to_string(),
+            node: id,
+            position,
+            value,
+        };
+        // A set's factor is the product over masked positions of `a = join · token` (in) or
+        // `b = 1 - join` (out): independent, so the base set takes every position whose `a`
+        // is at least its `b`, and the other sets flip the cheapest decisions first.
+        let mut log_base = 0.0f64;
+        let mut base: Vec<usize> = Vec::new();
+        self.flips.clear();
+        let mut fallback: Option<usize> = None;
+        for s in (0..l).filter(|&s| state[s] == mask) {
+            let (p, t) = (self.pred.join[s], self.pred.token[s]);
+            for v in [p, t] {
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(bad(s, v));
+                }
+            }
+            if ctx.stale.token(s) == mask {
+                continue;
+            }
+            let c = ctx.stale.confidence(s);
+            if fallback.is_none_or(|f| c > ctx.stale.confidence(f)) {
+                fallback = Some(s);
+            }
+            let (a, b) = (f64::from(p) * f64::from(t), 1.0 - f64::from(p));
+            let (keep, other) = if a >= b { (a, b) } else { (b, a) };
+            if keep <= 0.0 {
+                log_base = f64::NEG_INFINITY;
+                break;
+            }
+            log_base += keep.ln();
+            if a >= b {
+                base.push(s);
+            }
+            if other > 0.0 {
+                self.flips.push(((keep / other).ln() as f32, s));
+            }
+        }
+        if log_base == f64::NEG_INFINITY {
+            return Ok(());
+        }
+        self.flips
+            .sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        self.flips.truncate(usize::from(u16::MAX));
+        let mut sets = NodeSets::default();
+        let k = self.cfg.sets_per_node;
+        // k-best subsets of flips by total cost: the empty flip, then successors of each
+        // popped subset (extend by the next flip; replace its last flip by the next one).
+        self.subsets.clear();
+        self.subsets.push(Subset {
+            cost: 0.0,
+            members: Vec::new(),
+        });
+        let mut produced = 0usize;
+        // One more than `k` distinct sets: the fallback's factor is below its rank's.
+        while produced < 4 * k + 4 {
+            let Some(sub) = self.subsets.pop() else {
+                break;
+            };
+            produced += 1;
+            let next = sub.members.last().map_or(0, |&m| usize::from(m) + 1);
+            if next < self.flips.len() {
+                let mut ext = sub.members.clone();
+                ext.push(next as u16);
+                self.subsets.push(Subset {
+                    cost: sub.cost + self.flips[next].0,
+                    members: ext,
+                });
+                if let Some(&last) = sub.members.last() {
+                    let mut rep = sub.members.clone();
+                    if let Some(end) = rep.last_mut() {
+                        *end = next as u16;
+                    }
+                    self.subsets.push(Subset {
+                        cost: sub.cost - self.flips[usize::from(last)].0 + self.flips[next].0,
+                        members: rep,
+                    });
+                }
+            }
+            // The set: base with the flipped positions toggled; empty means the fallback.
+            self.chosen.clear();
+            self.chosen.extend_from_slice(&base);
+            for &m in &sub.members {
+                let s = self.flips[usize::from(m)].1;
+                match self.chosen.iter().position(|&x| x == s) {
+                    Some(i) => {
+                        self.chosen.swap_remove(i);
+                    }
+                    None => self.chosen.push(s),
+                }
+            }
+            let mut weight = (log_base - f64::from(sub.cost)).exp();
+            if self.chosen.is_empty() {
+                // Nobody joins: the target commits its most confident position alone.
+                match fallback {
+                    Some(f) => {
+                        self.chosen.push(f);
+                        weight *= f64::from(self.pred.token[f]);
+                    }
+                    None => continue,
+                }
+            }
+            self.chosen.sort_unstable();
+            let factor = weight as f32;
+            if factor <= 0.0 {
+                continue;
+            }
+            let start = sets.commits.len();
+            sets.commits.extend(
+                self.chosen
+                    .iter()
+                    .map(|&s| Commit::new(s, ctx.stale.token(s))),
+            );
+            // The same set twice (the fallback and its explicit singleton): sum the masses.
+            let dup = (0..sets.factors.len()).find(|&r| sets.set(r) == &sets.commits[start..]);
+            match dup {
+                Some(r) => {
+                    sets.commits.truncate(start);
+                    sets.factors[r] = (sets.factors[r] + factor).min(1.0);
+                }
+                None => {
+                    sets.factors.push(factor.min(1.0));
+                    sets.ends.push(sets.commits.len() as u32);
+                }
+            }
+            if sets.factors.len() > k {
+                break;
+            }
+        }
+        // Best first after the merges.
+        let mut order: Vec<usize> = (0..sets.factors.len()).collect();
+        order.sort_by(|&a, &b| sets.factors[b].total_cmp(&sets.factors[a]).then(a.cmp(&b)));
+        order.truncate(k);
+        let mut sorted = NodeSets::default();
+        for r in order {
+            sorted.commits.extend_from_slice(sets.set(r));
+            sorted.ends.push(sorted.commits.len() as u32);
+            sorted.factors.push(sets.factors[r]);
+        }
+        let mass = sorted.factors.first().map(|f| self.out.mass(id) * f);
+        self.sets[id] = sorted;
+        if let Some(mass) = mass {
+            self.offer(id, 0, mass);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spot_core::stats::PositionStats;
+    use spot_core::{BlockState, BlockStats};
+
+    /// Fixed join and token probabilities, whatever the state.
+    struct Fixed(Vec<f32>, Vec<f32>);
+
+    impl JoinModel for Fixed {
+        fn name(&self) -> &str {
+            "fixed"
+        }
+        fn predict(
+            &mut self,
+            _ctx: &ScoreContext<'_>,
+            _state: &[TokenId],
+            _steps: usize,
+            _tau: f32,
+            out: &mut JoinPrediction,
+        ) -> Result<(), TreeError> {
+            out.join.copy_from_slice(&self.0);
+            out.token.copy_from_slice(&self.1);
+            Ok(())
+        }
+    }
+
+    fn stale(conf: &[f32]) -> BlockStats {
+        let mut st = BlockStats::new(1);
+        for (s, &c) in conf.iter().enumerate() {
+            let t = s as u32 + 1;
+            st.push(PositionStats {
+                token: t,
+                confidence: c,
+                token_prob: c,
+                entropy: 1.0,
+                tail_mass: 0.0,
+                top_ids: &[t],
+                top_probs: &[c],
+            })
+            .unwrap();
+        }
+        st
+    }
+
+    /// The probability of the step `set` from the root under independent joins, the empty
+    /// set going to the fallback `f`.
+    fn brute_force(join: &[f32], tokens: &[f32], f: usize) -> Vec<(Vec<usize>, f64)> {
+        let l = join.len();
+        let mut out: Vec<(Vec<usize>, f64)> = Vec::new();
+        for bits in 0u32..(1 << l) {
+            let mut set: Vec<usize> = (0..l).filter(|&s| bits & (1 << s) != 0).collect();
+            let p: f64 = (0..l)
+                .map(|s| {
+                    let j = f64::from(join[s]);
+                    if bits & (1 << s) != 0 { j } else { 1.0 - j }
+                })
+                .product();
+            if set.is_empty() {
+                set.push(f);
+            }
+            let w = p * set.iter().map(|&s| f64::from(tokens[s])).product::<f64>();
+            match out.iter_mut().find(|(x, _)| *x == set) {
+                Some(e) => e.1 += w,
+                None => out.push((set, w)),
+            }
+        }
+        out.sort_by(|a, b| b.1.total_cmp(&a.1));
+        out
+    }
+
+    #[test]
+    fn root_children_are_the_most_probable_sets() {
+        let join = vec![0.9, 0.35, 0.6, 0.05, 0.5];
+        let tokens = vec![0.9, 0.8, 0.7, 1.0, 0.6];
+        let conf = [0.5, 0.4, 0.95, 0.2, 0.3];
+        let st = stale(&conf);
+        let root = BlockState::masked(5, 0);
+        let ctx = ScoreContext {
+            root: &root,
+            stale: &st,
+            block_start: 0,
+            noise: None,
+            temperature: 0.0,
+        };
+        let k = 6;
+        let cfg = SetTreeConfig {
+            budget: k,
+            max_steps: 1,
+            gamma: 0.0,
+            sets_per_node: k,
+        };
+        let mut b = SetTreeBuilder::new(cfg).unwrap();
+        let tree = b
+            .build(&ctx, 0.9, &mut Fixed(join.clone(), tokens.clone()))
+            .unwrap();
+        // Fallback: the most confident stale position, 2.
+        let expect = brute_force(&join, &tokens, 2);
+        assert_eq!(tree.draft_count(), k);
+        for i in 1..=k {
+            let mut got: Vec<usize> = tree.edge(i).iter().map(|c| c.position).collect();
+            got.sort_unstable();
+            assert_eq!(got, expect[i - 1].0, "rank {i}");
+            assert!((f64::from(tree.mass(i)) - expect[i - 1].1).abs() < 1e-5);
+            assert!(
+                tree.edge(i)
+                    .iter()
+                    .all(|c| c.token == c.position as u32 + 1)
+            );
+        }
+    }
+
+    #[test]
+    fn masses_fall_along_the_build_and_limits_hold() {
+        let conf = [0.5, 0.4, 0.95, 0.2, 0.3, 0.7, 0.1, 0.9];
+        let st = stale(&conf);
+        let root = BlockState::masked(8, 0);
+        let ctx = ScoreContext {
+            root: &root,
+            stale: &st,
+            block_start: 0,
+            noise: None,
+            temperature: 0.0,
+        };
+        let join = vec![0.7, 0.2, 0.9, 0.1, 0.4, 0.6, 0.5, 0.8];
+        for (budget, max_steps, gamma) in [(20, 3, 0.0), (40, 8, 0.01), (5, 1, 0.0)] {
+            let cfg = SetTreeConfig {
+                budget,
+                max_steps,
+                gamma,
+                sets_per_node: 4,
+            };
+            let mut b = SetTreeBuilder::new(cfg).unwrap();
+            let tree = b
+                .build(&ctx, 0.5, &mut Fixed(join.clone(), vec![0.9; 8]))
+                .unwrap();
+            assert!(tree.draft_count() <= budget);
+            let mut seen = std::collections::HashSet::new();
+            for i in 1..tree.len() {
+                assert!(tree.mass(i) <= tree.mass(i - 1) + 1e-7, "best-first order");
+                assert!(tree.mass(i) >= gamma);
+                assert!(tree.hops(i) <= max_steps);
+                assert!(seen.insert(tree.state(i).to_vec()), "states are unique");
+            }
+        }
+    }
+
+    #[test]
+    fn out_of_range_predictions_and_limits_are_errors() {
+        let st = stale(&[0.5, 0.6]);
+        let root = BlockState::masked(2, 0);
+        let ctx = ScoreContext {
+            root: &root,
+            stale: &st,
+            block_start: 0,
+            noise: None,
+            temperature: 0.0,
+        };
+        let mut b = SetTreeBuilder::new(SetTreeConfig::default()).unwrap();
+        let e = b
+            .build(&ctx, 0.9, &mut Fixed(vec![1.5, 0.2], vec![1.0; 2]))
+            .unwrap_err();
+        assert!(e.to_string().contains("fixed"), "{e}");
+        assert!(b.build(&ctx, f32::NAN, &mut StaleThresholdJoin).is_err());
+        for bad in [
+            SetTreeConfig {
+                budget: 0,
+                ..SetTreeConfig::default()
+            },
+            SetTreeConfig {
+                max_steps: 0,
+                ..SetTreeConfig::default()
+            },
+            SetTreeConfig {
+                sets_per_node: 0,
+                ..SetTreeConfig::default()
+            },
+            SetTreeConfig {
+                gamma: 1.0,
+                ..SetTreeConfig::default()
+            },
+        ] {
+            assert!(SetTreeBuilder::new(bad).is_err());
+        }
+    }
+}
