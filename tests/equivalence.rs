@@ -183,8 +183,8 @@ proptest! {
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
         let b = SpotDecoder::builder().record_trace(true);
         let b = match random {
-            Some(seed) => b.sets(RandomJoin(seed), sets),
-            None => b.sets(StaleThresholdJoin, sets),
+            Some(seed) => b.sets(RandomJoin(seed), RandomScorer { seed }, sets),
+            None => b.sets(StaleThresholdJoin, StaleConfidenceScorer, sets),
         };
         let fast = b.build().unwrap().decode(&mut m, &prompt, &cfg).unwrap();
         check_invariants(&reference, &fast)?;

@@ -52,12 +52,14 @@ pub enum Method {
     /// excludes that pass.
     OracleJoint,
     /// SPOT-Sets: set-valued trees, one edge per threshold step, drafted by the calibrated
-    /// join tables (`--sets`, default `MODEL/spot-sets.json`; `spot calibrate-sets`).
+    /// join tables (`--sets`, default `MODEL/spot-sets.json`; `spot calibrate-sets`), with
+    /// SPOT's order drafter (`--drafter`) ranking the single commit of a step where no
+    /// position clears the threshold.
     Sets,
     /// SPOT-Sets with the mass floor γ (`--spot-gamma`).
     SetsGamma,
-    /// Training-free set drafter: the stale threshold step, then single commits by stale
-    /// confidence.
+    /// Training-free set drafter: the stale threshold step, then single commits ranked by
+    /// stale confidence.
     SetsStale,
 }
 
@@ -142,7 +144,11 @@ impl DraftFiles<'_> {
                 vec![weights, config]
             }
             Method::Spiffy => vec![path(self.spiffy, DEFAULT_SPIFFY)],
-            Method::Sets | Method::SetsGamma => vec![path(self.sets, DEFAULT_SETS)],
+            Method::Sets | Method::SetsGamma => {
+                let weights = path(self.drafter, DEFAULT_DRAFTER);
+                let config = spot_drafter::checkpoint::config_path(&weights);
+                vec![path(self.sets, DEFAULT_SETS), weights, config]
+            }
             _ => Vec::new(),
         }
     }
@@ -152,7 +158,7 @@ impl DraftFiles<'_> {
         match method {
             Method::Spot | Method::SpotGamma => self.drafter.is_some(),
             Method::Spiffy => self.spiffy.is_some(),
-            Method::Sets | Method::SetsGamma => self.sets.is_some(),
+            Method::Sets | Method::SetsGamma => self.sets.is_some() || self.drafter.is_some(),
             _ => false,
         }
     }
@@ -215,8 +221,14 @@ impl Drafters {
         let first = |m: Method| files.needed(m).into_iter().next();
         if let Some(p) = methods
             .iter()
-            .find(|m| matches!(m, Method::Spot | Method::SpotGamma))
-            .and_then(|&m| first(m))
+            .any(|m| {
+                matches!(
+                    m,
+                    Method::Spot | Method::SpotGamma | Method::Sets | Method::SetsGamma
+                )
+            })
+            .then(|| first(Method::Spot))
+            .flatten()
         {
             d.net = Some(
                 spot_drafter::checkpoint::load::<Backend>(&p, &crate::backend::device()?)
@@ -289,7 +301,11 @@ pub fn strategy(
     };
     let b = match method {
         Method::Df | Method::Threshold => return Ok(Strategy::draft_free()),
-        Method::SetsStale => b.sets(StaleThresholdJoin, sets_cfg(settings.gamma)),
+        Method::SetsStale => b.sets(
+            StaleThresholdJoin,
+            StaleConfidenceScorer,
+            sets_cfg(settings.gamma),
+        ),
         Method::Sets | Method::SetsGamma => {
             let Some(d) = &drafters.sets else {
                 bail!("--method {} needs the set drafter tables", method.name());
@@ -299,7 +315,10 @@ pub fn strategy(
             } else {
                 settings.gamma
             };
-            b.sets(d.clone(), sets_cfg(gamma))
+            let Some(net) = &drafters.net else {
+                bail!("--method {} needs a drafter checkpoint", method.name());
+            };
+            b.sets(d.clone(), LearnedScorer::new(net.clone()), sets_cfg(gamma))
         }
         Method::Ssd => b.chain(),
         Method::Blockspec => b.scorer(Calibrated::new(

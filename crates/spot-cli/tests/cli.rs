@@ -853,3 +853,115 @@ fn llada_defaults_to_its_own_sampler() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("layout"), "{err}");
 }
+
+/// SPOT-Sets end to end: threshold trajectories (`collect --threshold`), the join tables
+/// (`calibrate-sets`), then `bench --reference threshold`, where every speculative method,
+/// returns the threshold decoder's tokens; one-commit draft-free runs beside it. One-commit trajectories and the oracles are refused under a threshold.
+#[test]
+fn sets_are_calibrated_and_equal_threshold_decoding() {
+    let dir = tempfile::tempdir().unwrap();
+    let traj = dir.path().join("tau");
+    let prompts = humaneval();
+    let collect = |out: &std::path::Path, threshold: &[&str]| {
+        let mut args = vec![
+            "collect",
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--limit",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--max-new-tokens",
+            "24",
+        ];
+        args.extend_from_slice(threshold);
+        spot(&args)
+    };
+    let out = collect(&traj, &["--threshold", "0.3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sets = dir.path().join("sets.json");
+    let out = spot(&[
+        "calibrate-sets",
+        "--trajectories",
+        traj.to_str().unwrap(),
+        "--out",
+        sets.to_str().unwrap(),
+        "--steps",
+        "3",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("tau = 0.3"), "{err}");
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&sets).unwrap()).unwrap();
+    assert_eq!(file["tables"][0]["join"].as_array().unwrap().len(), 3);
+
+    let bench = dir.path().join("bench");
+    let out = spot(&[
+        "bench",
+        "--prompts",
+        humaneval().to_str().unwrap(),
+        "--limit",
+        "1",
+        "--max-new-tokens",
+        "24",
+        "--budgets",
+        "4",
+        "--temperatures",
+        "1",
+        "--protocols",
+        "fixed",
+        "--reference",
+        "threshold",
+        "--tau",
+        "0.3",
+        "--methods",
+        "sets,sets-stale",
+        "--sets",
+        sets.to_str().unwrap(),
+        "--out",
+        bench.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(bench.join("bench.json")).unwrap()).unwrap();
+    for g in summary["groups"].as_array().unwrap() {
+        let rows = g["rows"].as_array().unwrap();
+        let methods: Vec<&str> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
+        assert_eq!(methods, ["df", "threshold", "sets-stale", "sets"], "{g}");
+        for r in rows.iter().filter(|r| r["method"] != "df") {
+            assert_eq!(r["equal"], r["samples"], "{r}");
+        }
+    }
+
+    // One-commit trajectories have no threshold; the oracles replay one-commit decoding.
+    let plain = dir.path().join("plain");
+    std::fs::create_dir_all(plain.join("samples")).unwrap();
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(traj.join("manifest.json")).unwrap())
+            .unwrap();
+    manifest.as_object_mut().unwrap().remove("threshold");
+    std::fs::write(plain.join("manifest.json"), manifest.to_string()).unwrap();
+    let out = spot(&["calibrate-sets", "--trajectories", plain.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--threshold"));
+    let out = spot(&[
+        "bench",
+        "--prompts",
+        humaneval().to_str().unwrap(),
+        "--reference",
+        "threshold",
+        "--methods",
+        "oracle",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("oracle"));
+}

@@ -75,7 +75,11 @@ enum Drafter {
     /// SSD-style chain by stale confidence.
     Chain,
     /// Set-valued tree for threshold decoding (SPOT-Sets): one edge per threshold step.
-    Sets(Box<dyn JoinModel + Send>, SetTreeConfig),
+    Sets(
+        Box<dyn JoinModel + Send>,
+        Box<dyn OrderScorer + Send>,
+        SetTreeConfig,
+    ),
 }
 
 /// Builder for [`SpotDecoder`]; see [`SpotDecoder::builder`].
@@ -140,26 +144,33 @@ impl SpotDecoderBuilder {
     }
 
     /// Draft set-valued trees (SPOT-Sets): each edge is one whole step of the target's
-    /// threshold rule, predicted by `model` ([`StaleThresholdJoin`] needs no training), grown
-    /// best-first under `cfg` (its budget replaces [`budget`](Self::budget)). Exact under any
-    /// transition; it pays off when the decode's [`Transition`] is a threshold.
+    /// threshold rule, predicted by `model` ([`StaleThresholdJoin`] needs no training), with
+    /// `order` ranking the single position the target commits when none clears the threshold;
+    /// grown best-first under `cfg` (its budget replaces [`budget`](Self::budget)). Exact
+    /// under any transition; it pays off when the decode's [`Transition`] is a threshold.
     ///
     /// ```
     /// use spot_dlm::{DecodeConfig, DraftFreeDecoder, SetTreeConfig, SpotDecoder,
-    ///     StaleThresholdJoin, Transition};
+    ///     StaleConfidenceScorer, StaleThresholdJoin, Transition};
     /// use spot_dlm::toy::{ToyConfig, ToyModel};
     /// let mut model = ToyModel::new(ToyConfig::default());
     /// let cfg = DecodeConfig { block_size: 8, max_new_tokens: 16,
     ///     transition: Transition::Threshold { tau: 0.3 }, ..DecodeConfig::default() };
     /// let reference = DraftFreeDecoder::new().decode(&mut model, &[1, 2, 3], &cfg)?;
     /// let mut sets = SpotDecoder::builder()
-    ///     .sets(StaleThresholdJoin, SetTreeConfig { budget: 4, ..SetTreeConfig::default() })
+    ///     .sets(StaleThresholdJoin, StaleConfidenceScorer,
+    ///         SetTreeConfig { budget: 4, ..SetTreeConfig::default() })
     ///     .build()?;
     /// assert_eq!(sets.decode(&mut model, &[1, 2, 3], &cfg)?.tokens, reference.tokens);
     /// # Ok::<(), spot_dlm::Error>(())
     /// ```
-    pub fn sets(mut self, model: impl JoinModel + Send + 'static, cfg: SetTreeConfig) -> Self {
-        self.drafter = Drafter::Sets(Box::new(model), cfg);
+    pub fn sets(
+        mut self,
+        model: impl JoinModel + Send + 'static,
+        order: impl OrderScorer + Send + 'static,
+        cfg: SetTreeConfig,
+    ) -> Self {
+        self.drafter = Drafter::Sets(Box::new(model), Box::new(order), cfg);
         self
     }
 
@@ -178,7 +189,7 @@ impl SpotDecoderBuilder {
     /// Validates the limits and builds the decoder.
     pub fn build(self) -> Result<SpotDecoder, Error> {
         let sets = match &self.drafter {
-            Drafter::Sets(_, cfg) => Some(SetTreeBuilder::new(*cfg)?),
+            Drafter::Sets(_, _, cfg) => Some(SetTreeBuilder::new(*cfg)?),
             _ => None,
         };
         Ok(SpotDecoder {
@@ -310,12 +321,12 @@ impl StepStrategy for SpotDecoder {
         };
         let t0 = Instant::now();
         let tree = match (&mut self.drafter, &mut self.sets) {
-            (Drafter::Sets(model, _), Some(sets)) => {
+            (Drafter::Sets(model, order, _), Some(sets)) => {
                 let tau = match block.transition() {
                     Transition::Threshold { tau } => tau,
                     Transition::Exact => f32::INFINITY,
                 };
-                sets.build(&ctx, tau, model.as_mut())?
+                sets.build(&ctx, tau, model.as_mut(), order.as_mut())?
             }
             (Drafter::Tree(scorer), _) => self.builder.build(&ctx, scorer.as_mut())?,
             _ => self.builder.build_chain(&ctx)?,

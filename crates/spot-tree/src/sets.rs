@@ -15,7 +15,8 @@
 //!
 //! ```
 //! use spot_core::{BlockState, BlockStats, stats::PositionStats};
-//! use spot_tree::{ScoreContext, SetTreeBuilder, SetTreeConfig, StaleThresholdJoin};
+//! use spot_tree::{ScoreContext, SetTreeBuilder, SetTreeConfig, StaleConfidenceScorer,
+//!     StaleThresholdJoin};
 //! let mut stale = BlockStats::new(1);
 //! for (s, c) in [0.95f32, 0.3, 0.92, 0.6].into_iter().enumerate() {
 //!     let t = s as u32 + 1;
@@ -25,11 +26,12 @@
 //! let root = BlockState::masked(4, 0);
 //! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None, temperature: 0.0 };
 //! let mut b = SetTreeBuilder::new(SetTreeConfig { budget: 3, ..SetTreeConfig::default() }).unwrap();
-//! let tree = b.build(&ctx, 0.9, &mut StaleThresholdJoin).unwrap();
-//! // The stale threshold step {0, 2}, then single commits by stale confidence: a chain.
+//! let tree = b.build(&ctx, 0.9, &mut StaleThresholdJoin, &mut StaleConfidenceScorer).unwrap();
+//! // The stale threshold step {0, 2}, then single commits ranked by stale confidence.
 //! assert_eq!(tree.state(1), &[1, 0, 3, 0]);
 //! assert_eq!(tree.state(2), &[1, 0, 3, 4]);
-//! assert_eq!(tree.depth(3), 4);
+//! assert_eq!(tree.state(3), &[1, 2, 3, 4]);
+//! assert_eq!((tree.depth(3), tree.hops(3)), (4, 3));
 //! ```
 
 use std::cmp::Ordering;
@@ -38,7 +40,7 @@ use std::collections::{BinaryHeap, HashMap};
 use spot_core::{Commit, TokenId};
 
 use crate::error::TreeError;
-use crate::scorer::ScoreContext;
+use crate::scorer::{NodeBatch, OrderScorer, ScoreContext};
 use crate::tree::{DraftTree, zobrist};
 
 /// Shape limits of a set-valued draft tree.
@@ -140,9 +142,9 @@ impl<M: JoinModel + ?Sized> JoinModel for Box<M> {
 
 /// The training-free set drafter: the target's threshold rule applied to the stale
 /// statistics. A position joins (probability 1) when its stale confidence exceeds `τ` at the
-/// root's step, never afterwards (the stale statistics do not change), so the tree is a
-/// chain: the stale threshold step, then single commits by stale confidence, each token
-/// weighted by its stale probability.
+/// root's step, never afterwards (the stale statistics do not change): the tree is the stale
+/// threshold step, then single commits ranked by the order scorer, each token weighted by its
+/// stale probability.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StaleThresholdJoin;
 
@@ -213,6 +215,22 @@ impl NodeSets {
     }
 }
 
+/// Adds `set` with `factor` to `sets`, summing the factors when it is already there (the
+/// fallback of an empty step and the same position joining alone).
+fn add_set(sets: &mut NodeSets, set: &[Commit], factor: f32) {
+    if factor <= 0.0 || !factor.is_finite() {
+        return;
+    }
+    match (0..sets.factors.len()).find(|&r| sets.set(r) == set) {
+        Some(r) => sets.factors[r] = (sets.factors[r] + factor).min(1.0),
+        None => {
+            sets.commits.extend_from_slice(set);
+            sets.ends.push(sets.commits.len() as u32);
+            sets.factors.push(factor.min(1.0));
+        }
+    }
+}
+
 /// Builds set-valued draft trees; keeps its buffers between rounds.
 #[derive(Clone, Debug)]
 pub struct SetTreeBuilder {
@@ -226,6 +244,8 @@ pub struct SetTreeBuilder {
     subsets: BinaryHeap<Subset>,
     chosen: Vec<usize>,
     set_buf: Vec<Commit>,
+    order_scores: Vec<f32>,
+    fallbacks: Vec<(f32, usize)>,
 }
 
 /// A subset of the flip list in the k-best enumeration: total cost and its members' indices
@@ -266,6 +286,8 @@ impl SetTreeBuilder {
             subsets: BinaryHeap::new(),
             chosen: Vec::new(),
             set_buf: Vec::new(),
+            order_scores: Vec::new(),
+            fallbacks: Vec::new(),
         })
     }
 
@@ -291,6 +313,7 @@ impl SetTreeBuilder {
         ctx: &ScoreContext<'_>,
         tau: f32,
         model: &mut dyn JoinModel,
+        order: &mut dyn OrderScorer,
     ) -> Result<&DraftTree, TreeError> {
         let l = ctx.root.len();
         if ctx.stale.len() != l {
@@ -316,7 +339,7 @@ impl SetTreeBuilder {
         self.sets.push(NodeSets::default());
         let mut hops = vec![0usize];
         if !ctx.root.is_complete() {
-            self.expand(ctx, tau, model, 0, 0)?;
+            self.expand(ctx, tau, (model, order), 0, 0)?;
         }
         while self.out.draft_count() < self.cfg.budget {
             let Some(c) = self.heap.pop() else {
@@ -340,7 +363,7 @@ impl SetTreeBuilder {
             self.sets.push(NodeSets::default());
             hops.push(hops[node] + 1);
             if hops[id] < self.cfg.max_steps && !self.out.is_complete(id) {
-                self.expand(ctx, tau, model, id, hops[id])?;
+                self.expand(ctx, tau, (model, &mut *order), id, hops[id])?;
             }
         }
         Ok(&self.out)
@@ -380,7 +403,7 @@ impl SetTreeBuilder {
         &mut self,
         ctx: &ScoreContext<'_>,
         tau: f32,
-        model: &mut dyn JoinModel,
+        (model, order): (&mut dyn JoinModel, &mut dyn OrderScorer),
         id: usize,
         steps: usize,
     ) -> Result<(), TreeError> {
@@ -391,6 +414,14 @@ impl SetTreeBuilder {
         self.pred.token.clear();
         self.pred.token.resize(l, 0.0);
         model.predict(ctx, self.out.state(id), steps, tau, &mut self.pred)?;
+        self.order_scores.clear();
+        self.order_scores.resize(l, 0.0);
+        let one = [id as u32];
+        order.score(
+            ctx,
+            &NodeBatch::new(&self.out, &one),
+            &mut self.order_scores,
+        )?;
         let state = self.out.state(id);
         let bad = |position: usize, value: f32| TreeError::InvalidScore {
             scorer: model.name().to_string(),
@@ -404,7 +435,7 @@ impl SetTreeBuilder {
         let mut log_base = 0.0f64;
         let mut base: Vec<usize> = Vec::new();
         self.flips.clear();
-        let mut fallback: Option<usize> = None;
+        self.fallbacks.clear();
         for s in (0..l).filter(|&s| state[s] == mask) {
             let (p, t) = (self.pred.join[s], self.pred.token[s]);
             for v in [p, t] {
@@ -415,10 +446,16 @@ impl SetTreeBuilder {
             if ctx.stale.token(s) == mask {
                 continue;
             }
-            let c = ctx.stale.confidence(s);
-            if fallback.is_none_or(|f| c > ctx.stale.confidence(f)) {
-                fallback = Some(s);
+            let q = self.order_scores[s];
+            if !(q.is_finite() && q >= 0.0) {
+                return Err(TreeError::InvalidScore {
+                    scorer: order.name().to_string(),
+                    node: id,
+                    position: s,
+                    value: q,
+                });
             }
+            self.fallbacks.push((q, s));
             let (a, b) = (f64::from(p) * f64::from(t), 1.0 - f64::from(p));
             let (keep, other) = if a >= b { (a, b) } else { (b, a) };
             if keep <= 0.0 {
@@ -436,6 +473,17 @@ impl SetTreeBuilder {
         if log_base == f64::NEG_INFINITY {
             return Ok(());
         }
+        // When nobody joins, the target commits its most confident position alone: the order
+        // scorer's distribution (normalised over the candidates) says which, the join model's
+        // token probability whether its stale token is right; `fallbacks` holds their product.
+        let total: f32 = self.fallbacks.iter().map(|f| f.0).sum();
+        let n = self.fallbacks.len() as f32;
+        for f in &mut self.fallbacks {
+            let q = if total > 0.0 { f.0 / total } else { 1.0 / n };
+            f.0 = q * self.pred.token[f.1];
+        }
+        self.fallbacks
+            .sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         self.flips
             .sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         self.flips.truncate(usize::from(u16::MAX));
@@ -449,7 +497,7 @@ impl SetTreeBuilder {
             members: Vec::new(),
         });
         let mut produced = 0usize;
-        // One more than `k` distinct sets: the fallback's factor is below its rank's.
+        // More than `k` distinct sets: the fallbacks rank below the empty step they split.
         while produced < 4 * k + 4 {
             let Some(sub) = self.subsets.pop() else {
                 break;
@@ -486,41 +534,24 @@ impl SetTreeBuilder {
                     None => self.chosen.push(s),
                 }
             }
-            let mut weight = (log_base - f64::from(sub.cost)).exp();
+            let weight = (log_base - f64::from(sub.cost)).exp();
             if self.chosen.is_empty() {
-                // Nobody joins: the target commits its most confident position alone.
-                match fallback {
-                    Some(f) => {
-                        self.chosen.push(f);
-                        weight *= f64::from(self.pred.token[f]);
-                    }
-                    None => continue,
+                for i in 0..self.fallbacks.len().min(k) {
+                    let (w, f) = self.fallbacks[i];
+                    let factor = (weight * f64::from(w)) as f32;
+                    add_set(&mut sets, &[Commit::new(f, ctx.stale.token(f))], factor);
                 }
+            } else {
+                self.chosen.sort_unstable();
+                self.set_buf.clear();
+                self.set_buf.extend(
+                    self.chosen
+                        .iter()
+                        .map(|&s| Commit::new(s, ctx.stale.token(s))),
+                );
+                add_set(&mut sets, &self.set_buf, weight as f32);
             }
-            self.chosen.sort_unstable();
-            let factor = weight as f32;
-            if factor <= 0.0 {
-                continue;
-            }
-            let start = sets.commits.len();
-            sets.commits.extend(
-                self.chosen
-                    .iter()
-                    .map(|&s| Commit::new(s, ctx.stale.token(s))),
-            );
-            // The same set twice (the fallback and its explicit singleton): sum the masses.
-            let dup = (0..sets.factors.len()).find(|&r| sets.set(r) == &sets.commits[start..]);
-            match dup {
-                Some(r) => {
-                    sets.commits.truncate(start);
-                    sets.factors[r] = (sets.factors[r] + factor).min(1.0);
-                }
-                None => {
-                    sets.factors.push(factor.min(1.0));
-                    sets.ends.push(sets.commits.len() as u32);
-                }
-            }
-            if sets.factors.len() > k {
+            if sets.factors.len() > 2 * k {
                 break;
             }
         }
@@ -546,6 +577,7 @@ impl SetTreeBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::StaleConfidenceScorer;
     use spot_core::stats::PositionStats;
     use spot_core::{BlockState, BlockStats};
 
@@ -589,8 +621,8 @@ mod tests {
     }
 
     /// The probability of the step `set` from the root under independent joins, the empty
-    /// set going to the fallback `f`.
-    fn brute_force(join: &[f32], tokens: &[f32], f: usize) -> Vec<(Vec<usize>, f64)> {
+    /// set going to each fallback `s` with probability `order[s]`.
+    fn brute_force(join: &[f32], tokens: &[f32], order: &[f64]) -> Vec<(Vec<usize>, f64)> {
         let l = join.len();
         let mut out: Vec<(Vec<usize>, f64)> = Vec::new();
         for bits in 0u32..(1 << l) {
@@ -601,13 +633,18 @@ mod tests {
                     if bits & (1 << s) != 0 { j } else { 1.0 - j }
                 })
                 .product();
-            if set.is_empty() {
-                set.push(f);
-            }
-            let w = p * set.iter().map(|&s| f64::from(tokens[s])).product::<f64>();
-            match out.iter_mut().find(|(x, _)| *x == set) {
+            let mut add = |set: Vec<usize>, w: f64| match out.iter_mut().find(|(x, _)| *x == set) {
                 Some(e) => e.1 += w,
                 None => out.push((set, w)),
+            };
+            if set.is_empty() {
+                for (f, q) in order.iter().enumerate() {
+                    add(vec![f], p * q * f64::from(tokens[f]));
+                }
+            } else {
+                let w = p * set.iter().map(|&s| f64::from(tokens[s])).product::<f64>();
+                set.sort_unstable();
+                add(set, w);
             }
         }
         out.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -637,10 +674,17 @@ mod tests {
         };
         let mut b = SetTreeBuilder::new(cfg).unwrap();
         let tree = b
-            .build(&ctx, 0.9, &mut Fixed(join.clone(), tokens.clone()))
+            .build(
+                &ctx,
+                0.9,
+                &mut Fixed(join.clone(), tokens.clone()),
+                &mut StaleConfidenceScorer,
+            )
             .unwrap();
-        // Fallback: the most confident stale position, 2.
-        let expect = brute_force(&join, &tokens, 2);
+        // Fallbacks: by stale confidence (the stale-confidence order scorer).
+        let total: f32 = conf.iter().sum();
+        let order: Vec<f64> = conf.iter().map(|&c| f64::from(c / total)).collect();
+        let expect = brute_force(&join, &tokens, &order);
         assert_eq!(tree.draft_count(), k);
         for i in 1..=k {
             let mut got: Vec<usize> = tree.edge(i).iter().map(|c| c.position).collect();
@@ -677,7 +721,12 @@ mod tests {
             };
             let mut b = SetTreeBuilder::new(cfg).unwrap();
             let tree = b
-                .build(&ctx, 0.5, &mut Fixed(join.clone(), vec![0.9; 8]))
+                .build(
+                    &ctx,
+                    0.5,
+                    &mut Fixed(join.clone(), vec![0.9; 8]),
+                    &mut StaleConfidenceScorer,
+                )
                 .unwrap();
             assert!(tree.draft_count() <= budget);
             let mut seen = std::collections::HashSet::new();
@@ -703,10 +752,23 @@ mod tests {
         };
         let mut b = SetTreeBuilder::new(SetTreeConfig::default()).unwrap();
         let e = b
-            .build(&ctx, 0.9, &mut Fixed(vec![1.5, 0.2], vec![1.0; 2]))
+            .build(
+                &ctx,
+                0.9,
+                &mut Fixed(vec![1.5, 0.2], vec![1.0; 2]),
+                &mut StaleConfidenceScorer,
+            )
             .unwrap_err();
         assert!(e.to_string().contains("fixed"), "{e}");
-        assert!(b.build(&ctx, f32::NAN, &mut StaleThresholdJoin).is_err());
+        assert!(
+            b.build(
+                &ctx,
+                f32::NAN,
+                &mut StaleThresholdJoin,
+                &mut StaleConfidenceScorer
+            )
+            .is_err()
+        );
         for bad in [
             SetTreeConfig {
                 budget: 0,
