@@ -53,6 +53,10 @@ pub struct JoinTable {
     pub join: Vec<Vec<f32>>,
     /// `token[j][b]`: share of those that joined whose written token was the stale choice.
     pub token: Vec<Vec<f32>>,
+    /// `hedge[j][b]`: share of those that joined whose written token was the hedge (the
+    /// runner-up of the target's choice rule) instead (fitted tables are non-increasing in the
+    /// confidence).
+    pub hedge: Vec<Vec<f32>>,
     /// Positions counted.
     pub samples: u64,
 }
@@ -88,6 +92,7 @@ impl JoinTable {
         let mut n = vec![vec![0u64; nb]; steps];
         let mut joined = vec![vec![0u64; nb]; steps];
         let mut same = vec![vec![0u64; nb]; steps];
+        let mut hedged = vec![vec![0u64; nb]; steps];
         let mut temps = Vec::new();
         let mut samples = 0u64;
         let mut state: Vec<TokenId> = Vec::new();
@@ -116,6 +121,8 @@ impl JoinTable {
                             if let (Some(c), false) = (commit, fallback) {
                                 joined[row][k] += 1;
                                 same[row][k] += u64::from(c.token == p.token);
+                                hedged[row][k] +=
+                                    u64::from(c.token == p.hedge && c.token != p.token);
                             }
                         }
                         for c in &step.commits {
@@ -131,6 +138,9 @@ impl JoinTable {
         let token = (0..steps)
             .map(|j| monotone_rates(&same[j], &joined[j], true))
             .collect();
+        let hedge = (0..steps)
+            .map(|j| monotone_rates(&hedged[j], &joined[j], false))
+            .collect();
         let temperature = temps
             .first()
             .copied()
@@ -141,6 +151,7 @@ impl JoinTable {
             edges,
             join,
             token,
+            hedge,
             samples,
         }
     }
@@ -154,14 +165,20 @@ impl JoinTable {
         if nb == 0 || !self.edges.windows(2).all(|w| w[0] < w[1]) {
             return Err("edges must be non-empty and strictly ascending".into());
         }
-        if self.join.is_empty() || self.join.len() != self.token.len() {
+        let rows = self.join.len();
+        if rows == 0 || self.token.len() != rows || self.hedge.len() != rows {
             return Err(format!(
-                "join has {} rows and token {}; both need the same number, at least 1",
-                self.join.len(),
-                self.token.len()
+                "join, token and hedge have {}, {} and {} rows; they need the same number, at least 1",
+                rows,
+                self.token.len(),
+                self.hedge.len()
             ));
         }
-        for (name, rows) in [("join", &self.join), ("token", &self.token)] {
+        for (name, rows) in [
+            ("join", &self.join),
+            ("token", &self.token),
+            ("hedge", &self.hedge),
+        ] {
             for row in rows.iter() {
                 if row.len() != nb {
                     return Err(format!("a {name} row has {} bins, edges {nb}", row.len()));
@@ -321,6 +338,7 @@ impl JoinModel for SetsDrafter {
             let k = bin(&t.edges, ctx.stale.confidence(s));
             out.join[s] = t.join[row][k];
             out.token[s] = t.token[row][k];
+            out.hedge[s] = t.hedge[row][k];
         }
         Ok(())
     }

@@ -104,6 +104,9 @@ pub struct JoinPrediction {
     /// Per block position: the probability that the target writes the stale token there when
     /// it commits it.
     pub token: Vec<f32>,
+    /// Per block position: the probability that it writes the hedge instead (the runner-up of
+    /// the target's choice rule, [`ScoreContext::hedge_token`]); 0 proposes no hedge.
+    pub hedge: Vec<f32>,
 }
 
 /// Predicts the target's next threshold step at a hypothesised state: the interface a set
@@ -112,7 +115,8 @@ pub trait JoinModel {
     /// A short name for error messages.
     fn name(&self) -> &str;
 
-    /// Fills `out.join` and `out.token` (already sized to the block) for the node `state`,
+    /// Fills `out.join`, `out.token` and `out.hedge` (already sized to the block, zeroed) for
+    /// the node `state`,
     /// `steps` edges below the root, under threshold `tau`. Values must lie in `[0, 1]`.
     fn predict(
         &mut self,
@@ -144,7 +148,8 @@ impl<M: JoinModel + ?Sized> JoinModel for Box<M> {
 /// statistics. A position joins (probability 1) when its stale confidence exceeds `τ` at the
 /// root's step, never afterwards (the stale statistics do not change): the tree is the stale
 /// threshold step, then single commits ranked by the order scorer, each token weighted by its
-/// stale probability.
+/// stale probability, with the hedge token where the stale choice is below 0.6 (BlockSpec's
+/// rule).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StaleThresholdJoin;
 
@@ -165,7 +170,14 @@ impl JoinModel for StaleThresholdJoin {
         for (s, &t) in state.iter().enumerate() {
             let joins = t == mask && steps == 0 && ctx.stale.confidence(s) > tau;
             out.join[s] = if joins { 1.0 } else { 0.0 };
-            out.token[s] = ctx.stale.token_prob(s).clamp(0.0, 1.0);
+            let p = ctx.stale.token_prob(s).clamp(0.0, 1.0);
+            out.token[s] = p;
+            // BlockSpec's hedge: the runner-up when the stale choice is below 0.6.
+            if p < 0.6 && t == mask {
+                out.hedge[s] = ctx
+                    .hedge_token(s, mask)
+                    .map_or(0.0, |h| h.1.clamp(0.0, 1.0));
+            }
         }
         Ok(())
     }
@@ -240,12 +252,16 @@ pub struct SetTreeBuilder {
     pred: JoinPrediction,
     heap: BinaryHeap<Cand>,
     seen: HashMap<u64, Vec<u32>>,
+    /// Option switches: (cost, option row).
     flips: Vec<(f32, usize)>,
     subsets: BinaryHeap<Subset>,
-    chosen: Vec<usize>,
     set_buf: Vec<Commit>,
     order_scores: Vec<f32>,
-    fallbacks: Vec<(f32, usize)>,
+    /// Per masked position: (position, its options best first as (weight, token or mask)).
+    options: Vec<(usize, [(f64, TokenId); 3])>,
+    choice: Vec<u8>,
+    /// Fallback candidates: (weight, position, token, token probability).
+    fallbacks: Vec<(f32, usize, TokenId, f32)>,
 }
 
 /// A subset of the flip list in the k-best enumeration: total cost and its members' indices
@@ -284,9 +300,10 @@ impl SetTreeBuilder {
             seen: HashMap::new(),
             flips: Vec::new(),
             subsets: BinaryHeap::new(),
-            chosen: Vec::new(),
             set_buf: Vec::new(),
             order_scores: Vec::new(),
+            options: Vec::new(),
+            choice: Vec::new(),
             fallbacks: Vec::new(),
         })
     }
@@ -409,10 +426,14 @@ impl SetTreeBuilder {
     ) -> Result<(), TreeError> {
         let l = ctx.root.len();
         let mask = ctx.root.mask_id();
-        self.pred.join.clear();
-        self.pred.join.resize(l, 0.0);
-        self.pred.token.clear();
-        self.pred.token.resize(l, 0.0);
+        for v in [
+            &mut self.pred.join,
+            &mut self.pred.token,
+            &mut self.pred.hedge,
+        ] {
+            v.clear();
+            v.resize(l, 0.0);
+        }
         model.predict(ctx, self.out.state(id), steps, tau, &mut self.pred)?;
         self.order_scores.clear();
         self.order_scores.resize(l, 0.0);
@@ -423,28 +444,25 @@ impl SetTreeBuilder {
             &mut self.order_scores,
         )?;
         let state = self.out.state(id);
-        let bad = |position: usize, value: f32| TreeError::InvalidScore {
-            scorer: model.name().to_string(),
-            node: id,
-            position,
-            value,
-        };
-        // A set's factor is the product over masked positions of `a = join · token` (in) or
-        // `b = 1 - join` (out): independent, so the base set takes every position whose `a`
-        // is at least its `b`, and the other sets flip the cheapest decisions first.
+        // Each masked position has up to three options: out (`1 - join`), in with the stale
+        // token (`join · token`), in with the hedge (`join · hedge`). A set's weight is the
+        // product of its positions' options: independent, so the base set takes every
+        // position's best option, and the other sets switch the cheapest options first.
         let mut log_base = 0.0f64;
-        let mut base: Vec<usize> = Vec::new();
+        self.options.clear();
         self.flips.clear();
         self.fallbacks.clear();
         for s in (0..l).filter(|&s| state[s] == mask) {
-            let (p, t) = (self.pred.join[s], self.pred.token[s]);
-            for v in [p, t] {
+            let (p, t, h) = (self.pred.join[s], self.pred.token[s], self.pred.hedge[s]);
+            for v in [p, t, h] {
                 if !(0.0..=1.0).contains(&v) {
-                    return Err(bad(s, v));
+                    return Err(TreeError::InvalidScore {
+                        scorer: model.name().to_string(),
+                        node: id,
+                        position: s,
+                        value: v,
+                    });
                 }
-            }
-            if ctx.stale.token(s) == mask {
-                continue;
             }
             let q = self.order_scores[s];
             if !(q.is_finite() && q >= 0.0) {
@@ -455,19 +473,36 @@ impl SetTreeBuilder {
                     value: q,
                 });
             }
-            self.fallbacks.push((q, s));
-            let (a, b) = (f64::from(p) * f64::from(t), 1.0 - f64::from(p));
-            let (keep, other) = if a >= b { (a, b) } else { (b, a) };
-            if keep <= 0.0 {
+            let stale = ctx.stale.token(s);
+            if stale == mask {
+                continue;
+            }
+            let hedge = ctx.hedge_token(s, mask).map(|(v, _)| v).filter(|_| h > 0.0);
+            let p = f64::from(p);
+            let mut opts = [
+                (1.0 - p, mask),
+                (p * f64::from(t), stale),
+                (
+                    hedge.map_or(0.0, |_| p * f64::from(h)),
+                    hedge.unwrap_or(mask),
+                ),
+            ];
+            opts.sort_by(|a, b| b.0.total_cmp(&a.0));
+            if opts[0].0 <= 0.0 {
                 log_base = f64::NEG_INFINITY;
                 break;
             }
-            log_base += keep.ln();
-            if a >= b {
-                base.push(s);
+            log_base += opts[0].0.ln();
+            let o = self.options.len();
+            for &(w, _) in &opts[1..] {
+                if w > 0.0 {
+                    self.flips.push(((opts[0].0 / w).ln() as f32, o));
+                }
             }
-            if other > 0.0 {
-                self.flips.push(((keep / other).ln() as f32, s));
+            self.options.push((s, opts));
+            self.fallbacks.push((q, s, stale, t));
+            if let Some(v) = hedge {
+                self.fallbacks.push((q, s, v, h));
             }
         }
         if log_base == f64::NEG_INFINITY {
@@ -475,29 +510,35 @@ impl SetTreeBuilder {
         }
         // When nobody joins, the target commits its most confident position alone: the order
         // scorer's distribution (normalised over the candidates) says which, the join model's
-        // token probability whether its stale token is right; `fallbacks` holds their product.
-        let total: f32 = self.fallbacks.iter().map(|f| f.0).sum();
-        let n = self.fallbacks.len() as f32;
+        // token and hedge probabilities with which token.
+        let total: f32 = self
+            .options
+            .iter()
+            .map(|&(s, _)| self.order_scores[s])
+            .sum();
+        let n = self.options.len().max(1) as f32;
         for f in &mut self.fallbacks {
             let q = if total > 0.0 { f.0 / total } else { 1.0 / n };
-            f.0 = q * self.pred.token[f.1];
+            f.0 = q * f.3;
         }
         self.fallbacks
             .sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        // Flips sorted by cost; a flip names an option row, its second flip of the same row
+        // is the more expensive option.
         self.flips
             .sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         self.flips.truncate(usize::from(u16::MAX));
         let mut sets = NodeSets::default();
         let k = self.cfg.sets_per_node;
-        // k-best subsets of flips by total cost: the empty flip, then successors of each
-        // popped subset (extend by the next flip; replace its last flip by the next one).
+        // k-best subsets of flips by total cost: the empty subset, then successors of each
+        // popped subset (extend by the next flip; replace its last flip by the next one). A
+        // subset switching one position twice is no set, but its successors are generated.
         self.subsets.clear();
         self.subsets.push(Subset {
             cost: 0.0,
             members: Vec::new(),
         });
         let mut produced = 0usize;
-        // More than `k` distinct sets: the fallbacks rank below the empty step they split.
         while produced < 4 * k + 4 {
             let Some(sub) = self.subsets.pop() else {
                 break;
@@ -522,33 +563,40 @@ impl SetTreeBuilder {
                     });
                 }
             }
-            // The set: base with the flipped positions toggled; empty means the fallback.
-            self.chosen.clear();
-            self.chosen.extend_from_slice(&base);
+            // The options: each row's best, or the one its flip switches to (the first flip
+            // of a row is its second-best option, the second its third).
+            self.choice.clear();
+            self.choice.resize(self.options.len(), 0);
+            let mut valid = true;
             for &m in &sub.members {
-                let s = self.flips[usize::from(m)].1;
-                match self.chosen.iter().position(|&x| x == s) {
-                    Some(i) => {
-                        self.chosen.swap_remove(i);
-                    }
-                    None => self.chosen.push(s),
+                let row = self.flips[usize::from(m)].1;
+                if self.choice[row] != 0 {
+                    valid = false;
+                    break;
                 }
+                let earlier = self.flips[..usize::from(m)]
+                    .iter()
+                    .filter(|f| f.1 == row)
+                    .count();
+                self.choice[row] = 1 + earlier as u8;
+            }
+            if !valid {
+                continue;
             }
             let weight = (log_base - f64::from(sub.cost)).exp();
-            if self.chosen.is_empty() {
-                for i in 0..self.fallbacks.len().min(k) {
-                    let (w, f) = self.fallbacks[i];
+            self.set_buf.clear();
+            for (row, &(s, opts)) in self.options.iter().enumerate() {
+                let (_, v) = opts[usize::from(self.choice[row])];
+                if v != mask {
+                    self.set_buf.push(Commit::new(s, v));
+                }
+            }
+            if self.set_buf.is_empty() {
+                for &(w, f, v, _) in self.fallbacks.iter().take(k) {
                     let factor = (weight * f64::from(w)) as f32;
-                    add_set(&mut sets, &[Commit::new(f, ctx.stale.token(f))], factor);
+                    add_set(&mut sets, &[Commit::new(f, v)], factor);
                 }
             } else {
-                self.chosen.sort_unstable();
-                self.set_buf.clear();
-                self.set_buf.extend(
-                    self.chosen
-                        .iter()
-                        .map(|&s| Commit::new(s, ctx.stale.token(s))),
-                );
                 add_set(&mut sets, &self.set_buf, weight as f32);
             }
             if sets.factors.len() > 2 * k {
@@ -581,8 +629,8 @@ mod tests {
     use spot_core::stats::PositionStats;
     use spot_core::{BlockState, BlockStats};
 
-    /// Fixed join and token probabilities, whatever the state.
-    struct Fixed(Vec<f32>, Vec<f32>);
+    /// Fixed join, token and hedge probabilities, whatever the state.
+    struct Fixed(Vec<f32>, Vec<f32>, Vec<f32>);
 
     impl JoinModel for Fixed {
         fn name(&self) -> &str {
@@ -598,6 +646,9 @@ mod tests {
         ) -> Result<(), TreeError> {
             out.join.copy_from_slice(&self.0);
             out.token.copy_from_slice(&self.1);
+            if !self.2.is_empty() {
+                out.hedge.copy_from_slice(&self.2);
+            }
             Ok(())
         }
     }
@@ -677,7 +728,7 @@ mod tests {
             .build(
                 &ctx,
                 0.9,
-                &mut Fixed(join.clone(), tokens.clone()),
+                &mut Fixed(join.clone(), tokens.clone(), Vec::new()),
                 &mut StaleConfidenceScorer,
             )
             .unwrap();
@@ -695,6 +746,98 @@ mod tests {
                 tree.edge(i)
                     .iter()
                     .all(|c| c.token == c.position as u32 + 1)
+            );
+        }
+    }
+
+    #[test]
+    fn hedged_sets_match_brute_force() {
+        let conf = [0.5f32, 0.4, 0.8, 0.3];
+        let mut st = BlockStats::new(2);
+        for (s, &c) in conf.iter().enumerate() {
+            let t = s as u32 + 1;
+            st.push(PositionStats {
+                token: t,
+                confidence: c,
+                token_prob: c,
+                entropy: 1.0,
+                tail_mass: 0.0,
+                top_ids: &[t, 10 + t],
+                top_probs: &[c, 1.0 - c],
+            })
+            .unwrap();
+        }
+        let (join, tokens, hedges) = (
+            [0.7f32, 0.4, 0.55, 0.2],
+            [0.6f32, 0.9, 0.5, 0.7],
+            [0.3f32, 0.0, 0.45, 0.2],
+        );
+        let total: f32 = conf.iter().sum();
+        // All 3^4 assignments: 0 out, 1 stale token, 2 hedge (t + 10).
+        let mut expect: Vec<(Vec<(usize, u32)>, f64)> = Vec::new();
+        let mut add = |set: Vec<(usize, u32)>, w: f64| {
+            if w <= 0.0 {
+                return;
+            }
+            match expect.iter_mut().find(|(x, _)| *x == set) {
+                Some(e) => e.1 += w,
+                None => expect.push((set, w)),
+            }
+        };
+        for code in 0..81usize {
+            let mut w = 1.0f64;
+            let mut set = Vec::new();
+            for s in 0..4 {
+                let o = (code / 3usize.pow(s as u32)) % 3;
+                let (j, t, h) = (
+                    f64::from(join[s]),
+                    f64::from(tokens[s]),
+                    f64::from(hedges[s]),
+                );
+                w *= [1.0 - j, j * t, j * h][o];
+                if o > 0 {
+                    set.push((s, s as u32 + 1 + if o == 2 { 10 } else { 0 }));
+                }
+            }
+            if set.is_empty() {
+                for f in 0..4 {
+                    let q = f64::from(conf[f] / total);
+                    add(vec![(f, f as u32 + 1)], w * q * f64::from(tokens[f]));
+                    add(vec![(f, f as u32 + 11)], w * q * f64::from(hedges[f]));
+                }
+            } else {
+                add(set, w);
+            }
+        }
+        expect.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let root = BlockState::masked(4, 0);
+        let ctx = ScoreContext {
+            root: &root,
+            stale: &st,
+            block_start: 0,
+            noise: None,
+            temperature: 0.0,
+        };
+        let k = 8;
+        let cfg = SetTreeConfig {
+            budget: k,
+            max_steps: 1,
+            gamma: 0.0,
+            sets_per_node: k,
+        };
+        let mut model = Fixed(join.to_vec(), tokens.to_vec(), hedges.to_vec());
+        let mut b = SetTreeBuilder::new(cfg).unwrap();
+        let tree = b
+            .build(&ctx, 0.9, &mut model, &mut StaleConfidenceScorer)
+            .unwrap();
+        assert_eq!(tree.draft_count(), k);
+        for i in 1..=k {
+            let got: Vec<(usize, u32)> =
+                tree.edge(i).iter().map(|c| (c.position, c.token)).collect();
+            assert_eq!(got, expect[i - 1].0, "rank {i}");
+            assert!(
+                (f64::from(tree.mass(i)) - expect[i - 1].1).abs() < 1e-5,
+                "rank {i}"
             );
         }
     }
@@ -724,7 +867,7 @@ mod tests {
                 .build(
                     &ctx,
                     0.5,
-                    &mut Fixed(join.clone(), vec![0.9; 8]),
+                    &mut Fixed(join.clone(), vec![0.9; 8], Vec::new()),
                     &mut StaleConfidenceScorer,
                 )
                 .unwrap();
@@ -755,7 +898,7 @@ mod tests {
             .build(
                 &ctx,
                 0.9,
-                &mut Fixed(vec![1.5, 0.2], vec![1.0; 2]),
+                &mut Fixed(vec![1.5, 0.2], vec![1.0; 2], Vec::new()),
                 &mut StaleConfidenceScorer,
             )
             .unwrap_err();
