@@ -13,8 +13,8 @@ use spot_dlm::{
     TokenOracleScorer, Transition, TreeConfig, TreeError,
 };
 
-/// A set drafter with arbitrary (seeded) join and token probabilities, certain ones (0 and 1)
-/// included: it exercises every path of the set enumeration, and exactness may not depend on
+/// A set drafter with arbitrary (seeded) lead, join, token and hedge probabilities, certain
+/// ones (0 and 1) included: it exercises every path of the set enumeration, and exactness may not depend on
 /// it.
 struct RandomJoin(u64);
 
@@ -38,7 +38,13 @@ impl JoinModel for RandomJoin {
                 1 => 1.0,
                 _ => (r >> 40) as f32 / (1u64 << 24) as f32,
             };
+            out.lead[s] = match (r >> 3) % 4 {
+                0 => 0.0,
+                1 => 1.0,
+                _ => ((r >> 16) % 1000) as f32 / 999.0,
+            };
             out.token[s] = ((r >> 8) % 1000) as f32 / 999.0;
+            out.hedge[s] = ((r >> 28) % 1000) as f32 / 999.0 * (1.0 - out.token[s]);
         }
         Ok(())
     }

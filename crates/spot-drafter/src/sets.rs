@@ -1,12 +1,14 @@
 //! The calibrated set drafter of SPOT-Sets: join and token tables fitted on the target's own
 //! threshold-decoding trajectories.
 //!
-//! For a hypothesised state `j` threshold steps below the round's root, a masked position
-//! joins the target's next step when its confidence there exceeds `τ`. The drafter only knows
-//! the stale statistics (those of the root's parent), so it predicts
-//! `P(join | stale confidence bin, j)` and `P(stale token is the one written | bin, j)`, both
-//! measured on trajectories decoded with the same `τ` ([`JoinTable::fit`]); the tables are
-//! monotone in the confidence (sparse bins pooled). A file holds one table per
+//! For a hypothesised state `j` threshold steps below the round's root, the target's next step
+//! is led by the position it is most confident about: alone when that confidence is not above
+//! `τ`, else with every other position above `τ`. The drafter only knows the stale statistics
+//! (those of the root's parent), so it predicts, by stale confidence bin and `j`, the
+//! probability that a leader clears `τ`, that another position joins, and that the written
+//! token is the stale choice or the hedge, all measured on trajectories decoded with the same
+//! `τ` ([`JoinTable::fit`]); the tables are monotone in the confidence (sparse bins pooled).
+//! Which position leads is the order drafter's job. A file holds one table per
 //! (temperature, `τ`) and the drafter reads the nearest ([`SetsDrafter`]).
 //!
 //! ```
@@ -27,7 +29,7 @@ use spot_core::TokenId;
 use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
 
 use crate::analysis::{bin, monotone_rates};
-use crate::trajectory::Trajectory;
+use crate::trajectory::{StoredPosition, Trajectory};
 
 /// File name of a model folder's default set drafter (`spot calibrate-sets`).
 pub const DEFAULT_SETS: &str = "spot-sets.json";
@@ -48,12 +50,16 @@ pub struct JoinTable {
     pub temperature: Option<f32>,
     /// Upper edges of the stale-confidence bins, ascending, the last one 1.
     pub edges: Vec<f32>,
-    /// `join[j][b]`: share of positions masked `j` steps below the root (deeper ones use the
-    /// last row) with stale confidence in bin `b` that joined the target's next step.
+    /// `lead[j][b]`: at states `j` steps below the root (deeper ones use the last row), the
+    /// share of step leaders (the position the target is most confident about) with stale
+    /// confidence in bin `b` that cleared `τ`.
+    pub lead: Vec<Vec<f32>>,
+    /// `join[j][b]`: the share of the other masked positions, by bin, that joined the step.
     pub join: Vec<Vec<f32>>,
-    /// `token[j][b]`: share of those that joined whose written token was the stale choice.
+    /// `token[j][b]`: share of committed positions (leaders and followers) whose written
+    /// token was the stale choice.
     pub token: Vec<Vec<f32>>,
-    /// `hedge[j][b]`: share of those that joined whose written token was the hedge (the
+    /// `hedge[j][b]`: share of committed positions whose written token was the hedge (the
     /// runner-up of the target's choice rule) instead (fitted tables are non-increasing in the
     /// confidence).
     pub hedge: Vec<Vec<f32>>,
@@ -93,6 +99,9 @@ impl JoinTable {
         let mut joined = vec![vec![0u64; nb]; steps];
         let mut same = vec![vec![0u64; nb]; steps];
         let mut hedged = vec![vec![0u64; nb]; steps];
+        let mut written = vec![vec![0u64; nb]; steps];
+        let mut led = vec![vec![0u64; nb]; steps];
+        let mut cleared = vec![vec![0u64; nb]; steps];
         let mut temps = Vec::new();
         let mut samples = 0u64;
         let mut state: Vec<TokenId> = Vec::new();
@@ -108,18 +117,34 @@ impl JoinTable {
                     let mut node = state.clone();
                     for (j, step) in b.steps.iter().enumerate().skip(i + 1).take(steps) {
                         let row = j - i - 1;
-                        let fallback = step.commits.len() == 1
-                            && step
-                                .stored(step.commits[0].position)
-                                .is_some_and(|p| p.confidence <= tau);
+                        // The leader: the position the target is most confident about
+                        // there (ties to the lowest index, as `Φ`); the step is a set when it
+                        // clears τ, else the leader alone.
+                        let leader = step
+                            .positions
+                            .iter()
+                            .fold(None, |b: Option<&StoredPosition>, p| match b {
+                                Some(b) if b.confidence >= p.confidence => Some(b),
+                                _ => Some(p),
+                            })
+                            .map(|p| p.position as usize);
+                        let clears = leader
+                            .and_then(|a| step.stored(a))
+                            .is_some_and(|p| p.confidence > tau);
                         for s in (0..node.len()).filter(|&s| node[s] == t.mask_id) {
                             let Some(p) = stale.stored(s) else { continue };
                             let k = bin(&edges, p.confidence);
-                            n[row][k] += 1;
                             samples += 1;
                             let commit = step.commits.iter().find(|c| c.position == s);
-                            if let (Some(c), false) = (commit, fallback) {
-                                joined[row][k] += 1;
+                            if Some(s) == leader {
+                                led[row][k] += 1;
+                                cleared[row][k] += u64::from(clears);
+                            } else {
+                                n[row][k] += 1;
+                                joined[row][k] += u64::from(commit.is_some() && clears);
+                            }
+                            if let Some(c) = commit {
+                                written[row][k] += 1;
                                 same[row][k] += u64::from(c.token == p.token);
                                 hedged[row][k] +=
                                     u64::from(c.token == p.hedge && c.token != p.token);
@@ -135,11 +160,14 @@ impl JoinTable {
         let join = (0..steps)
             .map(|j| monotone_rates(&joined[j], &n[j], true))
             .collect();
+        let lead = (0..steps)
+            .map(|j| monotone_rates(&cleared[j], &led[j], true))
+            .collect();
         let token = (0..steps)
-            .map(|j| monotone_rates(&same[j], &joined[j], true))
+            .map(|j| monotone_rates(&same[j], &written[j], true))
             .collect();
         let hedge = (0..steps)
-            .map(|j| monotone_rates(&hedged[j], &joined[j], false))
+            .map(|j| monotone_rates(&hedged[j], &written[j], false))
             .collect();
         let temperature = temps
             .first()
@@ -149,6 +177,7 @@ impl JoinTable {
             tau,
             temperature,
             edges,
+            lead,
             join,
             token,
             hedge,
@@ -166,15 +195,20 @@ impl JoinTable {
             return Err("edges must be non-empty and strictly ascending".into());
         }
         let rows = self.join.len();
-        if rows == 0 || self.token.len() != rows || self.hedge.len() != rows {
+        if rows == 0
+            || self.token.len() != rows
+            || self.hedge.len() != rows
+            || self.lead.len() != rows
+        {
             return Err(format!(
-                "join, token and hedge have {}, {} and {} rows; they need the same number, at least 1",
-                rows,
+                "lead, join, token and hedge have {}, {rows}, {} and {} rows; they need the same number, at least 1",
+                self.lead.len(),
                 self.token.len(),
                 self.hedge.len()
             ));
         }
         for (name, rows) in [
+            ("lead", &self.lead),
             ("join", &self.join),
             ("token", &self.token),
             ("hedge", &self.hedge),
@@ -336,6 +370,7 @@ impl JoinModel for SetsDrafter {
                 continue;
             }
             let k = bin(&t.edges, ctx.stale.confidence(s));
+            out.lead[s] = t.lead[row][k];
             out.join[s] = t.join[row][k];
             out.token[s] = t.token[row][k];
             out.hedge[s] = t.hedge[row][k];
@@ -399,8 +434,8 @@ mod tests {
         assert_eq!(table.samples, 2);
         table.check().unwrap();
         let (lo, hi) = (bin(&table.edges, 0.3), bin(&table.edges, 0.5));
-        // Both positions joined: above the prior of 1/2.
-        assert!(table.join[0][lo] > 0.5 && table.join[0][hi] > 0.5);
+        // Position 1 led (the first of equal confidences) and cleared τ; position 2 joined.
+        assert!(table.lead[0][hi] > 0.5 && table.join[0][lo] > 0.5);
         // Position 2's token changed, position 1's did not.
         assert!(table.token[0][lo] < table.token[0][hi]);
         // No row-1 data: the prior.
@@ -411,8 +446,8 @@ mod tests {
     fn a_fallback_step_has_no_joiner() {
         let t = traj(vec![Commit::new(1, 2)], 0.5);
         let table = JoinTable::fit([&t], 0.9, 2);
-        let lo = bin(&table.edges, 0.3);
-        assert!(table.join[0][lo] < 0.5);
+        let (lo, hi) = (bin(&table.edges, 0.3), bin(&table.edges, 0.5));
+        assert!(table.join[0][lo] < 0.5 && table.lead[0][hi] < 0.5);
         // τ and its neighbours are bin edges.
         assert!(table.edges.iter().any(|&e| (e - 0.9).abs() < 1e-6));
         assert!(table.edges.iter().any(|&e| (e - 0.88).abs() < 1e-6));

@@ -27,11 +27,12 @@
 //! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None, temperature: 0.0 };
 //! let mut b = SetTreeBuilder::new(SetTreeConfig { budget: 3, ..SetTreeConfig::default() }).unwrap();
 //! let tree = b.build(&ctx, 0.9, &mut StaleThresholdJoin, &mut StaleConfidenceScorer).unwrap();
-//! // The stale threshold step {0, 2}, then single commits ranked by stale confidence.
+//! // The stale threshold step {0, 2} (led by 0 or 2, each clearing τ), then position 3
+//! // alone (a fallback: no stale confidence above τ is left); position 3 alone from the root.
 //! assert_eq!(tree.state(1), &[1, 0, 3, 0]);
 //! assert_eq!(tree.state(2), &[1, 0, 3, 4]);
-//! assert_eq!(tree.state(3), &[1, 2, 3, 4]);
-//! assert_eq!((tree.depth(3), tree.hops(3)), (4, 3));
+//! assert_eq!((tree.depth(2), tree.hops(2)), (3, 2));
+//! assert_eq!(tree.state(3), &[0, 0, 0, 4]);
 //! ```
 
 use std::cmp::Ordering;
@@ -98,8 +99,12 @@ impl SetTreeConfig {
 /// What a set drafter predicts at one hypothesised state.
 #[derive(Clone, Debug, Default)]
 pub struct JoinPrediction {
+    /// Per block position: the probability that it clears the threshold when it is the
+    /// position the target is most confident about (the step's leader, ranked by the order
+    /// scorer); otherwise the step is that position alone.
+    pub lead: Vec<f32>,
     /// Per block position: the probability that it joins the target's next threshold step
-    /// (read only at masked positions).
+    /// as a follower (another position leads and clears the threshold).
     pub join: Vec<f32>,
     /// Per block position: the probability that the target writes the stale token there when
     /// it commits it.
@@ -115,8 +120,8 @@ pub trait JoinModel {
     /// A short name for error messages.
     fn name(&self) -> &str;
 
-    /// Fills `out.join`, `out.token` and `out.hedge` (already sized to the block, zeroed) for
-    /// the node `state`,
+    /// Fills `out.lead`, `out.join`, `out.token` and `out.hedge` (already sized to the block,
+    /// zeroed) for the node `state`,
     /// `steps` edges below the root, under threshold `tau`. Values must lie in `[0, 1]`.
     fn predict(
         &mut self,
@@ -169,7 +174,8 @@ impl JoinModel for StaleThresholdJoin {
         let mask = ctx.root.mask_id();
         for (s, &t) in state.iter().enumerate() {
             let joins = t == mask && steps == 0 && ctx.stale.confidence(s) > tau;
-            out.join[s] = if joins { 1.0 } else { 0.0 };
+            out.lead[s] = if joins { 1.0 } else { 0.0 };
+            out.join[s] = out.lead[s];
             let p = ctx.stale.token_prob(s).clamp(0.0, 1.0);
             out.token[s] = p;
             // BlockSpec's hedge: the runner-up when the stale choice is below 0.6.
@@ -227,6 +233,20 @@ impl NodeSets {
     }
 }
 
+/// A candidate leader of a node's next step.
+#[derive(Clone, Copy, Debug)]
+struct Leader {
+    /// The order scorer's probability that it is the leader (normalised).
+    q: f32,
+    /// Its row in the option table.
+    row: usize,
+    position: usize,
+    /// Probability that it clears `τ` when it leads.
+    lead: f32,
+    /// (stale token, probability), (hedge or mask, probability).
+    tokens: [(TokenId, f32); 2],
+}
+
 /// Adds `set` with `factor` to `sets`, summing the factors when it is already there (the
 /// fallback of an empty step and the same position joining alone).
 fn add_set(sets: &mut NodeSets, set: &[Commit], factor: f32) {
@@ -260,8 +280,7 @@ pub struct SetTreeBuilder {
     /// Per masked position: (position, its options best first as (weight, token or mask)).
     options: Vec<(usize, [(f64, TokenId); 3])>,
     choice: Vec<u8>,
-    /// Fallback candidates: (weight, position, token, token probability).
-    fallbacks: Vec<(f32, usize, TokenId, f32)>,
+    leaders: Vec<Leader>,
 }
 
 /// A subset of the flip list in the k-best enumeration: total cost and its members' indices
@@ -304,7 +323,7 @@ impl SetTreeBuilder {
             order_scores: Vec::new(),
             options: Vec::new(),
             choice: Vec::new(),
-            fallbacks: Vec::new(),
+            leaders: Vec::new(),
         })
     }
 
@@ -415,131 +434,29 @@ impl SetTreeBuilder {
         }
     }
 
-    /// Predicts node `id`'s next step and records its most probable sets.
-    fn expand(
+    /// Adds the `k` most probable follower subsets of a leader (option row `leader`, commit
+    /// `lead_in`) to `sets`, each with `base` times its weight relative to the best subset.
+    fn followers(
         &mut self,
-        ctx: &ScoreContext<'_>,
-        tau: f32,
-        (model, order): (&mut dyn JoinModel, &mut dyn OrderScorer),
-        id: usize,
-        steps: usize,
-    ) -> Result<(), TreeError> {
-        let l = ctx.root.len();
-        let mask = ctx.root.mask_id();
-        for v in [
-            &mut self.pred.join,
-            &mut self.pred.token,
-            &mut self.pred.hedge,
-        ] {
-            v.clear();
-            v.resize(l, 0.0);
-        }
-        model.predict(ctx, self.out.state(id), steps, tau, &mut self.pred)?;
-        self.order_scores.clear();
-        self.order_scores.resize(l, 0.0);
-        let one = [id as u32];
-        order.score(
-            ctx,
-            &NodeBatch::new(&self.out, &one),
-            &mut self.order_scores,
-        )?;
-        let state = self.out.state(id);
-        // Each masked position has up to three options: out (`1 - join`), in with the stale
-        // token (`join · token`), in with the hedge (`join · hedge`). A set's weight is the
-        // product of its positions' options: independent, so the base set takes every
-        // position's best option, and the other sets switch the cheapest options first.
-        let mut log_base = 0.0f64;
-        self.options.clear();
-        self.flips.clear();
-        self.fallbacks.clear();
-        for s in (0..l).filter(|&s| state[s] == mask) {
-            let (p, t, h) = (self.pred.join[s], self.pred.token[s], self.pred.hedge[s]);
-            for v in [p, t, h] {
-                if !(0.0..=1.0).contains(&v) {
-                    return Err(TreeError::InvalidScore {
-                        scorer: model.name().to_string(),
-                        node: id,
-                        position: s,
-                        value: v,
-                    });
-                }
-            }
-            let q = self.order_scores[s];
-            if !(q.is_finite() && q >= 0.0) {
-                return Err(TreeError::InvalidScore {
-                    scorer: order.name().to_string(),
-                    node: id,
-                    position: s,
-                    value: q,
-                });
-            }
-            let stale = ctx.stale.token(s);
-            if stale == mask {
-                continue;
-            }
-            let hedge = ctx.hedge_token(s, mask).map(|(v, _)| v).filter(|_| h > 0.0);
-            let p = f64::from(p);
-            let mut opts = [
-                (1.0 - p, mask),
-                (p * f64::from(t), stale),
-                (
-                    hedge.map_or(0.0, |_| p * f64::from(h)),
-                    hedge.unwrap_or(mask),
-                ),
-            ];
-            opts.sort_by(|a, b| b.0.total_cmp(&a.0));
-            if opts[0].0 <= 0.0 {
-                log_base = f64::NEG_INFINITY;
-                break;
-            }
-            log_base += opts[0].0.ln();
-            let o = self.options.len();
-            for &(w, _) in &opts[1..] {
-                if w > 0.0 {
-                    self.flips.push(((opts[0].0 / w).ln() as f32, o));
-                }
-            }
-            self.options.push((s, opts));
-            self.fallbacks.push((q, s, stale, t));
-            if let Some(v) = hedge {
-                self.fallbacks.push((q, s, v, h));
-            }
-        }
-        if log_base == f64::NEG_INFINITY {
-            return Ok(());
-        }
-        // When nobody joins, the target commits its most confident position alone: the order
-        // scorer's distribution (normalised over the candidates) says which, the join model's
-        // token and hedge probabilities with which token.
-        let total: f32 = self
-            .options
-            .iter()
-            .map(|&(s, _)| self.order_scores[s])
-            .sum();
-        let n = self.options.len().max(1) as f32;
-        for f in &mut self.fallbacks {
-            let q = if total > 0.0 { f.0 / total } else { 1.0 / n };
-            f.0 = q * f.3;
-        }
-        self.fallbacks
-            .sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
-        // Flips sorted by cost; a flip names an option row, its second flip of the same row
-        // is the more expensive option.
-        self.flips
-            .sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        self.flips.truncate(usize::from(u16::MAX));
-        let mut sets = NodeSets::default();
+        sets: &mut NodeSets,
+        leader: usize,
+        lead_in: Commit,
+        base: f64,
+        mask: TokenId,
+    ) {
         let k = self.cfg.sets_per_node;
         // k-best subsets of flips by total cost: the empty subset, then successors of each
         // popped subset (extend by the next flip; replace its last flip by the next one). A
-        // subset switching one position twice is no set, but its successors are generated.
+        // subset switching one row twice, or the leader's row, is no follower set, but its
+        // successors are generated.
         self.subsets.clear();
         self.subsets.push(Subset {
             cost: 0.0,
             members: Vec::new(),
         });
         let mut produced = 0usize;
-        while produced < 4 * k + 4 {
+        let mut added = 0usize;
+        while produced < 4 * k + 4 && added < k {
             let Some(sub) = self.subsets.pop() else {
                 break;
             };
@@ -563,14 +480,12 @@ impl SetTreeBuilder {
                     });
                 }
             }
-            // The options: each row's best, or the one its flip switches to (the first flip
-            // of a row is its second-best option, the second its third).
             self.choice.clear();
             self.choice.resize(self.options.len(), 0);
             let mut valid = true;
             for &m in &sub.members {
                 let row = self.flips[usize::from(m)].1;
-                if self.choice[row] != 0 {
+                if row == leader || self.choice[row] != 0 {
                     valid = false;
                     break;
                 }
@@ -583,24 +498,155 @@ impl SetTreeBuilder {
             if !valid {
                 continue;
             }
-            let weight = (log_base - f64::from(sub.cost)).exp();
             self.set_buf.clear();
             for (row, &(s, opts)) in self.options.iter().enumerate() {
-                let (_, v) = opts[usize::from(self.choice[row])];
+                let v = if row == leader {
+                    lead_in.token
+                } else {
+                    opts[usize::from(self.choice[row])].1
+                };
                 if v != mask {
                     self.set_buf.push(Commit::new(s, v));
                 }
             }
-            if self.set_buf.is_empty() {
-                for &(w, f, v, _) in self.fallbacks.iter().take(k) {
-                    let factor = (weight * f64::from(w)) as f32;
-                    add_set(&mut sets, &[Commit::new(f, v)], factor);
+            let factor = (base * (-f64::from(sub.cost)).exp()) as f32;
+            add_set(sets, &self.set_buf, factor);
+            added += 1;
+        }
+    }
+
+    /// Predicts node `id`'s next step and records its most probable sets.
+    ///
+    /// The step is modelled as a *leader*, the position the target is most confident about
+    /// (distributed as the order scorer's `q`), and *followers*. With probability `lead` the
+    /// leader clears `τ`, and every other position joins independently with probability
+    /// `join`; otherwise the step is the leader alone (the fallback). A committed position
+    /// carries the stale token (`token`) or the hedge (`hedge`).
+    fn expand(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        tau: f32,
+        (model, order): (&mut dyn JoinModel, &mut dyn OrderScorer),
+        id: usize,
+        steps: usize,
+    ) -> Result<(), TreeError> {
+        let l = ctx.root.len();
+        let mask = ctx.root.mask_id();
+        for v in [
+            &mut self.pred.lead,
+            &mut self.pred.join,
+            &mut self.pred.token,
+            &mut self.pred.hedge,
+        ] {
+            v.clear();
+            v.resize(l, 0.0);
+        }
+        model.predict(ctx, self.out.state(id), steps, tau, &mut self.pred)?;
+        self.order_scores.clear();
+        self.order_scores.resize(l, 0.0);
+        let one = [id as u32];
+        order.score(
+            ctx,
+            &NodeBatch::new(&self.out, &one),
+            &mut self.order_scores,
+        )?;
+        let state = self.out.state(id);
+        // Each masked position has up to three follower options: out (`1 - join`), in with
+        // the stale token (`join · token`), in with the hedge (`join · hedge`). Followers are
+        // independent: the best subset takes every row's best option, the others switch the
+        // cheapest options first.
+        let mut log_base = 0.0f64;
+        self.options.clear();
+        self.flips.clear();
+        self.leaders.clear();
+        for s in (0..l).filter(|&s| state[s] == mask) {
+            let p = &self.pred;
+            let (lead, join, t, h) = (p.lead[s], p.join[s], p.token[s], p.hedge[s]);
+            for v in [lead, join, t, h] {
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(TreeError::InvalidScore {
+                        scorer: model.name().to_string(),
+                        node: id,
+                        position: s,
+                        value: v,
+                    });
+                }
+            }
+            let q = self.order_scores[s];
+            if !(q.is_finite() && q >= 0.0) {
+                return Err(TreeError::InvalidScore {
+                    scorer: order.name().to_string(),
+                    node: id,
+                    position: s,
+                    value: q,
+                });
+            }
+            let stale = ctx.stale.token(s);
+            if stale == mask {
+                continue;
+            }
+            let hedge = ctx.hedge_token(s, mask).map(|(v, _)| v).filter(|_| h > 0.0);
+            let j = f64::from(join);
+            let mut opts = [
+                (1.0 - j, mask),
+                (j * f64::from(t), stale),
+                (
+                    hedge.map_or(0.0, |_| j * f64::from(h)),
+                    hedge.unwrap_or(mask),
+                ),
+            ];
+            opts.sort_by(|a, b| b.0.total_cmp(&a.0));
+            let row = self.options.len();
+            if opts[0].0 > 0.0 {
+                log_base += opts[0].0.ln();
+                for &(w, _) in &opts[1..] {
+                    if w > 0.0 {
+                        self.flips.push(((opts[0].0 / w).ln() as f32, row));
+                    }
                 }
             } else {
-                add_set(&mut sets, &self.set_buf, weight as f32);
+                log_base = f64::NEG_INFINITY;
             }
-            if sets.factors.len() > 2 * k {
-                break;
+            self.options.push((s, opts));
+            self.leaders.push(Leader {
+                q,
+                row,
+                position: s,
+                lead,
+                tokens: [
+                    (stale, t),
+                    (hedge.unwrap_or(mask), hedge.map_or(0.0, |_| h)),
+                ],
+            });
+        }
+        // The order scorer's distribution over the candidates, most likely leaders first.
+        let total: f32 = self.leaders.iter().map(|c| c.q).sum();
+        let n = self.leaders.len().max(1) as f32;
+        for c in &mut self.leaders {
+            c.q = if total > 0.0 { c.q / total } else { 1.0 / n };
+        }
+        self.leaders
+            .sort_by(|a, b| b.q.total_cmp(&a.q).then(a.position.cmp(&b.position)));
+        // A flip names an option row; the first flip of a row (in cost order) switches it to
+        // its second-best option, the second to its third.
+        self.flips
+            .sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        self.flips.truncate(usize::from(u16::MAX));
+        let k = self.cfg.sets_per_node;
+        let mut sets = NodeSets::default();
+        for li in 0..self.leaders.len().min(k) {
+            let c = self.leaders[li];
+            for &(v, t) in c.tokens.iter().filter(|(v, t)| *v != mask && *t > 0.0) {
+                let lead_in = Commit::new(c.position, v);
+                let w = f64::from(c.q) * f64::from(t);
+                // The fallback: the leader alone, below τ.
+                add_set(&mut sets, &[lead_in], (w * f64::from(1.0 - c.lead)) as f32);
+                // The leader clears τ; its followers join.
+                let (o, _) = self.options[c.row].1[0];
+                if c.lead > 0.0 && o > 0.0 && log_base > f64::NEG_INFINITY {
+                    let base = w * f64::from(c.lead) * (log_base - o.ln()).exp();
+                    self.followers(&mut sets, c.row, lead_in, base, mask);
+                }
             }
         }
         // Best first after the merges.
@@ -629,8 +675,14 @@ mod tests {
     use spot_core::stats::PositionStats;
     use spot_core::{BlockState, BlockStats};
 
-    /// Fixed join, token and hedge probabilities, whatever the state.
-    struct Fixed(Vec<f32>, Vec<f32>, Vec<f32>);
+    /// Fixed lead, join, token and hedge probabilities, whatever the state.
+    #[derive(Clone)]
+    struct Fixed {
+        lead: Vec<f32>,
+        join: Vec<f32>,
+        token: Vec<f32>,
+        hedge: Vec<f32>,
+    }
 
     impl JoinModel for Fixed {
         fn name(&self) -> &str {
@@ -644,115 +696,17 @@ mod tests {
             _tau: f32,
             out: &mut JoinPrediction,
         ) -> Result<(), TreeError> {
-            out.join.copy_from_slice(&self.0);
-            out.token.copy_from_slice(&self.1);
-            if !self.2.is_empty() {
-                out.hedge.copy_from_slice(&self.2);
-            }
+            out.lead.copy_from_slice(&self.lead);
+            out.join.copy_from_slice(&self.join);
+            out.token.copy_from_slice(&self.token);
+            out.hedge.copy_from_slice(&self.hedge);
             Ok(())
         }
     }
 
+    /// Stale statistics: position `s` has choice `s + 1` with probability `conf[s]` and
+    /// runner-up `s + 11` with the rest.
     fn stale(conf: &[f32]) -> BlockStats {
-        let mut st = BlockStats::new(1);
-        for (s, &c) in conf.iter().enumerate() {
-            let t = s as u32 + 1;
-            st.push(PositionStats {
-                token: t,
-                confidence: c,
-                token_prob: c,
-                entropy: 1.0,
-                tail_mass: 0.0,
-                top_ids: &[t],
-                top_probs: &[c],
-            })
-            .unwrap();
-        }
-        st
-    }
-
-    /// The probability of the step `set` from the root under independent joins, the empty
-    /// set going to each fallback `s` with probability `order[s]`.
-    fn brute_force(join: &[f32], tokens: &[f32], order: &[f64]) -> Vec<(Vec<usize>, f64)> {
-        let l = join.len();
-        let mut out: Vec<(Vec<usize>, f64)> = Vec::new();
-        for bits in 0u32..(1 << l) {
-            let mut set: Vec<usize> = (0..l).filter(|&s| bits & (1 << s) != 0).collect();
-            let p: f64 = (0..l)
-                .map(|s| {
-                    let j = f64::from(join[s]);
-                    if bits & (1 << s) != 0 { j } else { 1.0 - j }
-                })
-                .product();
-            let mut add = |set: Vec<usize>, w: f64| match out.iter_mut().find(|(x, _)| *x == set) {
-                Some(e) => e.1 += w,
-                None => out.push((set, w)),
-            };
-            if set.is_empty() {
-                for (f, q) in order.iter().enumerate() {
-                    add(vec![f], p * q * f64::from(tokens[f]));
-                }
-            } else {
-                let w = p * set.iter().map(|&s| f64::from(tokens[s])).product::<f64>();
-                set.sort_unstable();
-                add(set, w);
-            }
-        }
-        out.sort_by(|a, b| b.1.total_cmp(&a.1));
-        out
-    }
-
-    #[test]
-    fn root_children_are_the_most_probable_sets() {
-        let join = vec![0.9, 0.35, 0.6, 0.05, 0.5];
-        let tokens = vec![0.9, 0.8, 0.7, 1.0, 0.6];
-        let conf = [0.5, 0.4, 0.95, 0.2, 0.3];
-        let st = stale(&conf);
-        let root = BlockState::masked(5, 0);
-        let ctx = ScoreContext {
-            root: &root,
-            stale: &st,
-            block_start: 0,
-            noise: None,
-            temperature: 0.0,
-        };
-        let k = 6;
-        let cfg = SetTreeConfig {
-            budget: k,
-            max_steps: 1,
-            gamma: 0.0,
-            sets_per_node: k,
-        };
-        let mut b = SetTreeBuilder::new(cfg).unwrap();
-        let tree = b
-            .build(
-                &ctx,
-                0.9,
-                &mut Fixed(join.clone(), tokens.clone(), Vec::new()),
-                &mut StaleConfidenceScorer,
-            )
-            .unwrap();
-        // Fallbacks: by stale confidence (the stale-confidence order scorer).
-        let total: f32 = conf.iter().sum();
-        let order: Vec<f64> = conf.iter().map(|&c| f64::from(c / total)).collect();
-        let expect = brute_force(&join, &tokens, &order);
-        assert_eq!(tree.draft_count(), k);
-        for i in 1..=k {
-            let mut got: Vec<usize> = tree.edge(i).iter().map(|c| c.position).collect();
-            got.sort_unstable();
-            assert_eq!(got, expect[i - 1].0, "rank {i}");
-            assert!((f64::from(tree.mass(i)) - expect[i - 1].1).abs() < 1e-5);
-            assert!(
-                tree.edge(i)
-                    .iter()
-                    .all(|c| c.token == c.position as u32 + 1)
-            );
-        }
-    }
-
-    #[test]
-    fn hedged_sets_match_brute_force() {
-        let conf = [0.5f32, 0.4, 0.8, 0.3];
         let mut st = BlockStats::new(2);
         for (s, &c) in conf.iter().enumerate() {
             let t = s as u32 + 1;
@@ -767,78 +721,102 @@ mod tests {
             })
             .unwrap();
         }
-        let (join, tokens, hedges) = (
-            [0.7f32, 0.4, 0.55, 0.2],
-            [0.6f32, 0.9, 0.5, 0.7],
-            [0.3f32, 0.0, 0.45, 0.2],
-        );
+        st
+    }
+
+    /// Every step from the root with its probability under the leader model: leader `a`
+    /// with probability `q[a]` (stale confidence normalised), its token (stale or hedge);
+    /// alone with probability `1 - lead[a]`, else with every assignment of the followers.
+    fn brute_force(m: &Fixed, conf: &[f32]) -> Vec<(Vec<(usize, u32)>, f64)> {
+        let l = conf.len();
         let total: f32 = conf.iter().sum();
-        // All 3^4 assignments: 0 out, 1 stale token, 2 hedge (t + 10).
-        let mut expect: Vec<(Vec<(usize, u32)>, f64)> = Vec::new();
-        let mut add = |set: Vec<(usize, u32)>, w: f64| {
+        let mut out: Vec<(Vec<(usize, u32)>, f64)> = Vec::new();
+        let mut add = |mut set: Vec<(usize, u32)>, w: f64| {
             if w <= 0.0 {
                 return;
             }
-            match expect.iter_mut().find(|(x, _)| *x == set) {
+            set.sort_unstable();
+            match out.iter_mut().find(|(x, _)| *x == set) {
                 Some(e) => e.1 += w,
-                None => expect.push((set, w)),
+                None => out.push((set, w)),
             }
         };
-        for code in 0..81usize {
-            let mut w = 1.0f64;
-            let mut set = Vec::new();
-            for s in 0..4 {
-                let o = (code / 3usize.pow(s as u32)) % 3;
-                let (j, t, h) = (
-                    f64::from(join[s]),
-                    f64::from(tokens[s]),
-                    f64::from(hedges[s]),
-                );
-                w *= [1.0 - j, j * t, j * h][o];
-                if o > 0 {
-                    set.push((s, s as u32 + 1 + if o == 2 { 10 } else { 0 }));
+        let f = |x: f32| f64::from(x);
+        for a in 0..l {
+            let q = f(conf[a] / total);
+            for (v, t) in [(a as u32 + 1, m.token[a]), (a as u32 + 11, m.hedge[a])] {
+                let w = q * f(t);
+                add(vec![(a, v)], w * (1.0 - f(m.lead[a])));
+                for code in 0..3usize.pow(l as u32) {
+                    let mut set = vec![(a, v)];
+                    let mut wf = w * f(m.lead[a]);
+                    for s in (0..l).filter(|&s| s != a) {
+                        let o = (code / 3usize.pow(s as u32)) % 3;
+                        let j = f(m.join[s]);
+                        wf *= [1.0 - j, j * f(m.token[s]), j * f(m.hedge[s])][o];
+                        if o > 0 {
+                            set.push((s, s as u32 + 1 + if o == 2 { 10 } else { 0 }));
+                        }
+                    }
+                    // Each follower assignment once: the leader's own digit is 0.
+                    if (code / 3usize.pow(a as u32)) % 3 == 0 {
+                        add(set, wf);
+                    }
                 }
-            }
-            if set.is_empty() {
-                for f in 0..4 {
-                    let q = f64::from(conf[f] / total);
-                    add(vec![(f, f as u32 + 1)], w * q * f64::from(tokens[f]));
-                    add(vec![(f, f as u32 + 11)], w * q * f64::from(hedges[f]));
-                }
-            } else {
-                add(set, w);
             }
         }
-        expect.sort_by(|a, b| b.1.total_cmp(&a.1));
-        let root = BlockState::masked(4, 0);
-        let ctx = ScoreContext {
-            root: &root,
-            stale: &st,
+        out.sort_by(|a, b| b.1.total_cmp(&a.1));
+        out
+    }
+
+    fn root_ctx<'a>(root: &'a BlockState, st: &'a BlockStats) -> ScoreContext<'a> {
+        ScoreContext {
+            root,
+            stale: st,
             block_start: 0,
             noise: None,
             temperature: 0.0,
-        };
-        let k = 8;
-        let cfg = SetTreeConfig {
-            budget: k,
-            max_steps: 1,
-            gamma: 0.0,
-            sets_per_node: k,
-        };
-        let mut model = Fixed(join.to_vec(), tokens.to_vec(), hedges.to_vec());
-        let mut b = SetTreeBuilder::new(cfg).unwrap();
-        let tree = b
-            .build(&ctx, 0.9, &mut model, &mut StaleConfidenceScorer)
-            .unwrap();
-        assert_eq!(tree.draft_count(), k);
-        for i in 1..=k {
-            let got: Vec<(usize, u32)> =
-                tree.edge(i).iter().map(|c| (c.position, c.token)).collect();
-            assert_eq!(got, expect[i - 1].0, "rank {i}");
-            assert!(
-                (f64::from(tree.mass(i)) - expect[i - 1].1).abs() < 1e-5,
-                "rank {i}"
-            );
+        }
+    }
+
+    #[test]
+    fn root_children_are_the_most_probable_steps() {
+        let conf = [0.5f32, 0.4, 0.8, 0.3];
+        let st = stale(&conf);
+        let root = BlockState::masked(4, 0);
+        for hedge in [[0.0f32; 4], [0.3, 0.0, 0.45, 0.2]] {
+            let m = Fixed {
+                lead: vec![0.9, 0.3, 0.6, 0.5],
+                join: vec![0.7, 0.4, 0.55, 0.2],
+                token: vec![0.6, 0.9, 0.5, 0.7],
+                hedge: hedge.to_vec(),
+            };
+            let expect = brute_force(&m, &conf);
+            let k = 8;
+            let cfg = SetTreeConfig {
+                budget: k,
+                max_steps: 1,
+                gamma: 0.0,
+                sets_per_node: k,
+            };
+            let mut b = SetTreeBuilder::new(cfg).unwrap();
+            let tree = b
+                .build(
+                    &root_ctx(&root, &st),
+                    0.9,
+                    &mut m.clone(),
+                    &mut StaleConfidenceScorer,
+                )
+                .unwrap();
+            assert_eq!(tree.draft_count(), k);
+            for i in 1..=k {
+                let mut got: Vec<(usize, u32)> =
+                    tree.edge(i).iter().map(|c| (c.position, c.token)).collect();
+                got.sort_unstable();
+                assert_eq!(got, expect[i - 1].0, "rank {i}, hedge {hedge:?}");
+                let (mass, want) = (f64::from(tree.mass(i)), expect[i - 1].1);
+                assert!((mass - want).abs() < 1e-5, "rank {i}: {mass} vs {want}");
+            }
         }
     }
 
@@ -847,14 +825,12 @@ mod tests {
         let conf = [0.5, 0.4, 0.95, 0.2, 0.3, 0.7, 0.1, 0.9];
         let st = stale(&conf);
         let root = BlockState::masked(8, 0);
-        let ctx = ScoreContext {
-            root: &root,
-            stale: &st,
-            block_start: 0,
-            noise: None,
-            temperature: 0.0,
+        let m = Fixed {
+            lead: vec![0.8; 8],
+            join: vec![0.7, 0.2, 0.9, 0.1, 0.4, 0.6, 0.5, 0.8],
+            token: vec![0.9; 8],
+            hedge: vec![0.05; 8],
         };
-        let join = vec![0.7, 0.2, 0.9, 0.1, 0.4, 0.6, 0.5, 0.8];
         for (budget, max_steps, gamma) in [(20, 3, 0.0), (40, 8, 0.01), (5, 1, 0.0)] {
             let cfg = SetTreeConfig {
                 budget,
@@ -865,9 +841,9 @@ mod tests {
             let mut b = SetTreeBuilder::new(cfg).unwrap();
             let tree = b
                 .build(
-                    &ctx,
+                    &root_ctx(&root, &st),
                     0.5,
-                    &mut Fixed(join.clone(), vec![0.9; 8], Vec::new()),
+                    &mut m.clone(),
                     &mut StaleConfidenceScorer,
                 )
                 .unwrap();
@@ -886,21 +862,16 @@ mod tests {
     fn out_of_range_predictions_and_limits_are_errors() {
         let st = stale(&[0.5, 0.6]);
         let root = BlockState::masked(2, 0);
-        let ctx = ScoreContext {
-            root: &root,
-            stale: &st,
-            block_start: 0,
-            noise: None,
-            temperature: 0.0,
-        };
+        let ctx = root_ctx(&root, &st);
         let mut b = SetTreeBuilder::new(SetTreeConfig::default()).unwrap();
+        let mut bad = Fixed {
+            lead: vec![0.5; 2],
+            join: vec![1.5, 0.2],
+            token: vec![1.0; 2],
+            hedge: vec![0.0; 2],
+        };
         let e = b
-            .build(
-                &ctx,
-                0.9,
-                &mut Fixed(vec![1.5, 0.2], vec![1.0; 2], Vec::new()),
-                &mut StaleConfidenceScorer,
-            )
+            .build(&ctx, 0.9, &mut bad, &mut StaleConfidenceScorer)
             .unwrap_err();
         assert!(e.to_string().contains("fixed"), "{e}");
         assert!(
