@@ -152,14 +152,14 @@ pub fn run_sets(a: &CalibrateSetsArgs) -> Result<()> {
         }
         let t = JoinTable::fit(&trajs, tau, a.steps);
         eprintln!(
-            "{}: {} trajectories, T = {}, tau = {tau}: {} positions; P(join) at step 0 by stale confidence: {}",
+            "{}: {} trajectories, T = {}, tau = {tau}: {} positions; P(leader clears tau) at step 0 by stale confidence: {}",
             d.display(),
             trajs.len(),
             dir.manifest().temperature,
             t.samples,
             t.edges
                 .iter()
-                .zip(&t.join[0])
+                .zip(&t.lead[0])
                 .map(|(e, p)| format!("<={e}: {p:.2}"))
                 .collect::<Vec<_>>()
                 .join(", ")
