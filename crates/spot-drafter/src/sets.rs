@@ -157,18 +157,17 @@ impl JoinTable {
                 }
             }
         }
-        let join = (0..steps)
-            .map(|j| monotone_rates(&joined[j], &n[j], true))
-            .collect();
-        let lead = (0..steps)
-            .map(|j| monotone_rates(&cleared[j], &led[j], true))
-            .collect();
-        let token = (0..steps)
-            .map(|j| monotone_rates(&same[j], &written[j], true))
-            .collect();
-        let hedge = (0..steps)
-            .map(|j| monotone_rates(&hedged[j], &written[j], false))
-            .collect();
+        let rates = |hits: &[Vec<u64>], counts: &[Vec<u64>], increasing: bool| {
+            hits.iter()
+                .zip(counts)
+                .map(|(h, c)| monotone_rates(h, c, increasing))
+                .collect()
+        };
+        let (join, lead) = (rates(&joined, &n, true), rates(&cleared, &led, true));
+        let (token, hedge) = (
+            rates(&same, &written, true),
+            rates(&hedged, &written, false),
+        );
         let temperature = temps
             .first()
             .copied()

@@ -121,6 +121,25 @@ struct Hyp {
     items: [(TokenId, f32); 2],
 }
 
+/// Checks that a round's stale statistics cover its block and that the block fits a tree;
+/// returns the block size.
+pub(crate) fn check_round(ctx: &ScoreContext<'_>) -> Result<usize, TreeError> {
+    let l = ctx.root.len();
+    if ctx.stale.len() != l {
+        return Err(TreeError::StaleShape {
+            expected: l,
+            actual: ctx.stale.len(),
+        });
+    }
+    if l > usize::from(u16::MAX) {
+        return Err(TreeError::config(
+            "block_size",
+            format!("draft trees support blocks of up to 65535 positions, got {l}"),
+        ));
+    }
+    Ok(l)
+}
+
 /// Builds draft trees; keeps its buffers between rounds so a round allocates nothing.
 ///
 /// [`build`](Self::build) is the layer-batched best-first search: the scorer is called once
@@ -199,19 +218,7 @@ impl TreeBuilder {
     }
 
     fn prepare(&mut self, ctx: &ScoreContext<'_>) -> Result<(), TreeError> {
-        let l = ctx.root.len();
-        if ctx.stale.len() != l {
-            return Err(TreeError::StaleShape {
-                expected: l,
-                actual: ctx.stale.len(),
-            });
-        }
-        if l > usize::from(u16::MAX) {
-            return Err(TreeError::config(
-                "block_size",
-                format!("draft trees support blocks of up to 65535 positions, got {l}"),
-            ));
-        }
+        let l = check_round(ctx)?;
         let mask = ctx.root.mask_id();
         self.hyps.clear();
         self.hyps.resize(l, Hyp::default());

@@ -5,13 +5,14 @@
 //! tree of single commits must then hold every intermediate state of a step to reach its end,
 //! and the walk skips them; a set tree puts the whole step on one edge.
 //!
-//! A [`JoinModel`] predicts, for each masked position of a hypothesised state, the probability
-//! that it joins the target's next step and the probability that its stale token is the one
-//! the target writes. Positions are treated as independent, so the most probable sets are
-//! found exactly by flipping the least certain decisions first; when no position joins, the
-//! step is the fallback commit of the most confident position (stale ranking). The
-//! [`SetTreeBuilder`] grows the `D` heaviest states best-first, a node's mass being its
-//! parent's times the probability of its set times the token probabilities of its commits.
+//! A step is modelled as a *leader*, the position the target is most confident about, ranked
+//! by an [`OrderScorer`], plus *followers*. A [`JoinModel`] predicts, per masked position of a
+//! hypothesised state, the probability that it clears `τ` when it leads (otherwise the step is
+//! the leader alone), that it joins as a follower, and that the written token is the stale
+//! choice or the hedge. Followers are independent, so each leader's most probable follower
+//! sets are found exactly by switching the cheapest decisions first. The [`SetTreeBuilder`]
+//! grows the `D` heaviest states best-first, a node's mass being its parent's times the
+//! probability of its step.
 //!
 //! ```
 //! use spot_core::{BlockState, BlockStats, stats::PositionStats};
@@ -351,19 +352,7 @@ impl SetTreeBuilder {
         model: &mut dyn JoinModel,
         order: &mut dyn OrderScorer,
     ) -> Result<&DraftTree, TreeError> {
-        let l = ctx.root.len();
-        if ctx.stale.len() != l {
-            return Err(TreeError::StaleShape {
-                expected: l,
-                actual: ctx.stale.len(),
-            });
-        }
-        if l > usize::from(u16::MAX) {
-            return Err(TreeError::config(
-                "block_size",
-                format!("draft trees support blocks of up to 65535 positions, got {l}"),
-            ));
-        }
+        crate::builder::check_round(ctx)?;
         if tau.is_nan() {
             return Err(TreeError::config("tau", "must not be NaN"));
         }
