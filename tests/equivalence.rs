@@ -70,6 +70,8 @@ fn set_transition() -> impl Strategy<Value = Transition> {
         1 => Just(Transition::Exact),
         3 => prop_oneof![Just(0.05f32), Just(0.2), Just(0.5), Just(0.9)]
             .prop_map(|tau| Transition::Threshold { tau }),
+        1 => (1u32..=8, prop_oneof![Just(None), Just(Some(0.2f32))])
+            .prop_map(|(steps, tau)| Transition::Scheduled { steps, tau }),
     ]
 }
 

@@ -101,6 +101,11 @@ pub struct BenchArgs {
     /// The threshold of `--reference threshold`.
     #[arg(long, default_value_t = 0.9)]
     tau: f32,
+    /// With `--reference threshold`: each block in this many steps, SDAR's
+    /// `low_confidence_dynamic` schedule (every position above `--tau` when at least the
+    /// step's share of the block is, else that many of the most confident).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    steps: Option<u32>,
     /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
     /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
     /// so that they differ from `spot` only in the commit order).
@@ -205,9 +210,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             m.name()
         );
     }
-    let transition = match a.reference {
-        Reference::Exact => Transition::Exact,
-        Reference::Threshold => Transition::Threshold { tau: a.tau },
+    let transition = match (a.reference, a.steps) {
+        (Reference::Exact, None) => Transition::Exact,
+        (Reference::Exact, Some(_)) => bail!("--steps applies to --reference threshold"),
+        (Reference::Threshold, None) => Transition::Threshold { tau: a.tau },
+        (Reference::Threshold, Some(steps)) => Transition::Scheduled {
+            steps,
+            tau: Some(a.tau),
+        },
     };
     transition.validate()?;
     if let (Reference::Threshold, Some(m)) = (

@@ -80,6 +80,12 @@ pub struct GenerateArgs {
     /// `threshold` and the `sets*` methods, one commit per forward for the others.
     #[arg(long)]
     threshold: Option<f32>,
+    /// Decode each block in S steps as SDAR's and LLaDA's own samplers schedule them: step `i`
+    /// commits its share of the block (the block size spread evenly over the steps), the most
+    /// confident positions, or with `--threshold` every position above it when at least that
+    /// many are (SDAR's `low_confidence_dynamic`; without it `low_confidence_static`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    steps: Option<u32>,
     /// Draft budget D (nodes per round) for speculative methods.
     #[arg(long, default_value_t = 8)]
     budget: usize,
@@ -440,10 +446,16 @@ fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeCon
         max_new_tokens: a.max_new_tokens,
         temperature: a.temperature,
         seed: a.seed,
-        transition: a
-            .threshold
-            .or((a.method == Method::Threshold || a.method.is_sets()).then_some(0.9))
-            .map_or(Transition::Exact, |tau| Transition::Threshold { tau }),
+        transition: {
+            let tau = a
+                .threshold
+                .or((a.method == Method::Threshold || a.method.is_sets()).then_some(0.9));
+            match (a.steps, tau) {
+                (Some(steps), tau) => Transition::Scheduled { steps, tau },
+                (None, Some(tau)) => Transition::Threshold { tau },
+                (None, None) => Transition::Exact,
+            }
+        },
         early_stop: !a.no_early_stop,
         confidence: a.confidence,
         sample_top_k: a.sample_top_k.map(|k| k as usize),

@@ -75,6 +75,7 @@ pub struct BlockRun {
     query: StatsQuery,
     transition: Transition,
     forwards: usize,
+    step_count: usize,
     pending: u32,
     closed: bool,
     tally: DecodeStats,
@@ -112,12 +113,19 @@ impl BlockRun {
         self.forwards
     }
 
+    /// Transition steps applied to this block so far: the index of its next step (what a
+    /// [`Transition::Scheduled`] rule reads).
+    pub fn steps(&self) -> usize {
+        self.step_count
+    }
+
     /// Applies one transition step (the commits of one `Φ` application).
     pub fn apply_step(&mut self, commits: &[Commit]) -> Result<()> {
         for &c in commits {
             self.state.commit(c)?;
         }
         self.pending += commits.len() as u32;
+        self.step_count += 1;
         if let Some(steps) = self.steps.as_mut() {
             steps.push(commits.to_vec());
         }
@@ -133,7 +141,8 @@ impl BlockRun {
         scratch: &mut Vec<Commit>,
     ) -> Result<BlockStats> {
         scratch.clear();
-        self.transition.commits(&self.state, &stats, scratch)?;
+        self.transition
+            .commits(self.step_count, &self.state, &stats, scratch)?;
         self.apply_step(scratch)?;
         self.finish_forward(0, 0);
         Ok(stats)
@@ -528,6 +537,7 @@ impl<S: StepStrategy> Request<S> {
             query: self.query,
             transition: self.cfg.transition,
             forwards: 0,
+            step_count: 0,
             pending: 0,
             closed: false,
             tally: DecodeStats::default(),

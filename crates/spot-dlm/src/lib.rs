@@ -324,6 +324,7 @@ impl StepStrategy for SpotDecoder {
             (Drafter::Sets(model, order, _), Some(sets)) => {
                 let tau = match block.transition() {
                     Transition::Threshold { tau } => tau,
+                    Transition::Scheduled { tau, .. } => tau.unwrap_or(f32::INFINITY),
                     Transition::Exact => f32::INFINITY,
                 };
                 sets.build(&ctx, tau, model.as_mut(), order.as_mut())?
@@ -353,7 +354,9 @@ impl StepStrategy for SpotDecoder {
             Some(sets) => sets.tree(),
             None => self.builder.tree(),
         };
-        let outcome = self.verifier.walk_stats(tree, stats, block.transition())?;
+        let outcome = self
+            .verifier
+            .walk_stats(tree, stats, block.transition(), block.steps())?;
         self.report.record(
             outcome.walk.accepted_nodes,
             RoundEnd::classify(tree, &outcome.walk),

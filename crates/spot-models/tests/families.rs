@@ -9,7 +9,7 @@ use common::*;
 use spot_dlm::core::ConfidenceRule;
 use spot_dlm::{
     BlockDiffusionModel, BlockLayout, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
-    StaleConfidenceScorer, StatsQuery,
+    StaleConfidenceScorer, StatsQuery, Transition,
 };
 use spot_models::{Family, HeadPlacement};
 
@@ -617,4 +617,48 @@ fn llada_defaults_reproduce_its_own_sampler() {
         differ += usize::from(want != ids(&case["tokens"]));
     }
     assert!(differ > 0);
+}
+
+/// SDAR's own sampler (`tools/oracle/sdar_sampler.py`: `low_confidence_static` and
+/// `low_confidence_dynamic`, several transfers per step, temperature 0) is
+/// `Transition::Scheduled`: the same tokens in the same number of forwards on every recorded
+/// case, some of which commit several positions per forward.
+#[test]
+fn sdar_scheduled_decoding_reproduces_its_own_sampler() {
+    let text = std::fs::read_to_string(fixture("sdar-tiny").join("sampler.json")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut m = load_any("sdar-tiny");
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let mut several = 0;
+    for (i, case) in rec["cases"].as_array().unwrap().iter().enumerate() {
+        let prompt = ids(&case["prompt"]);
+        let cfg = DecodeConfig {
+            block_size: case["block_length"].as_u64().unwrap() as usize,
+            max_new_tokens: case["gen_length"].as_u64().unwrap() as usize,
+            early_stop: false,
+            transition: Transition::Scheduled {
+                steps: case["steps"].as_u64().unwrap() as u32,
+                tau: case["confidence_threshold"].as_f64().map(|t| t as f32),
+            },
+            ..DecodeConfig::for_model(m.info())
+        };
+        let out = DraftFreeDecoder::new()
+            .decode(&mut m, &prompt, &cfg)
+            .unwrap();
+        let want = ids(&case["tokens"]);
+        assert_eq!(out.generated, want, "case {i}");
+        assert_eq!(
+            out.stats.block_forwards,
+            case["forwards"].as_u64().unwrap(),
+            "case {i}"
+        );
+        several += usize::from(out.stats.block_forwards < want.len() as u64);
+    }
+    assert!(several > 0);
 }

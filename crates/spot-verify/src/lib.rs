@@ -28,7 +28,7 @@
 //! // The SSD-style chain: positions in order of stale confidence.
 //! let tree = builder.build_chain(&ctx).unwrap();
 //! let mut verifier = Verifier::new(MatchRule::Coupled);
-//! let round = verifier.verify(&mut model, tree, &q, Transition::Exact, 0).unwrap();
+//! let round = verifier.verify(&mut model, tree, &q, Transition::Exact, (1, 0)).unwrap();
 //! // Stable toy logits: stale statistics are exact, so the whole chain of 6 is accepted
 //! // and the target's own commit at its end makes 7 commits for one forward.
 //! assert_eq!(round.walk.accepted_nodes, 6);
@@ -126,34 +126,28 @@ pub const NOT_IN_BATCH: u32 = u32::MAX;
 
 fn greedy_commits(
     transition: Transition,
+    step: usize,
     state: &[spot_core::TokenId],
     mask: spot_core::TokenId,
     stats: &BlockStats,
     out: &mut Vec<Commit>,
 ) {
-    let top1 = |s: usize| {
-        let (ids, probs) = stats.top(s);
-        (ids[0], probs[0])
-    };
-    let masked = || (0..state.len()).filter(|&s| state[s] == mask);
-    if let Transition::Threshold { tau } = transition {
-        out.extend(
-            masked()
-                .filter(|&s| top1(s).1 > tau)
-                .map(|s| Commit::new(s, top1(s).0)),
-        );
-    }
-    if out.is_empty() {
-        let best = masked().fold(None, |b: Option<(usize, f32)>, s| match b {
-            Some((_, c)) if c >= top1(s).1 => b,
-            _ => Some((s, top1(s).1)),
-        });
-        out.extend(best.map(|(s, _)| Commit::new(s, top1(s).0)));
-    }
+    transition.select(
+        step,
+        state,
+        mask,
+        |s| {
+            let (ids, probs) = stats.top(s);
+            (ids[0], probs[0])
+        },
+        out,
+    );
 }
 
 /// Walks the accepted path of `tree`, given the statistics of every forwarded node:
-/// `stats[batch_index[node]]` (or [`NOT_IN_BATCH`] for complete nodes, which need none).
+/// `stats[batch_index[node]]` (or [`NOT_IN_BATCH`] for complete nodes, which need none). The
+/// root is at step `first_step` of its block (the steps applied before; a
+/// [`Transition::Scheduled`] rule reads it), every accepted node one step further.
 ///
 /// This is the model-free half of verification; [`Verifier::verify`] runs the forward and
 /// then calls it.
@@ -162,6 +156,7 @@ pub fn walk(
     batch_index: &[u32],
     stats: &[BlockStats],
     transition: Transition,
+    first_step: usize,
     rule: MatchRule,
     out: &mut Walk,
     scratch: &mut Vec<Commit>,
@@ -183,12 +178,18 @@ pub fn walk(
                 actual: stats.len(),
             })?;
         let state = BlockState::from_tokens(tree.state(cur).to_vec(), tree.mask_id());
+        let step = first_step + out.step_ends.len();
         scratch.clear();
         match rule {
-            MatchRule::Greedy => {
-                greedy_commits(transition, tree.state(cur), tree.mask_id(), st, scratch)
-            }
-            _ => transition.commits(&state, st, scratch)?,
+            MatchRule::Greedy => greedy_commits(
+                transition,
+                step,
+                tree.state(cur),
+                tree.mask_id(),
+                st,
+                scratch,
+            ),
+            _ => transition.commits(step, &state, st, scratch)?,
         }
         if let Some(next) = tree.find_successor(cur, scratch) {
             out.push_step(scratch);
@@ -198,7 +199,7 @@ pub fn walk(
         }
         if rule == MatchRule::Greedy {
             scratch.clear();
-            transition.commits(&state, st, scratch)?;
+            transition.commits(step, &state, st, scratch)?;
         }
         out.push_step(scratch);
         out.complete = scratch.len() == state.masked_count();
@@ -243,8 +244,9 @@ impl Verifier {
     }
 
     /// One round: a single batched forward over the root and every incomplete node of `tree`,
-    /// then the walk. `round` numbers the rounds of a decode (it seeds the
-    /// [`MatchRule::IndependentSampling`] ablation and is otherwise unused).
+    /// then the walk from a root at step `first_step` of its block. `round` numbers the rounds
+    /// of a decode (it seeds the [`MatchRule::IndependentSampling`] ablation and is otherwise
+    /// unused).
     ///
     /// The same as [`Verifier::batch`], a forward with [`Verifier::round_query`], and
     /// [`Verifier::walk_stats`]: the halves a step-wise decoder calls around a forward it
@@ -255,12 +257,12 @@ impl Verifier {
         tree: &DraftTree,
         query: &StatsQuery,
         transition: Transition,
-        round: u64,
+        (first_step, round): (usize, u64),
     ) -> Result<RoundOutcome> {
         let mut states = Vec::with_capacity(tree.len());
         self.batch(tree, &mut states);
         let stats = model.forward(&states, &self.round_query(query, round))?;
-        self.walk_stats(tree, stats, transition)
+        self.walk_stats(tree, stats, transition, first_step)
     }
 
     /// The verification batch of `tree`: the root and every incomplete node, appended to
@@ -289,12 +291,14 @@ impl Verifier {
         q
     }
 
-    /// The walk over `tree` given the statistics of the batch [`Verifier::batch`] made.
+    /// The walk over `tree`, whose root is at step `first_step` of its block, given the
+    /// statistics of the batch [`Verifier::batch`] made.
     pub fn walk_stats(
         &mut self,
         tree: &DraftTree,
         mut stats: Vec<BlockStats>,
         transition: Transition,
+        first_step: usize,
     ) -> Result<RoundOutcome> {
         let batch_size = self
             .batch_index
@@ -310,6 +314,7 @@ impl Verifier {
             &self.batch_index,
             &stats,
             transition,
+            first_step,
             self.rule,
             &mut out.walk,
             &mut self.scratch,
