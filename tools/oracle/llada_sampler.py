@@ -23,8 +23,6 @@ at least one case for the test to mean anything.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
@@ -116,20 +114,7 @@ def build():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="recompute and compare with the committed file")
-    a = ap.parse_args(argv)
-    out = build()
-    if a.check:
-        with open(OUT) as f:
-            old = json.load(f)
-        same = [c["tokens"] for c in old["cases"]] == [c["tokens"] for c in out["cases"]]
-        print("sampler.json reproduces" if same else "sampler.json DIFFERS")
-        raise SystemExit(0 if same else 1)
-    with open(OUT, "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
-    print(f"wrote {OUT}: {len(out['cases'])} cases, layouts differ in {out['layouts_differ_in']}")
+    oc.sampler_main(__doc__, OUT, build, argv)
 
 
 if __name__ == "__main__":

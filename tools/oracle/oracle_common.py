@@ -134,6 +134,24 @@ class Checker:
         print("all checks passed")
 
 
+def sampler_main(doc: str, out_path: str, build, argv=None) -> None:
+    """The command line of a sampler oracle: write `build()` to `out_path`, or with `--check`
+    recompute it and compare the cases' tokens with the committed file (exit status 1 when
+    they differ)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="recompute and compare with the committed file")
+    a = ap.parse_args(argv)
+    out = build()
+    name = os.path.basename(out_path)
+    if a.check:
+        old = load_json(out_path)
+        same = [c["tokens"] for c in old["cases"]] == [c["tokens"] for c in out["cases"]]
+        print(f"{name} reproduces" if same else f"{name} DIFFERS")
+        raise SystemExit(0 if same else 1)
+    write_json(out_path, out, indent=1)
+    print(f"wrote {out_path}: {len(out['cases'])} cases")
+
+
 def read_fixture(folder: str):
     """(config.json, golden.json, the tokenizers.Tokenizer) of a fixture folder."""
     from tokenizers import Tokenizer

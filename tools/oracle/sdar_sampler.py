@@ -33,8 +33,6 @@ redrawn so that float32 vs float64 cannot flip them), and the forwards SDAR took
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
@@ -158,18 +156,7 @@ def build():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true", help="recompute and compare with the committed file")
-    a = ap.parse_args(argv)
-    out = build()
-    if a.check:
-        with open(OUT) as f:
-            old = json.load(f)
-        same = [c["tokens"] for c in old["cases"]] == [c["tokens"] for c in out["cases"]]
-        print("sampler.json reproduces" if same else "sampler.json DIFFERS")
-        raise SystemExit(0 if same else 1)
-    oc.write_json(OUT, out, indent=1)
-    print(f"wrote {OUT}: {len(out['cases'])} cases, forwards {[c['forwards'] for c in out['cases']]}")
+    oc.sampler_main(__doc__, OUT, build, argv)
 
 
 if __name__ == "__main__":

@@ -69,6 +69,22 @@ fn generate_ids_args<'a>(dir: &'a str, ids: &'a str, n: &'a str, method: &'a str
     ]
 }
 
+/// Runs `spot bench ARGS --out OUT`, which must succeed, and returns `bench.json`'s groups.
+fn bench_groups(args: &[&str], out: &std::path::Path) -> Vec<serde_json::Value> {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--out", out.to_str().unwrap()]);
+    let run = spot(&all);
+    assert!(
+        run.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("bench.json")).unwrap()).unwrap();
+    summary["groups"].as_array().unwrap().clone()
+}
+
 fn json(out: &Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -557,31 +573,23 @@ fn spot_method_uses_the_shipped_drafter() {
 #[test]
 fn bench_runs_every_method_and_agrees_with_draft_free() {
     let dir = std::env::temp_dir().join(format!("spot-bench-test-{}", std::process::id()));
-    let out = spot(&[
-        "bench",
-        "--prompts",
-        humaneval().to_str().unwrap(),
-        "--limit",
-        "1",
-        "--max-new-tokens",
-        "24",
-        "--budgets",
-        "3,6",
-        "--temperatures",
-        "0,1",
-        "--protocols",
-        "fixed,eos",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let groups = bench_groups(
+        &[
+            "--prompts",
+            humaneval().to_str().unwrap(),
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "24",
+            "--budgets",
+            "3,6",
+            "--temperatures",
+            "0,1",
+            "--protocols",
+            "fixed,eos",
+        ],
+        &dir,
     );
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("bench.json")).unwrap()).unwrap();
-    let groups = summary["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 4, "one group per temperature and protocol");
     for g in groups {
         let rows = g["rows"].as_array().unwrap();
@@ -901,39 +909,32 @@ fn sets_are_calibrated_and_equal_threshold_decoding() {
     assert_eq!(file["tables"][0]["join"].as_array().unwrap().len(), 3);
 
     let bench = dir.path().join("bench");
-    let out = spot(&[
-        "bench",
-        "--prompts",
-        humaneval().to_str().unwrap(),
-        "--limit",
-        "1",
-        "--max-new-tokens",
-        "24",
-        "--budgets",
-        "4",
-        "--temperatures",
-        "1",
-        "--protocols",
-        "fixed",
-        "--reference",
-        "threshold",
-        "--tau",
-        "0.3",
-        "--methods",
-        "sets,sets-stale",
-        "--sets",
-        sets.to_str().unwrap(),
-        "--out",
-        bench.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let groups = bench_groups(
+        &[
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "24",
+            "--budgets",
+            "4",
+            "--temperatures",
+            "1",
+            "--protocols",
+            "fixed",
+            "--reference",
+            "threshold",
+            "--tau",
+            "0.3",
+            "--methods",
+            "sets,sets-stale",
+            "--sets",
+            sets.to_str().unwrap(),
+        ],
+        &bench,
     );
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(bench.join("bench.json")).unwrap()).unwrap();
-    for g in summary["groups"].as_array().unwrap() {
+    for g in &groups {
         let rows = g["rows"].as_array().unwrap();
         let methods: Vec<&str> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
         assert_eq!(methods, ["df", "threshold", "sets-stale", "sets"], "{g}");

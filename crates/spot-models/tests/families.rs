@@ -585,13 +585,7 @@ fn llada_defaults_reproduce_its_own_sampler() {
     let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut m = load_any("llada-tiny");
     assert_eq!(m.info().layout, BlockLayout::AfterPrompt);
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let ids = json_ids;
     let mut differ = 0;
     for (i, case) in rec["cases"].as_array().unwrap().iter().enumerate() {
         let prompt = ids(&case["prompt"]);
@@ -628,13 +622,7 @@ fn sdar_scheduled_decoding_reproduces_its_own_sampler() {
     let text = std::fs::read_to_string(fixture("sdar-tiny").join("sampler.json")).unwrap();
     let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut m = load_any("sdar-tiny");
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let ids = json_ids;
     let mut several = 0;
     for (i, case) in rec["cases"].as_array().unwrap().iter().enumerate() {
         let prompt = ids(&case["prompt"]);
@@ -661,4 +649,13 @@ fn sdar_scheduled_decoding_reproduces_its_own_sampler() {
         several += usize::from(out.stats.block_forwards < want.len() as u64);
     }
     assert!(several > 0);
+}
+
+/// The token ids of a JSON array.
+fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
 }

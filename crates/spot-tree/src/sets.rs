@@ -731,8 +731,8 @@ mod tests {
             }
         };
         let f = |x: f32| f64::from(x);
-        for a in 0..l {
-            let q = f(conf[a] / total);
+        for (a, &c) in conf.iter().enumerate() {
+            let q = f(c / total);
             for (v, t) in [(a as u32 + 1, m.token[a]), (a as u32 + 11, m.hedge[a])] {
                 let w = q * f(t);
                 add(vec![(a, v)], w * (1.0 - f(m.lead[a])));
@@ -748,7 +748,7 @@ mod tests {
                         }
                     }
                     // Each follower assignment once: the leader's own digit is 0.
-                    if (code / 3usize.pow(a as u32)) % 3 == 0 {
+                    if (code / 3usize.pow(a as u32)).is_multiple_of(3) {
                         add(set, wf);
                     }
                 }
