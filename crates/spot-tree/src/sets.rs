@@ -280,6 +280,7 @@ pub struct SetTreeBuilder {
     order_scores: Vec<f32>,
     /// Per masked position: (position, its options best first as (weight, token or mask)).
     options: Vec<(usize, [(f64, TokenId); 3])>,
+    hyps: Vec<(TokenId, f32)>,
     choice: Vec<u8>,
     leaders: Vec<Leader>,
 }
@@ -323,6 +324,7 @@ impl SetTreeBuilder {
             set_buf: Vec::new(),
             order_scores: Vec::new(),
             options: Vec::new(),
+            hyps: Vec::new(),
             choice: Vec::new(),
             leaders: Vec::new(),
         })
@@ -510,7 +512,8 @@ impl SetTreeBuilder {
     /// (distributed as the order scorer's `q`), and *followers*. With probability `lead` the
     /// leader clears `τ`, and every other position joins independently with probability
     /// `join`; otherwise the step is the leader alone (the fallback). A committed position
-    /// carries the stale token (`token`) or the hedge (`hedge`).
+    /// carries the stale token or the hedge, weighted by the order scorer's token hypotheses
+    /// when it gives them (SPOT's calibration), else by the join model's `token` and `hedge`.
     fn expand(
         &mut self,
         ctx: &ScoreContext<'_>,
@@ -573,6 +576,23 @@ impl SetTreeBuilder {
             let stale = ctx.stale.token(s);
             if stale == mask {
                 continue;
+            }
+            // The order scorer's token weights when it has them (SPOT's calibration, keyed
+            // by the noised margin), else the join model's.
+            let (mut t, mut h) = (t, h);
+            self.hyps.clear();
+            let batch = NodeBatch::new(&self.out, &one);
+            if order.token_hypotheses(ctx, &batch, 0, s, &mut self.hyps) {
+                let weight = |v: Option<TokenId>| {
+                    self.hyps
+                        .iter()
+                        .find(|x| Some(x.0) == v)
+                        .map_or(0.0, |x| x.1.clamp(0.0, 1.0))
+                };
+                (t, h) = (
+                    weight(Some(stale)),
+                    weight(ctx.hedge_token(s, mask).map(|x| x.0)),
+                );
             }
             let hedge = ctx.hedge_token(s, mask).map(|(v, _)| v).filter(|_| h > 0.0);
             let j = f64::from(join);
