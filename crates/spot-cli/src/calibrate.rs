@@ -124,9 +124,9 @@ pub struct CalibrateSetsArgs {
     /// only); one table is fitted per directory, for its temperature and `τ`.
     #[arg(long, required = true, num_args = 1..)]
     trajectories: Vec<PathBuf>,
-    /// File to write (default: `spot-sets.json` in the shipped model folder).
+    /// File to write (a model folder's default is its `spot-sets.json`).
     #[arg(long)]
-    out: Option<PathBuf>,
+    out: PathBuf,
     /// Threshold steps below the root with a row of their own (deeper ones read the last).
     #[arg(long, default_value_t = 8)]
     steps: usize,
@@ -166,11 +166,7 @@ pub fn run_sets(a: &CalibrateSetsArgs) -> Result<()> {
         );
         tables.push(t);
     }
-    let out = match &a.out {
-        Some(p) => p.clone(),
-        None => crate::model_dir::resolve(None)?.join(spot_drafter::sets::DEFAULT_SETS),
-    };
-    SetsDrafter { tables }.save(&out)?;
-    eprintln!("wrote {}", out.display());
+    SetsDrafter { tables }.save(&a.out)?;
+    eprintln!("wrote {}", a.out.display());
     Ok(())
 }

@@ -951,7 +951,14 @@ fn sets_are_calibrated_and_equal_threshold_decoding() {
             .unwrap();
     manifest.as_object_mut().unwrap().remove("threshold");
     std::fs::write(plain.join("manifest.json"), manifest.to_string()).unwrap();
-    let out = spot(&["calibrate-sets", "--trajectories", plain.to_str().unwrap()]);
+    let unused = dir.path().join("unused.json");
+    let out = spot(&[
+        "calibrate-sets",
+        "--trajectories",
+        plain.to_str().unwrap(),
+        "--out",
+        unused.to_str().unwrap(),
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--threshold"));
     let out = spot(&[

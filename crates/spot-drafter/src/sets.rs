@@ -356,12 +356,15 @@ impl JoinModel for SetsDrafter {
         tau: f32,
         out: &mut JoinPrediction,
     ) -> Result<(), TreeError> {
-        let Some(t) = self.table(ctx.temperature, tau) else {
-            return Err(TreeError::Scorer {
-                scorer: "spot-sets".into(),
-                reason: "holds no table".into(),
-            });
+        let bad = |reason: String| TreeError::Scorer {
+            scorer: "spot-sets".into(),
+            reason,
         };
+        let t = self
+            .table(ctx.temperature, tau)
+            .ok_or_else(|| bad("holds no table".into()))?;
+        // Tables read from a file were checked; one built in code may not have been.
+        t.check().map_err(bad)?;
         let row = steps.min(t.join.len() - 1);
         let mask = ctx.root.mask_id();
         for (s, &tok) in state.iter().enumerate() {
