@@ -180,12 +180,7 @@ fn finite_confidence(stats: &BlockStats, s: usize) -> Result<f32> {
 /// `Φ`: the masked position with the highest confidence (ties to the lowest index) and its
 /// chosen token; `None` when the state is complete.
 pub fn exact_commit(state: &BlockState, stats: &BlockStats) -> Result<Option<Commit>> {
-    let mut best: Option<(usize, f32)> = None;
-    for s in state.masked_positions() {
-        let c = finite_confidence(stats, s)?;
-        if best.is_none_or(|(_, b)| c > b) {
-            best = Some((s, c));
-        }
-    }
-    Ok(best.map(|(s, _)| Commit::new(s, stats.token(s))))
+    let mut out = Vec::with_capacity(1);
+    Transition::Exact.commits(0, state, stats, &mut out)?;
+    Ok(out.pop())
 }

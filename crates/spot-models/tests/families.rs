@@ -581,24 +581,16 @@ fn merged_appends_equal_appends_alone() {
 /// aligned layout decodes something else on at least one (so the check can fail).
 #[test]
 fn llada_defaults_reproduce_its_own_sampler() {
-    let text = std::fs::read_to_string(fixture("llada-tiny").join("sampler.json")).unwrap();
-    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut m = load_any("llada-tiny");
     assert_eq!(m.info().layout, BlockLayout::AfterPrompt);
-    let ids = json_ids;
     let mut differ = 0;
-    for (i, case) in rec["cases"].as_array().unwrap().iter().enumerate() {
-        let prompt = ids(&case["prompt"]);
-        let cfg = DecodeConfig {
-            block_size: case["block_length"].as_u64().unwrap() as usize,
-            max_new_tokens: case["gen_length"].as_u64().unwrap() as usize,
-            early_stop: false,
-            ..DecodeConfig::for_model(m.info())
-        };
+    for (i, case) in sampler_cases("llada-tiny").iter().enumerate() {
+        let prompt = json_ids(&case["prompt"]);
+        let cfg = sampler_config(case, m.info());
         let out = DraftFreeDecoder::new()
             .decode(&mut m, &prompt, &cfg)
             .unwrap();
-        assert_eq!(out.generated, ids(&case["tokens"]), "case {i}");
+        assert_eq!(out.generated, json_ids(&case["tokens"]), "case {i}");
         let aligned = DecodeConfig {
             layout: BlockLayout::Aligned,
             ..cfg
@@ -606,9 +598,9 @@ fn llada_defaults_reproduce_its_own_sampler() {
         let out = DraftFreeDecoder::new()
             .decode(&mut m, &prompt, &aligned)
             .unwrap();
-        let want = ids(&case["aligned_tokens"]);
+        let want = json_ids(&case["aligned_tokens"]);
         assert_eq!(&out.generated[..want.len()], &want[..], "case {i} aligned");
-        differ += usize::from(want != ids(&case["tokens"]));
+        differ += usize::from(want != json_ids(&case["tokens"]));
     }
     assert!(differ > 0);
 }
@@ -619,27 +611,21 @@ fn llada_defaults_reproduce_its_own_sampler() {
 /// case, some of which commit several positions per forward.
 #[test]
 fn sdar_scheduled_decoding_reproduces_its_own_sampler() {
-    let text = std::fs::read_to_string(fixture("sdar-tiny").join("sampler.json")).unwrap();
-    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut m = load_any("sdar-tiny");
-    let ids = json_ids;
     let mut several = 0;
-    for (i, case) in rec["cases"].as_array().unwrap().iter().enumerate() {
-        let prompt = ids(&case["prompt"]);
+    for (i, case) in sampler_cases("sdar-tiny").iter().enumerate() {
+        let prompt = json_ids(&case["prompt"]);
         let cfg = DecodeConfig {
-            block_size: case["block_length"].as_u64().unwrap() as usize,
-            max_new_tokens: case["gen_length"].as_u64().unwrap() as usize,
-            early_stop: false,
             transition: Transition::Scheduled {
                 steps: case["steps"].as_u64().unwrap() as u32,
                 tau: case["confidence_threshold"].as_f64().map(|t| t as f32),
             },
-            ..DecodeConfig::for_model(m.info())
+            ..sampler_config(case, m.info())
         };
         let out = DraftFreeDecoder::new()
             .decode(&mut m, &prompt, &cfg)
             .unwrap();
-        let want = ids(&case["tokens"]);
+        let want = json_ids(&case["tokens"]);
         assert_eq!(out.generated, want, "case {i}");
         assert_eq!(
             out.stats.block_forwards,
@@ -649,6 +635,24 @@ fn sdar_scheduled_decoding_reproduces_its_own_sampler() {
         several += usize::from(out.stats.block_forwards < want.len() as u64);
     }
     assert!(several > 0);
+}
+
+/// The cases of a fixture's `sampler.json` (written by `tools/oracle/*_sampler.py`).
+fn sampler_cases(name: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(fixture(name).join("sampler.json")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
+    rec["cases"].as_array().unwrap().clone()
+}
+
+/// The model's defaults with a sampler case's block length and generation length, decoding
+/// every block (the samplers have no early stop).
+fn sampler_config(case: &serde_json::Value, info: &spot_dlm::ModelInfo) -> DecodeConfig {
+    DecodeConfig {
+        block_size: case["block_length"].as_u64().unwrap() as usize,
+        max_new_tokens: case["gen_length"].as_u64().unwrap() as usize,
+        early_stop: false,
+        ..DecodeConfig::for_model(info)
+    }
 }
 
 /// The token ids of a JSON array.

@@ -43,7 +43,7 @@ use spot_core::{Commit, TokenId};
 
 use crate::error::TreeError;
 use crate::scorer::{NodeBatch, OrderScorer, ScoreContext};
-use crate::tree::{DraftTree, zobrist};
+use crate::tree::DraftTree;
 
 /// Shape limits of a set-valued draft tree.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -364,7 +364,6 @@ impl SetTreeBuilder {
         self.seen.clear();
         self.seen.entry(self.out.hash(0)).or_default().push(0);
         self.sets.push(NodeSets::default());
-        let mut hops = vec![0usize];
         if !ctx.root.is_complete() {
             self.expand(ctx, tau, (model, order), 0, 0)?;
         }
@@ -388,9 +387,9 @@ impl SetTreeBuilder {
                 .or_default()
                 .push(id as u32);
             self.sets.push(NodeSets::default());
-            hops.push(hops[node] + 1);
-            if hops[id] < self.cfg.max_steps && !self.out.is_complete(id) {
-                self.expand(ctx, tau, (model, &mut *order), id, hops[id])?;
+            let hops = self.out.hops(id);
+            if hops < self.cfg.max_steps && !self.out.is_complete(id) {
+                self.expand(ctx, tau, (model, &mut *order), id, hops)?;
             }
         }
         Ok(&self.out)
@@ -398,21 +397,12 @@ impl SetTreeBuilder {
 
     /// The node already holding `node`'s state plus `set_buf`, if any.
     fn lookup(&self, node: usize) -> Option<usize> {
-        let mask = self.out.mask_id();
-        let h = self.set_buf.iter().fold(self.out.hash(node), |h, c| {
-            h ^ zobrist(c.position, mask) ^ zobrist(c.position, c.token)
-        });
-        let ids = self.seen.get(&h)?;
-        let base = self.out.state(node);
-        ids.iter().map(|&i| i as usize).find(|&i| {
-            self.out.state(i).iter().enumerate().all(|(s, &t)| {
-                t == self
-                    .set_buf
-                    .iter()
-                    .find(|c| c.position == s)
-                    .map_or(base[s], |c| c.token)
-            })
-        })
+        let h = self.out.successor_hash(node, &self.set_buf);
+        self.seen
+            .get(&h)?
+            .iter()
+            .map(|&i| i as usize)
+            .find(|&i| self.out.is_successor(i, node, &self.set_buf))
     }
 
     fn offer(&mut self, node: usize, rank: usize, mass: f32) {
@@ -537,11 +527,8 @@ impl SetTreeBuilder {
         self.order_scores.clear();
         self.order_scores.resize(l, 0.0);
         let one = [id as u32];
-        order.score(
-            ctx,
-            &NodeBatch::new(&self.out, &one),
-            &mut self.order_scores,
-        )?;
+        let batch = NodeBatch::new(&self.out, &one);
+        order.score(ctx, &batch, &mut self.order_scores)?;
         let state = self.out.state(id);
         // Each masked position has up to three follower options: out (`1 - join`), in with
         // the stale token (`join · token`), in with the hedge (`join · hedge`). Followers are
@@ -577,11 +564,11 @@ impl SetTreeBuilder {
             if stale == mask {
                 continue;
             }
+            let runner_up = ctx.hedge_token(s, mask).map(|(v, _)| v);
             // The order scorer's token weights when it has them (SPOT's calibration, keyed
             // by the noised margin), else the join model's.
             let (mut t, mut h) = (t, h);
             self.hyps.clear();
-            let batch = NodeBatch::new(&self.out, &one);
             if order.token_hypotheses(ctx, &batch, 0, s, &mut self.hyps) {
                 let weight = |v: Option<TokenId>| {
                     self.hyps
@@ -589,12 +576,9 @@ impl SetTreeBuilder {
                         .find(|x| Some(x.0) == v)
                         .map_or(0.0, |x| x.1.clamp(0.0, 1.0))
                 };
-                (t, h) = (
-                    weight(Some(stale)),
-                    weight(ctx.hedge_token(s, mask).map(|x| x.0)),
-                );
+                (t, h) = (weight(Some(stale)), weight(runner_up));
             }
-            let hedge = ctx.hedge_token(s, mask).map(|(v, _)| v).filter(|_| h > 0.0);
+            let hedge = runner_up.filter(|_| h > 0.0);
             let j = f64::from(join);
             let mut opts = [
                 (1.0 - j, mask),

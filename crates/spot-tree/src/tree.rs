@@ -241,21 +241,26 @@ impl DraftTree {
     /// The node whose state equals node `from`'s state with `commits` applied, if the tree has
     /// one. Lookup is by state, not by edge, so merged paths are found too.
     pub fn find_successor(&self, from: usize, commits: &[Commit]) -> Option<usize> {
-        let mut h = self.hash[from];
-        for c in commits {
-            h ^= zobrist(c.position, self.mask_id) ^ zobrist(c.position, c.token);
-        }
-        let depth = usize::from(self.depth[from]) + commits.len();
-        let base = self.state(from);
-        (0..self.len()).find(|&i| {
-            self.hash[i] == h
-                && usize::from(self.depth[i]) == depth
-                && self.state(i).iter().enumerate().all(|(s, &t)| {
-                    t == commits
-                        .iter()
-                        .find(|c| c.position == s)
-                        .map_or(base[s], |c| c.token)
-                })
+        let h = self.successor_hash(from, commits);
+        (0..self.len()).find(|&i| self.hash[i] == h && self.is_successor(i, from, commits))
+    }
+
+    /// The hash node `from`'s state would have with `commits` applied.
+    pub fn successor_hash(&self, from: usize, commits: &[Commit]) -> u64 {
+        commits.iter().fold(self.hash[from], |h, c| {
+            h ^ zobrist(c.position, self.mask_id) ^ zobrist(c.position, c.token)
         })
+    }
+
+    /// Whether node `i`'s state is node `from`'s state with `commits` applied.
+    pub fn is_successor(&self, i: usize, from: usize, commits: &[Commit]) -> bool {
+        let base = self.state(from);
+        usize::from(self.depth[i]) == usize::from(self.depth[from]) + commits.len()
+            && self.state(i).iter().enumerate().all(|(s, &t)| {
+                t == commits
+                    .iter()
+                    .find(|c| c.position == s)
+                    .map_or(base[s], |c| c.token)
+            })
     }
 }
