@@ -9,14 +9,23 @@ the masked positions of that block are ranked by the softmax probability (float6
 argmax token, and the `k` most confident are committed, `k` spreading the block's masks evenly
 over its steps (the first `masks mod steps` steps take one more). With `steps = gen_length`
 every step commits one position, which is SPOT's exact draft-free decoding with the blocks
-after the prompt (`BlockLayout::AfterPrompt`). Temperature 0 only (LLaDA's Gumbel sampler uses
-torch's RNG; SPOT's coupled noise replaces it at T > 0).
+after the prompt (`BlockLayout::AfterPrompt`); with fewer steps a step commits several
+positions (`Transition::Scheduled` with `steps / blocks` steps per block). With a `threshold`
+the block instead runs Fast-dLLM's parallel rule for LLaDA (its `generate` with `threshold`,
+also re-implemented from its description): each forward commits the most confident masked
+position of the block and every other one whose confidence is at least the threshold, until the
+block is complete (`Transition::Threshold`, which commits above the threshold: equality is a tie,
+and cases within 1e-4 of the threshold are redrawn). Temperature 0 only (LLaDA's Gumbel sampler
+uses torch's RNG; SPOT's coupled noise replaces it at T > 0).
 
 Writes `crates/spot-models/tests/fixtures/llada-tiny/sampler.json`: per case the prompt, the
-sampler's settings, its generated tokens and the smallest confidence / logit gap met (cases
-closer to a tie than 1e-4 are skipped so float32 vs float64 cannot flip them), and what the
-aligned layout (blocks at multiples of the block size) decodes instead, which must differ in
-at least one case for the test to mean anything.
+sampler's settings, its generated tokens and forwards, the smallest confidence / logit /
+threshold gap met (cases closer to a tie than 1e-4 are redrawn so float32 vs float64 cannot flip
+them), and for the one-commit cases what the aligned layout (blocks at multiples of the block size) decodes instead, which must differ in
+at least one case for the test to mean anything. The confidence is SPOT's: the probability of
+the argmax with the mask token left out of the softmax; LLaDA's keeps it in, and the steps where
+that would have chosen other positions are counted per case (`mask_mass_changes`); cases whose
+argmax is the mask id are redrawn.
 
     python tools/oracle/llada_sampler.py [--check]
 """
@@ -45,34 +54,58 @@ def transfer_counts(masked: int, steps: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(steps)]
 
 
-def sampler(forward, prompt: list[int], gen_length: int, block_length: int, steps: int, mask_id: int):
-    """LLaDA's sampler at temperature 0; returns (generated tokens, min confidence gap, min logit gap)."""
+def sampler(forward, prompt: list[int], gen_length: int, block_length: int, steps: int, mask_id: int,
+            threshold: float | None = None):
+    """LLaDA's sampler at temperature 0 (with `threshold`: Fast-dLLM's parallel rule) with
+    SPOT's confidence; returns (generated tokens, min confidence gap, min logit gap, min
+    threshold gap, forwards, steps where LLaDA's own confidence would have chosen other
+    positions). A mask id argmax sets the logit gap to 0, so that the case is redrawn."""
     assert gen_length % block_length == 0 and steps % (gen_length // block_length) == 0
     p = len(prompt)
     x = list(prompt) + [mask_id] * gen_length
     per_block = steps // (gen_length // block_length)
-    conf_gap, logit_gap = float("inf"), float("inf")
+    gaps = dict(conf=np.inf, logit=np.inf, tau=np.inf)
+    forwards = mask_mass_changes = 0
     for b in range(gen_length // block_length):
         lo, hi = p + b * block_length, p + (b + 1) * block_length
         counts = transfer_counts(sum(t == mask_id for t in x[lo:hi]), per_block)
-        for k in counts:
+        step = 0
+        while any(t == mask_id for t in x[lo:hi]):
             logits = forward([x])[0].astype(np.float64)
-            top2 = np.sort(logits, axis=-1)[:, -2:]
-            choice = logits.argmax(-1)
-            prob = np.exp(logits - logits.max(-1, keepdims=True))
-            prob /= prob.sum(-1, keepdims=True)
-            conf = np.full(len(x), -np.inf)
-            for i in range(lo, hi):
-                if x[i] == mask_id:
-                    conf[i] = prob[i, choice[i]]
-                    logit_gap = min(logit_gap, float(top2[i, 1] - top2[i, 0]))
-            order = np.argsort(-conf, kind="stable")
-            ranked = conf[order]
-            if k < len(ranked) and np.isfinite(ranked[k]):
-                conf_gap = min(conf_gap, float(ranked[k - 1] - ranked[k]))
-            for i in order[:k]:
+            forwards += 1
+            masked = [i for i in range(lo, hi) if x[i] == mask_id]
+            if any(int(logits[i].argmax()) == mask_id for i in masked):
+                gaps["logit"] = 0.0
+            spot = logits.copy()
+            spot[:, mask_id] = -np.inf  # SPOT never writes the mask: it is out of the softmax
+            top2 = np.sort(spot, axis=-1)[:, -2:]
+            choice = spot.argmax(-1)
+            gaps["logit"] = min([gaps["logit"]] + [float(top2[i, 1] - top2[i, 0]) for i in masked])
+            conf, own = np.full(len(x), -np.inf), np.full(len(x), -np.inf)
+            for i in masked:
+                conf[i] = np.exp(spot[i, choice[i]] - np.logaddexp.reduce(spot[i, np.isfinite(spot[i])]))
+                own[i] = np.exp(logits[i, choice[i]] - np.logaddexp.reduce(logits[i]))
+
+            def transfer(c, gaps=None):
+                order = [int(i) for i in np.argsort(-c, kind="stable")[: len(masked)]]
+                if threshold is None:
+                    k = counts[step]
+                    if gaps is not None and k < len(order):
+                        gaps["conf"] = min(gaps["conf"], float(c[order[k - 1]] - c[order[k]]))
+                    return sorted(order[:k])
+                # Fast-dLLM: the most confident always, and every other at least `threshold`.
+                if gaps is not None:
+                    gaps["tau"] = min(gaps["tau"], min(abs(c[i] - threshold) for i in masked))
+                    if len(order) > 1:
+                        gaps["conf"] = min(gaps["conf"], float(c[order[0]] - c[order[1]]))
+                return sorted([order[0]] + [i for i in order[1:] if c[i] >= threshold])
+
+            chosen = transfer(conf, gaps)
+            mask_mass_changes += int(transfer(own) != chosen)
+            for i in chosen:
                 x[i] = int(choice[i])
-    return x[p:], conf_gap, logit_gap
+            step += 1
+    return x[p:], gaps, forwards, mask_mass_changes
 
 
 def aligned(forward, prompt, gen_length, mask_id, stops):
@@ -94,22 +127,34 @@ def build():
 
     rng = np.random.default_rng(20261201)
     cases = []
-    for plen, gen in [(5, 16), (9, 16), (13, 24), (3, 24), (11, 8), (7, 32)]:
-        for _attempt in range(20):
+    # (prompt length, generation length, steps over the whole generation, threshold): one commit
+    # per forward (the default), then several per forward: LLaDA's own k-per-step schedule and
+    # Fast-dLLM's threshold rule. The first six keep the cases this file held before.
+    plan = [(5, 16, 16, None), (9, 16, 16, None), (13, 24, 24, None), (3, 24, 24, None), (11, 8, 8, None),
+            (7, 32, 32, None), (6, 16, 4, None), (10, 24, 6, None), (4, 32, 8, None), (8, 16, 8, None),
+            (5, 16, 16, 0.05), (12, 24, 24, 0.1), (7, 32, 32, 0.03), (9, 16, 16, 0.2)]
+    for plen, gen, steps, tau in plan:
+        for _attempt in range(200):
             prompt = [int(t) for t in rng.integers(0, 360, size=plen)]
-            tokens, cgap, lgap = sampler(forward, prompt, gen, BLOCK, gen, mask_id)
-            if min(cgap, lgap) >= fo.MIN_GAP:
+            tokens, gaps, forwards, changes = sampler(forward, prompt, gen, BLOCK, steps, mask_id, tau)
+            if min(gaps.values()) >= fo.MIN_GAP:
                 break
         else:
-            raise SystemExit(f"no prompt of length {plen} clear of ties")
-        cases.append(dict(prompt=prompt, gen_length=gen, block_length=BLOCK, steps=gen, temperature=0.0,
-                          tokens=tokens, min_conf_gap=cgap, min_logit_gap=lgap,
-                          aligned_tokens=aligned(forward, prompt, gen, mask_id, stops)))
-    differ = sum(c["tokens"] != c["aligned_tokens"] for c in cases)
+            raise SystemExit(f"no prompt for {(plen, gen, steps, tau)} clear of ties")
+        case = dict(prompt=prompt, gen_length=gen, block_length=BLOCK, steps=steps,
+                    steps_per_block=steps // (gen // BLOCK), threshold=tau, temperature=0.0,
+                    tokens=tokens, forwards=forwards, mask_mass_changes=changes,
+                    min_gaps={k: (None if v == np.inf else v) for k, v in gaps.items()})
+        if steps == gen and tau is None:
+            case["aligned_tokens"] = aligned(forward, prompt, gen, mask_id, stops)
+        cases.append(case)
+    several = sum(c["forwards"] < len(c["tokens"]) for c in cases)
+    assert several >= 6, "too few cases commit several positions per forward"
+    differ = sum(c["tokens"] != c.get("aligned_tokens", c["tokens"]) for c in cases)
     assert differ > 0, "the layouts agree on every case: the test would not discriminate"
     return dict(
         generator=dict(tool="tools/oracle/llada_sampler.py", procedure="LLaDA generate(), low_confidence remasking, "
-                       "steps = gen_length, temperature 0", torch=torch.__version__),
+                       "k-per-step schedule; Fast-dLLM threshold rule; temperature 0", torch=torch.__version__),
         mask_id=mask_id, cases=cases, layouts_differ_in=differ)
 
 

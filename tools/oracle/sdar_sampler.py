@@ -59,9 +59,11 @@ class Tie(Exception):
     """The case came closer to a tie (or to an avoided SDAR behaviour) than allowed."""
 
 
-def sampler(forward, prompt, gen_length, block_length, steps, tau, mask_id):
+def sampler(forward, prompt, gen_length, block_length, steps, tau, mask_id, clamp=False):
     """SDAR at temperature 0 with SPOT's confidence; returns (tokens after the prompt, gaps,
-    forwards, steps where SDAR's own confidence would have transferred other positions)."""
+    forwards, steps where SDAR's own confidence would have transferred other positions).
+    `clamp`: a step transfers at most the masks left (LLaDA2.0's rule) instead of redrawing
+    the case."""
     p = len(prompt)
     blocks = -(-(p + gen_length) // block_length)
     x = list(prompt) + [mask_id] * (blocks * block_length - p)
@@ -76,7 +78,9 @@ def sampler(forward, prompt, gen_length, block_length, steps, tau, mask_id):
             if not masked:
                 break
             if n > len(masked):
-                raise Tie("a step would transfer more positions than are masked")
+                if not clamp:
+                    raise Tie("a step would transfer more positions than are masked")
+                n = len(masked)
             logits = forward(x[:hi])[lo:hi]
             forwards += 1
             conf, spot_conf, choice = {}, {}, {}

@@ -578,7 +578,9 @@ fn merged_appends_equal_appends_alone() {
 
 /// LLaDA-format folders decode by default as LLaDA's own sampler does (blocks right after the
 /// prompt, `tools/oracle/llada_sampler.py`): the same tokens on every recorded case, while the
-/// aligned layout decodes something else on at least one (so the check can fail).
+/// aligned layout decodes something else on at least one (so the check can fail). With fewer
+/// steps than tokens (`Transition::Scheduled`) and with Fast-dLLM's threshold rule
+/// (`Transition::Threshold`), the same tokens in the same number of forwards.
 #[test]
 fn llada_defaults_reproduce_its_own_sampler() {
     let mut m = load_any("llada-tiny");
@@ -591,6 +593,11 @@ fn llada_defaults_reproduce_its_own_sampler() {
             .decode(&mut m, &prompt, &cfg)
             .unwrap();
         assert_eq!(out.generated, json_ids(&case["tokens"]), "case {i}");
+        let forwards = case["forwards"].as_u64().unwrap();
+        assert_eq!(out.stats.block_forwards, forwards, "case {i}");
+        let Some(want) = case.get("aligned_tokens") else {
+            continue;
+        };
         let aligned = DecodeConfig {
             layout: BlockLayout::Aligned,
             ..cfg
@@ -598,7 +605,7 @@ fn llada_defaults_reproduce_its_own_sampler() {
         let out = DraftFreeDecoder::new()
             .decode(&mut m, &prompt, &aligned)
             .unwrap();
-        let want = json_ids(&case["aligned_tokens"]);
+        let want = json_ids(want);
         assert_eq!(&out.generated[..want.len()], &want[..], "case {i} aligned");
         differ += usize::from(want != json_ids(&case["tokens"]));
     }
@@ -611,30 +618,37 @@ fn llada_defaults_reproduce_its_own_sampler() {
 /// case, some of which commit several positions per forward.
 #[test]
 fn sdar_scheduled_decoding_reproduces_its_own_sampler() {
-    let mut m = load_any("sdar-tiny");
+    scheduled_sampler_agrees("sdar-tiny");
+}
+
+/// LLaDA2.0's own sampler (`tools/oracle/llada2_sampler.py`: steps per block and its
+/// threshold rule, block-causal, temperature 0) is `Transition::Scheduled` on the aligned
+/// layout, prompt tails that clamp a step to the masks left included.
+#[test]
+fn llada2_scheduled_decoding_reproduces_its_own_sampler() {
+    scheduled_sampler_agrees("llada2-moe-tiny");
+}
+
+/// Decodes every case of a block sampler's fixture (aligned layout) with the family's
+/// defaults and the case's schedule, and checks tokens and forwards; at least one case commits
+/// several positions per forward.
+fn scheduled_sampler_agrees(name: &str) {
+    let mut m = load_any(name);
+    assert_eq!(m.info().layout, BlockLayout::Aligned, "{name}");
     let mut several = 0;
-    for (i, case) in sampler_cases("sdar-tiny").iter().enumerate() {
+    for (i, case) in sampler_cases(name).iter().enumerate() {
         let prompt = json_ids(&case["prompt"]);
-        let cfg = DecodeConfig {
-            transition: Transition::Scheduled {
-                steps: case["steps"].as_u64().unwrap() as u32,
-                tau: case["confidence_threshold"].as_f64().map(|t| t as f32),
-            },
-            ..sampler_config(case, m.info())
-        };
+        let cfg = sampler_config(case, m.info());
         let out = DraftFreeDecoder::new()
             .decode(&mut m, &prompt, &cfg)
             .unwrap();
         let want = json_ids(&case["tokens"]);
-        assert_eq!(out.generated, want, "case {i}");
-        assert_eq!(
-            out.stats.block_forwards,
-            case["forwards"].as_u64().unwrap(),
-            "case {i}"
-        );
-        several += usize::from(out.stats.block_forwards < want.len() as u64);
+        assert_eq!(out.generated, want, "{name} case {i}");
+        let forwards = case["forwards"].as_u64().unwrap();
+        assert_eq!(out.stats.block_forwards, forwards, "{name} case {i}");
+        several += usize::from(forwards < want.len() as u64);
     }
-    assert!(several > 0);
+    assert!(several > 0, "{name}");
 }
 
 /// The cases of a fixture's `sampler.json` (written by `tools/oracle/*_sampler.py`).
@@ -644,13 +658,27 @@ fn sampler_cases(name: &str) -> Vec<serde_json::Value> {
     rec["cases"].as_array().unwrap().clone()
 }
 
-/// The model's defaults with a sampler case's block length and generation length, decoding
-/// every block (the samplers have no early stop).
+/// The model's defaults with a sampler case's block length, generation length and schedule,
+/// decoding every block (the samplers have no early stop). `steps_per_block` (LLaDA) or
+/// `steps` (SDAR, LLaDA2.0) below the block length is [`Transition::Scheduled`] with the case's
+/// `threshold` (SDAR: `confidence_threshold`) as its dynamic rule; a threshold with one step
+/// per position is [`Transition::Threshold`] (Fast-dLLM's rule for LLaDA).
 fn sampler_config(case: &serde_json::Value, info: &spot_dlm::ModelInfo) -> DecodeConfig {
+    let block = case["block_length"].as_u64().unwrap() as usize;
+    let steps = case.get("steps_per_block").unwrap_or(&case["steps"]);
+    let steps = steps.as_u64().unwrap() as u32;
+    let tau = case.get("threshold").or(case.get("confidence_threshold"));
+    let tau = tau.and_then(|t| t.as_f64()).map(|t| t as f32);
+    let transition = match (steps as usize == block, tau) {
+        (true, None) => Transition::Exact,
+        (true, Some(tau)) => Transition::Threshold { tau },
+        (false, tau) => Transition::Scheduled { steps, tau },
+    };
     DecodeConfig {
-        block_size: case["block_length"].as_u64().unwrap() as usize,
+        block_size: block,
         max_new_tokens: case["gen_length"].as_u64().unwrap() as usize,
         early_stop: false,
+        transition,
         ..DecodeConfig::for_model(info)
     }
 }
