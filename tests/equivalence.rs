@@ -72,6 +72,7 @@ fn set_transition() -> impl Strategy<Value = Transition> {
             .prop_map(|tau| Transition::Threshold { tau }),
         1 => (1u32..=8, prop_oneof![Just(None), Just(Some(0.2f32))])
             .prop_map(|(steps, tau)| Transition::Scheduled { steps, tau }),
+        1 => (1u32..=12).prop_map(|steps| Transition::Timesteps { steps, eps: 1e-3 }),
     ]
 }
 

@@ -64,6 +64,8 @@ pub fn transition() -> impl Strategy<Value = Transition> {
         1 => prop_oneof![Just(0.5f32), Just(0.9)].prop_map(|tau| Transition::Threshold { tau }),
         1 => (1u32..=12, prop_oneof![Just(None), Just(Some(0.3f32)), Just(Some(0.9))])
             .prop_map(|(steps, tau)| Transition::Scheduled { steps, tau }),
+        1 => (1u32..=40, prop_oneof![Just(1e-3f32), Just(0.3)])
+            .prop_map(|(steps, eps)| Transition::Timesteps { steps, eps }),
     ]
 }
 

@@ -86,6 +86,21 @@ pub struct GenerateArgs {
     /// many are (SDAR's `low_confidence_dynamic`; without it `low_confidence_static`).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     steps: Option<u32>,
+    /// Decode each block in S steps of Dream's linear timestep schedule (`t` from 1 down to
+    /// `--eps`; step `i` commits `⌊m (1 - t[i+1] / t[i])⌋` of the `m` masked positions, the most
+    /// confident). Dream's own sampler is this over one block: add `--single-block` and
+    /// `--confidence negative-entropy` (its `entropy`), `probability` (`maskgit_plus`) or
+    /// `margin` (`topk_margin`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with_all = ["steps", "threshold"])]
+    timesteps: Option<u32>,
+    /// The last timestep of `--timesteps`, in (0, 1).
+    #[arg(long, default_value_t = spot_dlm::core::DREAM_EPS, requires = "timesteps")]
+    eps: f32,
+    /// One block holding the whole generation, right after the prompt (Dream's own sampler
+    /// has no blocks); models with full attention only. Overrides `--block-size` and
+    /// `--layout`.
+    #[arg(long, conflicts_with_all = ["block_size", "layout"])]
+    single_block: bool,
     /// Draft budget D (nodes per round) for speculative methods.
     #[arg(long, default_value_t = 8)]
     budget: usize,
@@ -441,8 +456,16 @@ pub(crate) fn encode(
 
 fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeConfig {
     let defaults = DecodeConfig::for_model(model.info());
+    let layout = a.layout.map_or(defaults.layout, |l| match l {
+        LayoutArg::Aligned => BlockLayout::Aligned,
+        LayoutArg::AfterPrompt => BlockLayout::AfterPrompt,
+    });
+    let (block_size, layout) = match a.single_block {
+        true => (a.max_new_tokens, BlockLayout::AfterPrompt),
+        false => (a.block_size.unwrap_or(defaults.block_size), layout),
+    };
     DecodeConfig {
-        block_size: a.block_size.unwrap_or(defaults.block_size),
+        block_size,
         max_new_tokens: a.max_new_tokens,
         temperature: a.temperature,
         seed: a.seed,
@@ -450,19 +473,17 @@ fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeCon
             let tau = a
                 .threshold
                 .or((a.method == Method::Threshold || a.method.is_sets()).then_some(0.9));
-            match (a.steps, tau) {
-                (Some(steps), tau) => Transition::Scheduled { steps, tau },
-                (None, Some(tau)) => Transition::Threshold { tau },
-                (None, None) => Transition::Exact,
+            match (a.timesteps, a.steps, tau) {
+                (Some(steps), ..) => Transition::Timesteps { steps, eps: a.eps },
+                (None, Some(steps), tau) => Transition::Scheduled { steps, tau },
+                (None, None, Some(tau)) => Transition::Threshold { tau },
+                (None, None, None) => Transition::Exact,
             }
         },
         early_stop: !a.no_early_stop,
         confidence: a.confidence,
         sample_top_k: a.sample_top_k.map(|k| k as usize),
-        layout: a.layout.map_or(defaults.layout, |l| match l {
-            LayoutArg::Aligned => BlockLayout::Aligned,
-            LayoutArg::AfterPrompt => BlockLayout::AfterPrompt,
-        }),
+        layout,
         ..defaults
     }
 }

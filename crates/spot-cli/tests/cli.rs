@@ -168,6 +168,44 @@ fn generate_with_dream_confidence_rules() {
     }
 }
 
+/// Dream's own sampler from the command line: `--single-block --timesteps S --confidence R`
+/// returns the tokens of `tools/oracle/dream_sampler.py` in its number of forwards, and a
+/// speculative method verified against that schedule returns the same tokens. `--timesteps`
+/// with `--steps` is refused.
+#[test]
+fn generate_reproduces_dreams_own_sampler() {
+    let text = std::fs::read_to_string(fixture("dream-tiny").join("sampler.json")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let dir = fixture("dream-tiny");
+    for case in rec["cases"].as_array().unwrap().iter().step_by(3) {
+        let ids = id_list(&case["prompt"]);
+        let (n, steps) = (
+            case["max_new_tokens"].to_string(),
+            case["steps"].to_string(),
+        );
+        for method in ["df", "blockspec"] {
+            #[rustfmt::skip]
+            let j = json(&spot(&[
+                "generate", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids,
+                "--max-new-tokens", &n, "--single-block", "--timesteps", &steps,
+                "--confidence", case["confidence"].as_str().unwrap(), "--method", method,
+                "--no-early-stop", "--json",
+            ]));
+            assert_eq!(j["tokens"], case["tokens"], "{method} prompt {ids}");
+            if method == "df" {
+                assert_eq!(j["forwards"], case["forwards"], "prompt {ids}");
+            }
+        }
+    }
+    #[rustfmt::skip]
+    let out = spot(&[
+        "generate", "--model", dir.to_str().unwrap(), "--prompt-ids", "5,6",
+        "--timesteps", "4", "--steps", "2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--steps"), "{err}");
+}
+
 /// Autoregressive folders (Llama, Qwen2) decode token by token through `spot generate` with
 /// the oracle's greedy tokens; speculative methods are refused with a message.
 #[test]

@@ -68,4 +68,4 @@ pub use noise::GumbelNoise;
 pub use request::{BlockEvent, BlockRun, CancelHandle, Need, Request, StepStrategy, StopCheck};
 pub use state::{BlockState, Commit, TokenId};
 pub use stats::{BlockStats, ConfidenceRule, StatsQuery};
-pub use transition::{Transition, exact_commit};
+pub use transition::{DREAM_EPS, Transition, exact_commit};

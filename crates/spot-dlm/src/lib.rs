@@ -325,7 +325,7 @@ impl StepStrategy for SpotDecoder {
                 let tau = match block.transition() {
                     Transition::Threshold { tau } => tau,
                     Transition::Scheduled { tau, .. } => tau.unwrap_or(f32::INFINITY),
-                    Transition::Exact => f32::INFINITY,
+                    Transition::Exact | Transition::Timesteps { .. } => f32::INFINITY,
                 };
                 sets.build(&ctx, tau, model.as_mut(), order.as_mut())?
             }

@@ -53,8 +53,15 @@ impl<B: Backend> FullSequence<B, DreamConfig> {
             &weights,
             (device, precision),
         )?;
-        // Dream's own sampler has no blocks; until its layout is checked against it, the
-        // aligned one stays the default.
-        Ok(Self::assemble(cfg, net, frame, true, BlockLayout::Aligned))
+        // Dream's own sampler puts the generation right after the prompt (and has no blocks:
+        // `Transition::Timesteps` over a single block reproduces it; Fast-dLLM's blocks for
+        // Dream also start after the prompt).
+        Ok(Self::assemble(
+            cfg,
+            net,
+            frame,
+            true,
+            BlockLayout::AfterPrompt,
+        ))
     }
 }

@@ -629,6 +629,57 @@ fn llada2_scheduled_decoding_reproduces_its_own_sampler() {
     scheduled_sampler_agrees("llada2-moe-tiny");
 }
 
+/// Dream's own sampler (`tools/oracle/dream_sampler.py`: no blocks, linear timesteps,
+/// `maskgit_plus` / `topk_margin` / `entropy`, temperature 0) is `Transition::Timesteps` over
+/// one block holding the whole generation right after the prompt: the same tokens in the same
+/// number of forwards (iterations that transfer nothing skipped), and the same per-step counts
+/// as torch's float32 schedule over a grid of lengths and steps.
+#[test]
+fn dream_timesteps_reproduce_its_own_sampler() {
+    let text = std::fs::read_to_string(fixture("dream-tiny").join("sampler.json")).unwrap();
+    let rec: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let schedules = rec["schedules"].as_array().unwrap();
+    for s in schedules {
+        let dream = Transition::Timesteps {
+            steps: s["steps"].as_u64().unwrap() as u32,
+            eps: s["eps"].as_f64().unwrap() as f32,
+        };
+        let want: Vec<usize> = (s["counts"].as_str().unwrap().split(' '))
+            .map(|n| n.parse().unwrap())
+            .filter(|&n| n > 0)
+            .collect();
+        let masked = s["masked"].as_u64().unwrap() as usize;
+        assert_eq!(dream.timestep_counts(masked), want, "{s}");
+    }
+    assert!(schedules.len() >= 100);
+    let mut m = load_any("dream-tiny");
+    let mut several = 0;
+    for (i, case) in rec["cases"].as_array().unwrap().iter().enumerate() {
+        let prompt = json_ids(&case["prompt"]);
+        let n = case["max_new_tokens"].as_u64().unwrap() as usize;
+        let cfg = DecodeConfig {
+            block_size: n,
+            max_new_tokens: n,
+            early_stop: false,
+            layout: BlockLayout::AfterPrompt,
+            transition: Transition::Timesteps {
+                steps: case["steps"].as_u64().unwrap() as u32,
+                eps: case["eps"].as_f64().unwrap() as f32,
+            },
+            confidence: case["confidence"].as_str().unwrap().parse().unwrap(),
+            ..DecodeConfig::for_model(m.info())
+        };
+        let out = DraftFreeDecoder::new()
+            .decode(&mut m, &prompt, &cfg)
+            .unwrap();
+        assert_eq!(out.generated, json_ids(&case["tokens"]), "case {i}");
+        let forwards = case["forwards"].as_u64().unwrap();
+        assert_eq!(out.stats.block_forwards, forwards, "case {i}");
+        several += usize::from(forwards < n as u64);
+    }
+    assert!(several > 0);
+}
+
 /// Decodes every case of a block sampler's fixture (aligned layout) with the family's
 /// defaults and the case's schedule, and checks tokens and forwards; at least one case commits
 /// several positions per forward.
