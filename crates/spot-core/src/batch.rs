@@ -1,11 +1,10 @@
 //! Many requests through one model: continuous batching of [`Request`]s.
 //!
 //! Every [`BatchDriver::step`] admits queued requests up to the in-flight limit (each gets a
-//! cache slot of its own), runs the prefill of the new ones (one forward per request), appends
-//! the finished blocks of all requests that have one in **one** merged call
-//! ([`MultiRequestModel::append_blocks`]), then runs **one** forward over the block states of
-//! every request that needs scoring ([`MultiRequestModel::forward_groups`]), and hands each
-//! request its results. Requests join and leave between steps. Since a group's statistics are
+//! cache slot of its own), runs the prefill of the new ones (one forward per request), then
+//! runs **one** forward over the block states of every request that needs scoring, carrying
+//! the finished blocks that requests append before them
+//! ([`MultiRequestModel::append_and_forward_groups`]), and hands each request its results. Requests join and leave between steps. Since a group's statistics are
 //! bit-identical to scoring it alone, each request decodes exactly the tokens, counters and
 //! events it would alone.
 //!
@@ -36,7 +35,7 @@ use crate::decode::DecodeOutput;
 use crate::error::{Error, Result};
 use crate::model::{CacheSlot, MultiRequestModel, ScoreGroup};
 use crate::request::{BlockEvent, CancelHandle, Need, Request, StepStrategy};
-use crate::state::BlockState;
+use crate::state::{BlockState, TokenId};
 
 /// A request's number in a [`BatchDriver`], in submission order from 0.
 pub type RequestId = u64;
@@ -182,7 +181,6 @@ impl<S: StepStrategy> BatchDriver<S> {
                 live.error = Some(e);
             }
         }
-        self.append(model);
         self.score(model);
         for live in &mut self.live {
             while let Some(e) = live.request.next_event() {
@@ -224,19 +222,28 @@ impl<S: StepStrategy> BatchDriver<S> {
         Ok(all)
     }
 
-    /// One merged forward over every live request that needs scoring.
+    /// One merged forward over every live request that needs scoring, with the finished
+    /// blocks they append ([`MultiRequestModel::append_and_forward_groups`]).
     fn score(&mut self, model: &mut dyn MultiRequestModel) {
-        let (members, groups) = self.gather(|need, slot| match need {
-            Need::Score { states, query } => Some(ScoreGroup {
-                slot,
+        let (members, picked) = self.gather(|need, slot| match need {
+            Need::Score {
                 states,
                 query,
-            }),
+                append,
+            } => Some((
+                append,
+                ScoreGroup {
+                    slot,
+                    states,
+                    query,
+                },
+            )),
             _ => None,
         });
-        if groups.is_empty() {
+        if picked.is_empty() {
             return;
         }
+        let (appends, groups): (Vec<&[TokenId]>, Vec<ScoreGroup<'_>>) = picked.into_iter().unzip();
         let positions: Vec<u64> = groups
             .iter()
             .map(|g| {
@@ -244,34 +251,24 @@ impl<S: StepStrategy> BatchDriver<S> {
                 (g.states.len() * model.positions_per_state_in(g.slot, len)) as u64
             })
             .collect();
-        let result = model.forward_groups(&groups);
+        let result = model.append_and_forward_groups(&appends, &groups);
         drop(groups);
+        drop(appends);
         self.forwards += 1;
-        let all = self.shaped(result, &members, "statistics groups per merged forward");
-        for ((i, stats), positions) in members.into_iter().zip(all).zip(positions) {
-            let live = &mut self.live[i];
-            if let Err(e) = live.request.scored(stats, positions) {
-                live.error = Some(e);
+        let (updates, stats) = match result {
+            Ok((updates, stats)) => (Ok(updates), Ok(stats)),
+            Err(e) => {
+                let e = e.to_string();
+                (Err(Error::model(e.clone())), Err(Error::model(e)))
             }
-        }
-    }
-
-    /// One merged append of the finished blocks of every live request that needs one
-    /// ([`MultiRequestModel::append_blocks`]).
-    fn append(&mut self, model: &mut dyn MultiRequestModel) {
-        let (members, blocks) = self.gather(|need, slot| match need {
-            Need::Append { block } => Some((slot, block)),
-            _ => None,
-        });
-        if blocks.is_empty() {
-            return;
-        }
-        let result = model.append_blocks(&blocks);
-        drop(blocks);
-        let updates = self.shaped(result, &members, "prefix updates per merged append");
-        for (i, update) in members.into_iter().zip(updates) {
+        };
+        let updates = self.shaped(updates, &members, "prefix updates per merged forward");
+        let all = self.shaped(stats, &members, "statistics groups per merged forward");
+        for (((i, stats), positions), update) in
+            members.into_iter().zip(all).zip(positions).zip(updates)
+        {
             let live = &mut self.live[i];
-            if let Err(e) = live.request.prefix_done(update) {
+            if let Err(e) = live.request.scored_after_append(update, stats, positions) {
                 live.error = Some(e);
             }
         }

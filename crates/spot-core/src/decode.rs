@@ -391,15 +391,20 @@ pub fn run_request<S: StepStrategy>(
                 let update = model.reset_prefix(prefix, block_size)?;
                 request.prefix_done(update)?;
             }
-            Need::Append { block } => {
-                let update = model.append_block(block)?;
-                request.prefix_done(update)?;
-            }
-            Need::Score { states, query } => {
+            Need::Score {
+                states,
+                query,
+                append,
+            } => {
                 let len = states.first().map_or(0, BlockState::len);
                 let positions = states.len() * model.positions_per_state(len);
-                let stats = model.forward(states, query)?;
-                request.scored(stats, positions as u64)?;
+                if append.is_empty() {
+                    let stats = model.forward(states, query)?;
+                    request.scored(stats, positions as u64)?;
+                } else {
+                    let (update, stats) = model.append_and_forward(append, states, query)?;
+                    request.scored_after_append(update, stats, positions as u64)?;
+                }
             }
             Need::Done => break,
         }

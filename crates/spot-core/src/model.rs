@@ -75,6 +75,24 @@ pub trait BlockDiffusionModel {
     /// One forward over `states` (all of the same length) after the committed prefix.
     fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>>;
 
+    /// Appends the finished `block` to the committed prefix and scores `states` after it:
+    /// the statistics and the cache must end exactly as after
+    /// [`append_block`](BlockDiffusionModel::append_block) then
+    /// [`forward`](BlockDiffusionModel::forward), which is the default (two forwards for a
+    /// cached model). Cached families override it with one forward in which the block's
+    /// positions ride along with the states (the states attend to its keys and values of the
+    /// same layer), and return an update with `ran_forward: false`: a decode then pays no
+    /// forward of its own for appending a finished block.
+    fn append_and_forward(
+        &mut self,
+        block: &[TokenId],
+        states: &[BlockState],
+        query: &StatsQuery,
+    ) -> Result<(PrefixUpdate, Vec<BlockStats>)> {
+        let update = self.append_block(block)?;
+        Ok((update, self.forward(states, query)?))
+    }
+
     /// Positions a forward computes per state whose block has `block_len` positions: the block
     /// itself for cached models (the default); models that recompute the prefix or attend to
     /// future masks (LLaDA, Dream) report the whole window they run. Used for work accounting
@@ -102,6 +120,14 @@ impl<M: BlockDiffusionModel + ?Sized> BlockDiffusionModel for &mut M {
     }
     fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>> {
         (**self).forward(states, query)
+    }
+    fn append_and_forward(
+        &mut self,
+        block: &[TokenId],
+        states: &[BlockState],
+        query: &StatsQuery,
+    ) -> Result<(PrefixUpdate, Vec<BlockStats>)> {
+        (**self).append_and_forward(block, states, query)
     }
     fn positions_per_state(&self, block_len: usize) -> usize {
         (**self).positions_per_state(block_len)
@@ -335,6 +361,50 @@ pub trait MultiRequestModel: BlockDiffusionModel {
     /// One forward over the states of every group (each group after its own slot's prefix);
     /// one entry of statistics per group, in order. A slot may appear in one group only.
     fn forward_groups(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<Vec<BlockStats>>>;
+
+    /// [`BlockDiffusionModel::append_and_forward`] for several requests: `appends[i]` (empty:
+    /// none) is appended to the slot of `groups[i]`, whose states are then scored after it.
+    /// Each slot's cache and statistics must end exactly as after its own
+    /// [`MultiRequestModel::append_block_in`] and a [`MultiRequestModel::forward_groups`] of
+    /// its group alone. The default runs [`MultiRequestModel::append_blocks`] first; cached
+    /// families override it with one forward. Returns one update per group (`positions: 0`
+    /// for an empty append) and the statistics.
+    fn append_and_forward_groups(
+        &mut self,
+        appends: &[&[TokenId]],
+        groups: &[ScoreGroup<'_>],
+    ) -> Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
+        if appends.len() != groups.len() {
+            return Err(Error::ShapeMismatch {
+                what: "appends per score group",
+                expected: groups.len(),
+                actual: appends.len(),
+            });
+        }
+        let blocks: Vec<(CacheSlot, &[TokenId])> = groups
+            .iter()
+            .zip(appends)
+            .filter(|(_, a)| !a.is_empty())
+            .map(|(g, a)| (g.slot, *a))
+            .collect();
+        let done = self.append_blocks(&blocks)?;
+        if done.len() != blocks.len() {
+            return Err(Error::ShapeMismatch {
+                what: "prefix updates per merged append",
+                expected: blocks.len(),
+                actual: done.len(),
+            });
+        }
+        let mut done = done.into_iter();
+        let updates = appends
+            .iter()
+            .map(|a| match a.is_empty() {
+                true => PrefixUpdate::default(),
+                false => done.next().unwrap_or_default(),
+            })
+            .collect();
+        Ok((updates, self.forward_groups(groups)?))
+    }
 }
 
 /// A table of per-request caches indexed by [`CacheSlot`], for [`MultiRequestModel`]
@@ -521,6 +591,25 @@ macro_rules! slot0_methods {
             Ok($crate::MultiRequestModel::forward_groups(self, &[group])?
                 .pop()
                 .unwrap_or_default())
+        }
+
+        fn append_and_forward(
+            &mut self,
+            block: &[$crate::TokenId],
+            states: &[$crate::BlockState],
+            query: &$crate::StatsQuery,
+        ) -> $crate::Result<($crate::PrefixUpdate, Vec<$crate::BlockStats>)> {
+            let group = $crate::ScoreGroup {
+                slot: $crate::CacheSlot(0),
+                states,
+                query,
+            };
+            let (mut updates, mut stats) =
+                $crate::MultiRequestModel::append_and_forward_groups(self, &[block], &[group])?;
+            Ok((
+                updates.pop().unwrap_or_default(),
+                stats.pop().unwrap_or_default(),
+            ))
         }
     };
 }

@@ -7,8 +7,10 @@
 //!   │   Request    │ ────────▶ │ block i open │ ──────────────▶ │   strategy   │
 //!   └──────────────┘           └──────────────┘ ◀────────────── │   absorbs    │
 //!                                  ▲        block not complete   └──────┬───────┘
-//!                   prefix_done()  │                                    │ block complete:
-//!                                  │  Append{block}                     │ event, stop checks
+//!                                  │                                    │ block complete:
+//!                                  │ block i + 1 opens; its first       │ event, stop checks
+//!                                  │ Score{append: block i} rides the   │
+//!                                  │ append in the same forward         │
 //!                                  └────────────────────────────────────┤
 //!                                                                       ▼
 //!                                         Done (last block, stop id, stop check, cancel)
@@ -37,14 +39,11 @@
 //!             let u = model.reset_prefix(prefix, block_size)?;
 //!             req.prefix_done(u)?;
 //!         }
-//!         Need::Append { block } => {
-//!             let u = model.append_block(block)?;
-//!             req.prefix_done(u)?;
-//!         }
-//!         Need::Score { states, query } => {
+//!         Need::Score { states, query, append } => {
 //!             let positions = states.len() * model.positions_per_state(states[0].len());
-//!             let stats = model.forward(states, query)?;
-//!             req.scored(stats, positions as u64)?;
+//!             // A finished block rides along (empty when there is none).
+//!             let (u, stats) = model.append_and_forward(append, states, query)?;
+//!             req.scored_after_append(u, stats, positions as u64)?;
 //!         }
 //!         Need::Done => break,
 //!     }
@@ -220,18 +219,20 @@ pub enum Need<'a> {
         /// ([`BlockDiffusionModel::set_generation_end`](crate::BlockDiffusionModel::set_generation_end)).
         generation_end: usize,
     },
-    /// Append a finished block to the request's prefix; answer with [`Request::prefix_done`].
-    Append {
-        /// The block's tokens.
-        block: &'a [TokenId],
-    },
-    /// Score `states` after the request's prefix with `query`; answer with
-    /// [`Request::scored`].
+    /// Score `states` after the request's prefix with `query`, first appending `append` to
+    /// the prefix when it is not empty (the block just finished, which the first forward of
+    /// the next block carries: [`BlockDiffusionModel::append_and_forward`]). Answer with
+    /// [`Request::scored_after_append`] (or [`Request::scored`] when `append` is empty or the
+    /// model appended it inside the forward at no forward of its own).
+    ///
+    /// [`BlockDiffusionModel::append_and_forward`]: crate::BlockDiffusionModel::append_and_forward
     Score {
         /// Block states of equal length (at least one).
         states: &'a [BlockState],
         /// The request's query.
         query: &'a StatsQuery,
+        /// A finished block to append to the prefix before the states (empty: none).
+        append: &'a [TokenId],
     },
     /// Nothing more: call [`Request::finish`].
     Done,
@@ -288,7 +289,6 @@ impl CancelHandle {
 enum Phase {
     Prefill,
     Score,
-    Append,
     Done,
     Failed,
 }
@@ -298,7 +298,6 @@ impl Phase {
         match self {
             Phase::Prefill => "a prefill",
             Phase::Score => "a forward",
-            Phase::Append => "a block append",
             Phase::Done => "nothing (done)",
             Phase::Failed => "nothing (failed)",
         }
@@ -430,12 +429,10 @@ impl<S: StepStrategy> Request<S> {
                 block_size: self.cfg.block_size,
                 generation_end: self.plan.first_start + self.plan.blocks * self.cfg.block_size,
             },
-            Phase::Append => Need::Append {
-                block: &self.finished,
-            },
             Phase::Score => Need::Score {
                 states: &self.states,
                 query: &self.round_query,
+                append: &self.finished,
             },
             Phase::Done | Phase::Failed => Need::Done,
         }
@@ -454,21 +451,40 @@ impl<S: StepStrategy> Request<S> {
         Err(Error::RequestState { expected, got })
     }
 
-    /// The answer to [`Need::Prefill`] or [`Need::Append`].
+    /// The answer to [`Need::Prefill`].
     pub fn prefix_done(&mut self, update: PrefixUpdate) -> Result<(), S::Error> {
-        self.expect(&[Phase::Prefill, Phase::Append], "a prefix update")?;
+        self.expect(&[Phase::Prefill], "a prefix update")?;
         self.meter.count_prefix(update);
-        let index = match self.phase {
-            Phase::Prefill => 0,
-            _ => self.stats.blocks as usize,
-        };
-        self.guarded(|r| r.open_block(index))
+        self.guarded(|r| r.open_block(0))
     }
 
     /// The answer to [`Need::Score`]: one statistics entry per state, and the target
-    /// positions the forward processed for them (for [`Meter::positions_processed`]).
+    /// positions the forward processed for them (for [`Meter::positions_processed`]). A
+    /// pending append counts as carried by that forward (no forward of its own, its
+    /// positions added).
     pub fn scored(&mut self, stats: Vec<BlockStats>, positions: u64) -> Result<(), S::Error> {
+        let carried = PrefixUpdate {
+            ran_forward: false,
+            positions: self.finished.len(),
+        };
+        self.scored_after_append(carried, stats, positions)
+    }
+
+    /// [`Request::scored`] with what the pending append cost (as the model reported it:
+    /// [`BlockDiffusionModel::append_and_forward`]); ignored when nothing was pending.
+    ///
+    /// [`BlockDiffusionModel::append_and_forward`]: crate::BlockDiffusionModel::append_and_forward
+    pub fn scored_after_append(
+        &mut self,
+        update: PrefixUpdate,
+        stats: Vec<BlockStats>,
+        positions: u64,
+    ) -> Result<(), S::Error> {
         self.expect(&[Phase::Score], "statistics")?;
+        if !self.finished.is_empty() {
+            self.meter.count_prefix(update);
+            self.finished.clear();
+        }
         self.guarded(|r| r.absorb(stats, positions))
     }
 
@@ -603,11 +619,12 @@ impl<S: StepStrategy> Request<S> {
         });
         if last {
             self.phase = Phase::Done;
+            Ok(())
         } else {
+            // The next block's first forward carries this one's append.
             self.finished = block;
-            self.phase = Phase::Append;
+            self.open_block(index + 1)
         }
-        Ok(())
     }
 
     /// Whether the request needs nothing more (done, failed or cancelled).

@@ -253,6 +253,15 @@ impl<B: Backend> BlockDiffusionModel for DiffusionModel<B> {
         each!(self, m => m.forward(states, query))
     }
 
+    fn append_and_forward(
+        &mut self,
+        block: &[TokenId],
+        states: &[BlockState],
+        query: &StatsQuery,
+    ) -> spot_core::Result<(PrefixUpdate, Vec<BlockStats>)> {
+        each!(self, m => m.append_and_forward(block, states, query))
+    }
+
     fn positions_per_state(&self, block_len: usize) -> usize {
         each!(self, m => m.positions_per_state(block_len))
     }
@@ -308,5 +317,13 @@ impl<B: Backend> MultiRequestModel for DiffusionModel<B> {
         groups: &[ScoreGroup<'_>],
     ) -> spot_core::Result<Vec<Vec<BlockStats>>> {
         each!(self, m => m.forward_groups(groups))
+    }
+
+    fn append_and_forward_groups(
+        &mut self,
+        appends: &[&[TokenId]],
+        groups: &[ScoreGroup<'_>],
+    ) -> spot_core::Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
+        each!(self, m => m.append_and_forward_groups(appends, groups))
     }
 }

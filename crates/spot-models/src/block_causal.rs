@@ -193,6 +193,7 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
                 len: block.len(),
                 start,
                 cache: self.slots.get(slot).map_or(&[][..], |s| &s.cache[..]),
+                after: None,
             })
             .collect();
         if !segments.is_empty() {
@@ -218,58 +219,120 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
         &mut self,
         groups: &[ScoreGroup<'_>],
     ) -> spot_core::Result<Vec<Vec<BlockStats>>> {
+        let none = vec![&[][..]; groups.len()];
+        Ok(self.score_groups(&none, groups)?.1)
+    }
+
+    /// One forward: each finished block of `appends` runs as a segment of its own over its
+    /// slot's cache, and its group's states attend to that cache extended by the block's keys
+    /// and values of the same layer (`Segment::after`), exactly the cache an append alone
+    /// leaves; the blocks then join their caches. No forward of its own for any append.
+    fn append_and_forward_groups(
+        &mut self,
+        appends: &[&[TokenId]],
+        groups: &[ScoreGroup<'_>],
+    ) -> spot_core::Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
+        self.score_groups(appends, groups)
+    }
+}
+
+impl<B: Backend, C> BlockCausal<B, C> {
+    /// [`MultiRequestModel::append_and_forward_groups`] (and, with every append empty,
+    /// [`MultiRequestModel::forward_groups`]).
+    fn score_groups(
+        &mut self,
+        appends: &[&[TokenId]],
+        groups: &[ScoreGroup<'_>],
+    ) -> spot_core::Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
         check_distinct_slots(groups)?;
+        if appends.len() != groups.len() {
+            return Err(spot_core::Error::ShapeMismatch {
+                what: "appends per score group",
+                expected: groups.len(),
+                actual: appends.len(),
+            });
+        }
         let mut ids = Vec::new();
+        // Per group: the prefix length before its append, and the states' shape.
         let mut shapes = Vec::with_capacity(groups.len());
-        for g in groups {
+        for (g, append) in groups.iter().zip(appends) {
             g.query.validate()?;
-            let start = self.slots.get(g.slot)?.prefix.len();
+            let before = self.slots.get(g.slot)?.prefix.len();
+            let start = before + append.len();
+            self.frame.check_end(start, "prefix")?;
+            self.frame.push_ids(append, &mut ids)?;
             let (group_ids, n, len) = self.frame.check_states(g.states, start)?;
             ids.extend(group_ids);
-            shapes.push((n, len, start));
+            shapes.push((n, len, before));
         }
-        let segments: Vec<Segment<'_, B>> = groups
-            .iter()
-            .zip(&shapes)
-            .filter(|(_, shape)| shape.0 > 0)
-            .map(|(g, &(n, len, start))| {
-                let cache = self.slots.get(g.slot).map_or(&[][..], |s| &s.cache[..]);
-                Segment {
+        let mut segments: Vec<Segment<'_, B>> = Vec::new();
+        // Per group: the index of its append segment, if any, and of its states segment.
+        let mut at = Vec::with_capacity(groups.len());
+        for ((g, append), &(n, len, before)) in groups.iter().zip(appends).zip(&shapes) {
+            let cache = self.slots.get(g.slot).map_or(&[][..], |s| &s.cache[..]);
+            let block = (!append.is_empty()).then(|| {
+                segments.push(Segment {
+                    n: 1,
+                    len: append.len(),
+                    start: before,
+                    cache,
+                    after: None,
+                });
+                segments.len() - 1
+            });
+            let states = (n > 0).then(|| {
+                segments.push(Segment {
                     n,
                     len,
-                    start,
+                    start: before + append.len(),
                     cache,
-                }
-            })
-            .collect();
-        if segments.is_empty() {
-            return Ok(groups.iter().map(|_| Vec::new()).collect());
+                    after: block,
+                });
+                segments.len() - 1
+            });
+            at.push((block, states));
         }
-        let (hidden, _) = self.net.run_segments(ids, &segments, Attend::Bidirectional);
+        if segments.is_empty() {
+            let updates = groups.iter().map(|_| PrefixUpdate::default()).collect();
+            return Ok((updates, groups.iter().map(|_| Vec::new()).collect()));
+        }
+        let (hidden, mut kv) = self.net.run_segments(ids, &segments, Attend::Bidirectional);
+        let rows: Vec<usize> = segments.iter().map(|s| s.n * s.len).collect();
+        let single = segments.len() == 1;
         drop(segments);
+        let mut updates = Vec::with_capacity(groups.len());
         let mut out = Vec::with_capacity(groups.len());
-        let mut row0 = 0;
-        for (g, &(n, len, start)) in groups.iter().zip(&shapes) {
-            if n == 0 {
+        for (((g, append), &(n, len, before)), &(block, states)) in
+            groups.iter().zip(appends).zip(&shapes).zip(&at)
+        {
+            let slot = self.slots.get_mut(g.slot)?;
+            if let Some(b) = block {
+                Net::extend_cache(&mut slot.cache, std::mem::take(&mut kv[b]));
+                slot.prefix.extend_from_slice(append);
+            }
+            updates.push(PrefixUpdate {
+                ran_forward: false,
+                positions: append.len(),
+            });
+            let Some(si) = states else {
                 out.push(Vec::new());
                 continue;
-            }
-            let rows = if groups.len() == 1 {
+            };
+            let row0: usize = rows[..si].iter().sum();
+            let rows = if single {
                 hidden.clone()
             } else {
                 hidden.clone().narrow(0, row0, n * len)
             };
-            row0 += n * len;
             let plan = RowPlan::masked(g.states, len);
-            let slot = self.slots.get_mut(g.slot)?;
             out.push(self.frame.stats(
                 &self.net.head,
                 rows,
                 &plan,
-                (start, &mut slot.noise),
+                (before + append.len(), &mut slot.noise),
                 g.query,
             )?);
         }
-        Ok(out)
+        Ok((updates, out))
     }
 }

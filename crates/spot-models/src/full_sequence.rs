@@ -185,6 +185,7 @@ impl<B: Backend, C> FullSequence<B, C> {
             len: input.width,
             start: input.from,
             cache: &slot.cache,
+            after: None,
         };
         let (hidden, _) = self
             .net
@@ -325,6 +326,7 @@ impl<B: Backend, C> MultiRequestModel for FullSequence<B, C> {
                 len: input.width,
                 start: input.from,
                 cache,
+                after: None,
             });
         }
         if segments.is_empty() {

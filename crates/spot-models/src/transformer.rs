@@ -119,6 +119,10 @@ pub(crate) struct Segment<'c, B: Backend> {
     pub len: usize,
     pub start: usize,
     pub cache: &'c [Kv<B>],
+    /// An earlier segment of the same run (one sequence: a finished block being appended)
+    /// whose keys and values extend `cache` for this one, layer by layer, as
+    /// [`Net::extend_cache`] would after appending it alone.
+    pub after: Option<usize>,
 }
 
 /// Embedding, layers, final norm and head.
@@ -221,6 +225,7 @@ impl<B: Backend> Net<B> {
             len,
             start,
             cache,
+            after: None,
         };
         let (hidden, mut kv) = self.run_segments(ids, &[segment], attend);
         (hidden, kv.pop().unwrap_or_default())
@@ -321,7 +326,19 @@ impl<B: Backend> Net<B> {
                 // 3. Group the query heads of each KV head: [n, kv, g * len, d].
                 let q = q.reshape([n, kvh, g * len, d]);
                 // 4. Attention over [prefix ; block].
-                let cached = seg.cache.get(li).filter(|_| seg.start > 0);
+                let extended = seg
+                    .after
+                    .and_then(|j| new_kv.get(j)?.get(li))
+                    .map(|new| match seg.cache.get(li) {
+                        Some(c) if seg.start > new.k.dims()[2] => Kv {
+                            k: Tensor::cat(vec![c.k.clone(), new.k.clone()], 2),
+                            v: Tensor::cat(vec![c.v.clone(), new.v.clone()], 2),
+                        },
+                        _ => new.clone(),
+                    });
+                let cached = extended
+                    .as_ref()
+                    .or(seg.cache.get(li).filter(|_| seg.start > 0));
                 let out = match attend {
                     Attend::Causal => attention::causal(q, &k, &v, cached, scale),
                     Attend::Bidirectional => attention::bidirectional(q, &k, &v, cached, scale),

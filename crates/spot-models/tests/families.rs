@@ -576,6 +576,83 @@ fn merged_appends_equal_appends_alone() {
     }
 }
 
+/// A finished block carried by the next forward (`append_and_forward`, and merged over slots
+/// with `append_and_forward_groups`) gives the statistics, and leaves the cache, of appending
+/// it alone and then scoring, bit for bit, on every family; the cached families (SDAR,
+/// LLaDA2.0) report no forward of its own for the append. Prefixes of 0-2 blocks, and a slot
+/// without an append beside ones with.
+#[test]
+fn appends_carried_by_the_next_forward_equal_appends_alone() {
+    use spot_dlm::{CacheSlot, MultiRequestModel, ScoreGroup};
+    for name in DIFFUSION_FIXTURES {
+        let mut m = load_any(name);
+        let mask = m.info().mask_id;
+        let cached = matches!(m.family(), Family::Sdar | Family::Llada2Moe);
+        let prefixes: Vec<Vec<u32>> = (0..3u32)
+            .map(|i| (0..8 * i).map(|j| (j * 13 + i * 7) % 300).collect())
+            .collect();
+        let blocks: Vec<Vec<u32>> = (0..3u32)
+            .map(|i| (0..8).map(|j| (j * 5 + i * 31 + 1) % 300).collect())
+            .collect();
+        let mut partial = BlockState::masked(8, mask);
+        partial.commit(spot_dlm::Commit::new(3, 17)).unwrap();
+        let states = [BlockState::masked(8, mask), partial];
+        let q = StatsQuery::new(1.0, 4);
+        let next = [BlockState::masked(8, mask)];
+        for (i, (prefix, block)) in prefixes.iter().zip(&blocks).enumerate() {
+            m.set_generation_end(64).unwrap();
+            m.reset_prefix(prefix, 8).unwrap();
+            m.append_block(block).unwrap();
+            let alone = m.forward(&states, &q).unwrap();
+            m.append_block(&blocks[0]).unwrap();
+            let after = m.forward(&next, &q).unwrap();
+            m.reset_prefix(prefix, 8).unwrap();
+            let (update, carried) = m.append_and_forward(block, &states, &q).unwrap();
+            assert_eq!(carried, alone, "{name} prefix {i}");
+            assert!(
+                !(cached && update.ran_forward),
+                "{name}: the append ran a forward"
+            );
+            assert_eq!(m.prefix_len(), prefix.len() + 8, "{name}");
+            let (_, carried) = m.append_and_forward(&blocks[0], &next, &q).unwrap();
+            assert_eq!(carried, after, "{name} prefix {i}: the cache differs");
+        }
+        // Merged over slots: two with an append, one without.
+        let slots: Vec<CacheSlot> = (0..3).map(|_| m.open_slot().unwrap()).collect();
+        let mut want = Vec::new();
+        for (i, &slot) in slots.iter().enumerate() {
+            m.set_generation_end(64).unwrap();
+            m.reset_prefix(&prefixes[i], 8).unwrap();
+            if i < 2 {
+                m.append_block(&blocks[i]).unwrap();
+            }
+            want.push(m.forward(&states, &q).unwrap());
+            m.set_generation_end_in(slot, 64).unwrap();
+            m.reset_prefix_in(slot, &prefixes[i], 8).unwrap();
+        }
+        let appends: [&[u32]; 3] = [&blocks[0], &blocks[1], &[]];
+        let groups: Vec<ScoreGroup<'_>> = slots
+            .iter()
+            .map(|&slot| ScoreGroup {
+                slot,
+                states: &states,
+                query: &q,
+            })
+            .collect();
+        let (updates, got) = m.append_and_forward_groups(&appends, &groups).unwrap();
+        assert_eq!(got, want, "{name} merged");
+        assert_eq!(
+            updates[2],
+            spot_dlm::core::PrefixUpdate::default(),
+            "{name}"
+        );
+        for (i, &slot) in slots.iter().enumerate() {
+            let grown = if i < 2 { 8 } else { 0 };
+            assert_eq!(m.prefix_len_in(slot), prefixes[i].len() + grown, "{name}");
+        }
+    }
+}
+
 /// LLaDA-format folders decode by default as LLaDA's own sampler does (blocks right after the
 /// prompt, `tools/oracle/llada_sampler.py`): the same tokens on every recorded case, while the
 /// aligned layout decodes something else on at least one (so the check can fail). With fewer
