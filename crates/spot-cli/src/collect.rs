@@ -72,17 +72,7 @@ pub fn run(a: &CollectArgs) -> Result<()> {
             .display()
             .to_string()
     };
-    let manifest = Manifest::new(
-        &canon(&dir),
-        &canon(&a.prompts),
-        &field,
-        cfg.block_size,
-        cfg.max_new_tokens,
-        cfg.early_stop,
-        cfg.temperature,
-        cfg.seed,
-    )
-    .with_threshold(a.threshold);
+    let manifest = Manifest::for_decode(&canon(&dir), &canon(&a.prompts), &field, &cfg);
     let out = TrajectoryDir::create_or_resume(&a.out, manifest)?;
     let tokenizer = model
         .tokenizer()

@@ -55,6 +55,25 @@ pub enum Transition {
     },
 }
 
+impl std::fmt::Display for Transition {
+    /// `exact`, `threshold(τ)`, `scheduled(steps=S)` / `scheduled(steps=S, tau=τ)`,
+    /// `timesteps(steps=S, eps=E)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Transition::Exact => f.write_str("exact"),
+            Transition::Threshold { tau } => write!(f, "threshold({tau})"),
+            Transition::Scheduled { steps, tau: None } => write!(f, "scheduled(steps={steps})"),
+            Transition::Scheduled {
+                steps,
+                tau: Some(tau),
+            } => write!(f, "scheduled(steps={steps}, tau={tau})"),
+            Transition::Timesteps { steps, eps } => {
+                write!(f, "timesteps(steps={steps}, eps={eps})")
+            }
+        }
+    }
+}
+
 /// Dream's default last timestep.
 pub const DREAM_EPS: f32 = 1e-3;
 

@@ -8,10 +8,13 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use spot_core::{DecodeConfig, TokenId, Transition};
 
 use crate::trajectory::{FORMAT_VERSION, Trajectory, TrajectoryError};
 
-/// What a trajectory directory holds.
+/// What a trajectory directory holds: where it came from, and every [`DecodeConfig`] field
+/// that determines the decoded tokens.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
@@ -38,91 +41,104 @@ pub struct Manifest {
     /// The threshold `τ` of threshold decoding (`None`: one commit per forward).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub threshold: Option<f32>,
+    /// The transition ([`Transition`]'s display form, e.g. `exact`, `threshold(0.9)`);
+    /// `None` in manifests written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transition: Option<String>,
+    /// The confidence rule ([`spot_core::ConfidenceRule::name`]); `None` in older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confidence: Option<String>,
+    /// The block layout ([`spot_core::BlockLayout::name`]); `None` in older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+    /// Stop ids; `None` in older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_ids: Option<Vec<TokenId>>,
+    /// Top-k sampling truncation ([`DecodeConfig::sample_top_k`]); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample_top_k: Option<usize>,
 }
 
 impl Manifest {
-    /// A manifest of the current format.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        model: &str,
-        prompts: &str,
-        field: &str,
-        block_size: usize,
-        max_new_tokens: usize,
-        early_stop: bool,
-        temperature: f32,
-        seed: u64,
-    ) -> Self {
+    /// The manifest of trajectories of the model folder `model` on the prompts of `prompts`
+    /// (field `field`) decoded under `cfg`.
+    ///
+    /// ```
+    /// use spot_core::{DecodeConfig, Transition};
+    /// use spot_drafter::collect::Manifest;
+    /// let cfg = DecodeConfig { transition: Transition::Threshold { tau: 0.9 }, ..DecodeConfig::default() };
+    /// let m = Manifest::for_decode("m", "p.jsonl", "prompt", &cfg);
+    /// assert_eq!(m.threshold, Some(0.9));
+    /// assert_eq!(m.transition.as_deref(), Some("threshold(0.9)"));
+    /// assert_eq!(m.layout.as_deref(), Some("aligned"));
+    /// ```
+    pub fn for_decode(model: &str, prompts: &str, field: &str, cfg: &DecodeConfig) -> Self {
+        let threshold = match cfg.transition {
+            Transition::Threshold { tau } => Some(tau),
+            Transition::Scheduled { tau, .. } => tau,
+            _ => None,
+        };
         Self {
             format: "spot-trajectories".into(),
             version: FORMAT_VERSION,
             model: model.into(),
             prompts: prompts.into(),
             field: field.into(),
-            block_size,
-            max_new_tokens,
-            early_stop,
-            temperature,
-            seed,
-            threshold: None,
+            block_size: cfg.block_size,
+            max_new_tokens: cfg.max_new_tokens,
+            early_stop: cfg.early_stop,
+            temperature: cfg.temperature,
+            seed: cfg.seed,
+            threshold,
+            transition: Some(cfg.transition.to_string()),
+            confidence: Some(cfg.confidence.name().into()),
+            layout: Some(cfg.layout.name().into()),
+            stop_ids: Some(cfg.stop_ids.clone()),
+            sample_top_k: cfg.sample_top_k,
         }
     }
 
-    /// The same manifest for trajectories decoded with threshold `tau` (`None`: one commit
-    /// per forward).
-    pub fn with_threshold(mut self, tau: Option<f32>) -> Self {
-        self.threshold = tau;
-        self
-    }
-
-    fn differences(&self, other: &Self) -> Option<(&'static str, String, String)> {
-        let f = |name, a: String, b: String| (a != b).then_some((name, a, b));
-        f("format", self.format.clone(), other.format.clone())
-            .or_else(|| {
-                f(
-                    "version",
-                    self.version.to_string(),
-                    other.version.to_string(),
-                )
-            })
-            .or_else(|| f("model", self.model.clone(), other.model.clone()))
-            .or_else(|| f("prompts", self.prompts.clone(), other.prompts.clone()))
-            .or_else(|| f("field", self.field.clone(), other.field.clone()))
-            .or_else(|| {
-                f(
-                    "block_size",
-                    self.block_size.to_string(),
-                    other.block_size.to_string(),
-                )
-            })
-            .or_else(|| {
-                f(
-                    "max_new_tokens",
-                    self.max_new_tokens.to_string(),
-                    other.max_new_tokens.to_string(),
-                )
-            })
-            .or_else(|| {
-                f(
-                    "early_stop",
-                    self.early_stop.to_string(),
-                    other.early_stop.to_string(),
-                )
-            })
-            .or_else(|| {
-                f(
-                    "temperature",
-                    self.temperature.to_string(),
-                    other.temperature.to_string(),
-                )
-            })
-            .or_else(|| f("seed", self.seed.to_string(), other.seed.to_string()))
-            .or_else(|| {
-                let t = |m: &Self| m.threshold.map_or("none".into(), |x| x.to_string());
-                f("threshold", t(self), t(other))
-            })
+    /// The first field (in declaration order) whose value differs: its name, then this
+    /// manifest's value and `other`'s, as JSON (`null`: not recorded).
+    fn differences(&self, other: &Self) -> Option<(String, String, String)> {
+        let (Ok(Value::Object(a)), Ok(Value::Object(b))) =
+            (serde_json::to_value(self), serde_json::to_value(other))
+        else {
+            return Some(("manifest".into(), format!("{self:?}"), format!("{other:?}")));
+        };
+        let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+        let order = |k: &String| FIELDS.iter().position(|f| f == k).unwrap_or(FIELDS.len());
+        keys.sort_by_key(|k| (order(k), *k));
+        keys.dedup();
+        keys.into_iter().find_map(|k| {
+            let (x, y) = (
+                a.get(k).unwrap_or(&Value::Null),
+                b.get(k).unwrap_or(&Value::Null),
+            );
+            (x != y).then(|| (k.clone(), x.to_string(), y.to_string()))
+        })
     }
 }
+
+/// [`Manifest`]'s fields, in declaration order (for [`Manifest::differences`]).
+const FIELDS: [&str; 16] = [
+    "format",
+    "version",
+    "model",
+    "prompts",
+    "field",
+    "block_size",
+    "max_new_tokens",
+    "early_stop",
+    "temperature",
+    "seed",
+    "threshold",
+    "transition",
+    "confidence",
+    "layout",
+    "stop_ids",
+    "sample_top_k",
+];
 
 /// Why a trajectory directory could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -154,7 +170,7 @@ pub enum CollectError {
         /// The manifest.
         path: PathBuf,
         /// The first differing field.
-        field: &'static str,
+        field: String,
         /// Its value on disk.
         existing: String,
         /// The requested value.

@@ -196,7 +196,13 @@ fn examples_follow_algorithm_one() {
 #[test]
 fn directory_resumes_and_refuses_other_settings() {
     let dir = tempfile::tempdir().unwrap();
-    let m = Manifest::new("model", "p.jsonl", "prompt", 8, 16, false, 0.0, 0);
+    let cfg = spot_core::DecodeConfig {
+        block_size: 8,
+        max_new_tokens: 16,
+        early_stop: false,
+        ..Default::default()
+    };
+    let m = Manifest::for_decode("model", "p.jsonl", "prompt", &cfg);
     let d = TrajectoryDir::create_or_resume(dir.path(), m.clone()).unwrap();
     assert!(!d.has(2).unwrap());
     let t = sample(1, 8, 0.0);
@@ -211,15 +217,47 @@ fn directory_resumes_and_refuses_other_settings() {
     other.temperature = 1.0;
     let e = TrajectoryDir::create_or_resume(dir.path(), other).unwrap_err();
     assert!(
-        matches!(
-            e,
-            CollectError::ManifestMismatch {
-                field: "temperature",
-                ..
-            }
-        ),
+        matches!(&e, CollectError::ManifestMismatch { field, .. } if field == "temperature"),
         "{e}"
     );
+    // The decode settings the old manifest did not record: transition, rule, layout.
+    let other = Manifest::for_decode(
+        "model",
+        "p.jsonl",
+        "prompt",
+        &spot_core::DecodeConfig {
+            layout: spot_core::BlockLayout::AfterPrompt,
+            ..cfg.clone()
+        },
+    );
+    let e = TrajectoryDir::create_or_resume(dir.path(), other).unwrap_err();
+    assert!(
+        matches!(&e, CollectError::ManifestMismatch { field, existing, .. }
+            if field == "layout" && existing == "\"aligned\""),
+        "{e}"
+    );
+    let other = Manifest::for_decode(
+        "model",
+        "p.jsonl",
+        "prompt",
+        &spot_core::DecodeConfig {
+            transition: spot_core::Transition::Scheduled {
+                steps: 4,
+                tau: None,
+            },
+            ..cfg.clone()
+        },
+    );
+    let e = TrajectoryDir::create_or_resume(dir.path(), other).unwrap_err();
+    assert!(e.to_string().contains("scheduled(steps=4)"), "{e}");
+    // A manifest written before the transition was recorded reads, and differs from one
+    // that records it (so it is not resumed with settings it cannot vouch for).
+    let mut old = m.clone();
+    (old.transition, old.confidence, old.layout, old.stop_ids) = (None, None, None, None);
+    let text = serde_json::to_string(&old).unwrap();
+    assert!(!text.contains("transition"), "{text}");
+    let back: Manifest = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, old);
     assert!(TrajectoryDir::open(dir.path()).is_ok());
     // A damaged sample is an error naming it, not a silent skip.
     let p = d.sample_path(2);
