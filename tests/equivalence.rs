@@ -30,9 +30,10 @@ impl JoinModel for RandomJoin {
         _tau: f32,
         out: &mut JoinPrediction,
     ) -> Result<(), TreeError> {
-        let h = spot_dlm::toy::mix64(self.0 ^ spot_dlm::tree::state_hash(state) ^ steps as u64);
+        let h =
+            spot_dlm::core::state::mix64(self.0 ^ spot_dlm::tree::state_hash(state) ^ steps as u64);
         for s in 0..state.len() {
-            let r = spot_dlm::toy::mix64(h ^ s as u64);
+            let r = spot_dlm::core::state::mix64(h ^ s as u64);
             out.join[s] = match r % 5 {
                 0 => 0.0,
                 1 => 1.0,

@@ -63,7 +63,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if a.block_size == 0 || !a.prefix.is_multiple_of(a.block_size) {
         bail!("--prefix must be a multiple of --block-size (at least 1)");
     }
-    let id = |i: usize| (spot_dlm::toy::mix64(i as u64) % (info.vocab_size as u64 - 1)) as u32;
+    let id =
+        |i: usize| (spot_dlm::core::state::mix64(i as u64) % (info.vocab_size as u64 - 1)) as u32;
     let id = |i: usize| if id(i) == info.mask_id { 0 } else { id(i) };
     let prefix: Vec<u32> = (0..a.prefix).map(id).collect();
     let t = Instant::now();

@@ -5,6 +5,36 @@ use crate::error::{Error, Result};
 /// A token id. Vocabularies of the supported families fit in 32 bits.
 pub type TokenId = u32;
 
+/// SplitMix64 finaliser: a fast, well-mixed 64-bit hash step (the state hash's mixer; also
+/// the toy models' and the seeded test drafters').
+pub fn mix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Zobrist key of token `t` at block position `s`. A state's hash is the XOR of the keys of
+/// all its positions, so a commit updates it in O(1): the hash the draft tree, its builders
+/// and the verifier's successor lookup share.
+pub fn zobrist(s: usize, t: TokenId) -> u64 {
+    mix64(((s as u64) << 32) ^ u64::from(t) ^ 0x5107_7ee5_0000_0000)
+}
+
+/// The hash of a whole block state's tokens (see [`zobrist`]).
+///
+/// ```
+/// use spot_core::state::{state_hash, zobrist};
+/// let (a, b) = (state_hash(&[9, 9, 9]), state_hash(&[9, 4, 9]));
+/// assert_eq!(a ^ zobrist(1, 9) ^ zobrist(1, 4), b);
+/// ```
+pub fn state_hash(tokens: &[TokenId]) -> u64 {
+    tokens
+        .iter()
+        .enumerate()
+        .fold(0, |h, (s, &t)| h ^ zobrist(s, t))
+}
+
 /// One committed position: block position `position` receives `token`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Commit {

@@ -76,13 +76,7 @@ pub struct ToyModel {
     scratch: ReduceScratch,
 }
 
-/// SplitMix64 finaliser: a fast, well-mixed 64-bit hash step.
-pub fn mix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
+pub use crate::state::mix64;
 
 /// One request's committed prefix and its running hash.
 #[derive(Clone, Debug, Default)]

@@ -6,7 +6,7 @@ pub(crate) struct SplitMix(pub(crate) u64);
 impl SplitMix {
     pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        spot_core::toy::mix64(self.0)
+        spot_core::state::mix64(self.0)
     }
 
     pub(crate) fn uniform(&mut self) -> f64 {

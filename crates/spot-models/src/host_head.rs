@@ -799,7 +799,7 @@ mod tests {
     fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         (0..n as u64)
             .map(|i| {
-                let x = spot_core::toy::mix64(seed * 1_000_003 + i);
+                let x = spot_core::state::mix64(seed * 1_000_003 + i);
                 ((x >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0 * scale
             })
             .collect()

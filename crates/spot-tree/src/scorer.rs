@@ -267,7 +267,7 @@ impl OrderScorer for RandomScorer {
         out: &mut [f32],
     ) -> Result<(), TreeError> {
         fill_normalised(nodes, ctx.root.len(), out, |i, s| {
-            let h = spot_core::toy::mix64(nodes.hash(i) ^ self.seed ^ s as u64);
+            let h = spot_core::state::mix64(nodes.hash(i) ^ self.seed ^ s as u64);
             (h >> 40) as f32 / (1u64 << 24) as f32
         });
         Ok(())

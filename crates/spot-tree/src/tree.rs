@@ -1,22 +1,9 @@
 //! The draft tree: an arena of hypothesised block states with parent links.
 
+pub use spot_core::state::{state_hash, zobrist};
 use spot_core::{BlockState, Commit, TokenId};
 
 const NO_PARENT: u32 = u32::MAX;
-
-/// Zobrist key of token `t` at block position `s`. A state's hash is the XOR of the keys of
-/// all its positions, so a commit updates it in O(1).
-pub fn zobrist(s: usize, t: TokenId) -> u64 {
-    spot_core::toy::mix64(((s as u64) << 32) ^ u64::from(t) ^ 0x5107_7ee5_0000_0000)
-}
-
-/// The hash of a full state (see [`zobrist`]).
-pub fn state_hash(tokens: &[TokenId]) -> u64 {
-    tokens
-        .iter()
-        .enumerate()
-        .fold(0, |h, (s, &t)| h ^ zobrist(s, t))
-}
 
 /// A tree of hypothesised block states rooted at the current (verified) state.
 ///

@@ -284,7 +284,7 @@ impl Verifier {
     pub fn round_query(&self, query: &StatsQuery, round: u64) -> StatsQuery {
         let mut q = *query;
         if self.rule == MatchRule::IndependentSampling {
-            let seed = spot_core::toy::mix64(query.noise.seed() ^ spot_core::toy::mix64(round));
+            let seed = spot_core::state::mix64(query.noise.seed() ^ spot_core::state::mix64(round));
             q.noise = spot_core::GumbelNoise::new(seed);
         }
         q
