@@ -4,7 +4,7 @@
 //! cache slot of its own), runs the prefill of the new ones (one forward per request), then
 //! runs **one** forward over the block states of every request that needs scoring, carrying
 //! the finished blocks that requests append before them
-//! ([`MultiRequestModel::append_and_forward_groups`]), and hands each request its results. Requests join and leave between steps. Since a group's statistics are
+//! ([`MultiRequestModel::forward_groups_carrying`]), and hands each request its results. Requests join and leave between steps. Since a group's statistics are
 //! bit-identical to scoring it alone, each request decodes exactly the tokens, counters and
 //! events it would alone.
 //!
@@ -33,9 +33,9 @@ use std::collections::VecDeque;
 
 use crate::decode::DecodeOutput;
 use crate::error::{Error, Result};
-use crate::model::{CacheSlot, MultiRequestModel, ScoreGroup};
+use crate::model::{CacheSlot, Carry, MultiRequestModel, ScoreGroup};
 use crate::request::{BlockEvent, CancelHandle, Need, Request, StepStrategy};
-use crate::state::{BlockState, TokenId};
+use crate::state::BlockState;
 
 /// A request's number in a [`BatchDriver`], in submission order from 0.
 pub type RequestId = u64;
@@ -223,15 +223,15 @@ impl<S: StepStrategy> BatchDriver<S> {
     }
 
     /// One merged forward over every live request that needs scoring, with the finished
-    /// blocks they append ([`MultiRequestModel::append_and_forward_groups`]).
+    /// blocks they append ([`MultiRequestModel::forward_groups_carrying`]).
     fn score(&mut self, model: &mut dyn MultiRequestModel) {
         let (members, picked) = self.gather(|need, slot| match need {
             Need::Score {
                 states,
                 query,
-                append,
+                carry,
             } => Some((
-                append,
+                carry,
                 ScoreGroup {
                     slot,
                     states,
@@ -243,7 +243,7 @@ impl<S: StepStrategy> BatchDriver<S> {
         if picked.is_empty() {
             return;
         }
-        let (appends, groups): (Vec<&[TokenId]>, Vec<ScoreGroup<'_>>) = picked.into_iter().unzip();
+        let (carries, groups): (Vec<Carry<'_>>, Vec<ScoreGroup<'_>>) = picked.into_iter().unzip();
         let positions: Vec<u64> = groups
             .iter()
             .map(|g| {
@@ -251,9 +251,9 @@ impl<S: StepStrategy> BatchDriver<S> {
                 (g.states.len() * model.positions_per_state_in(g.slot, len)) as u64
             })
             .collect();
-        let result = model.append_and_forward_groups(&appends, &groups);
+        let result = model.forward_groups_carrying(&carries, &groups);
         drop(groups);
-        drop(appends);
+        drop(carries);
         self.forwards += 1;
         let (updates, stats) = match result {
             Ok((updates, stats)) => (Ok(updates), Ok(stats)),

@@ -173,6 +173,10 @@ pub struct DecodeStats {
     pub draft_nodes: u64,
     /// Draft nodes accepted by verification.
     pub accepted_nodes: u64,
+    /// First forwards of a block that a look-ahead of the forward before had already scored
+    /// (not forwards: neither in `nfe` nor in `block_forwards`; their commits are in
+    /// `commits_per_forward`).
+    pub prefetched_forwards: u64,
 }
 
 impl DecodeStats {
@@ -394,15 +398,15 @@ pub fn run_request<S: StepStrategy>(
             Need::Score {
                 states,
                 query,
-                append,
+                carry,
             } => {
                 let len = states.first().map_or(0, BlockState::len);
                 let positions = states.len() * model.positions_per_state(len);
-                if append.is_empty() {
+                if carry.append.is_empty() && carry.lookahead.is_none() {
                     let stats = model.forward(states, query)?;
                     request.scored(stats, positions as u64)?;
                 } else {
-                    let (update, stats) = model.append_and_forward(append, states, query)?;
+                    let (update, stats) = model.forward_carrying(carry, states, query)?;
                     request.scored_after_append(update, stats, positions as u64)?;
                 }
             }

@@ -61,8 +61,8 @@ pub use decode::{
 };
 pub use error::{Error, Result};
 pub use model::{
-    BlockDiffusionModel, CacheSlot, Meter, MeteredModel, ModelInfo, MultiRequestModel,
-    PrefixUpdate, ScoreGroup, Slots, check_distinct_slots,
+    BlockDiffusionModel, CacheSlot, Carry, Meter, MeteredModel, ModelInfo, MultiRequestModel,
+    PrefixUpdate, ScoreGroup, Slots, check_distinct_slots, default_forward_groups_carrying,
 };
 pub use noise::GumbelNoise;
 pub use request::{BlockEvent, BlockRun, CancelHandle, Need, Request, StepStrategy, StopCheck};

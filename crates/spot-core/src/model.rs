@@ -75,21 +75,28 @@ pub trait BlockDiffusionModel {
     /// One forward over `states` (all of the same length) after the committed prefix.
     fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>>;
 
-    /// Appends the finished `block` to the committed prefix and scores `states` after it:
-    /// the statistics and the cache must end exactly as after
-    /// [`append_block`](BlockDiffusionModel::append_block) then
-    /// [`forward`](BlockDiffusionModel::forward), which is the default (two forwards for a
-    /// cached model). Cached families override it with one forward in which the block's
-    /// positions ride along with the states (the states attend to its keys and values of the
-    /// same layer), and return an update with `ran_forward: false`: a decode then pays no
-    /// forward of its own for appending a finished block.
-    fn append_and_forward(
+    /// One forward over `states` that also carries `carry`: its `append` (a finished block)
+    /// joins the committed prefix before the states are scored, and its `lookahead` is scored
+    /// after the prefix extended by a hypothesised end of the current block, without keeping
+    /// it. Returns what the append cost and the statistics: one per state, then, when the
+    /// model served the look-ahead, one more for it. Everything must equal what
+    /// [`append_block`](BlockDiffusionModel::append_block), then
+    /// [`forward`](BlockDiffusionModel::forward) (and, for the look-ahead, appending the
+    /// hypothesised block and scoring the next state) would give, bit for bit. The default
+    /// does exactly that for the append (two forwards for a cached model) and ignores the
+    /// look-ahead; the cached families (SDAR, LLaDA2.0) run both in the one forward (their
+    /// positions ride along as segments whose keys and values extend the cache layer by
+    /// layer) and report the append with `ran_forward: false`.
+    fn forward_carrying(
         &mut self,
-        block: &[TokenId],
+        carry: Carry<'_>,
         states: &[BlockState],
         query: &StatsQuery,
     ) -> Result<(PrefixUpdate, Vec<BlockStats>)> {
-        let update = self.append_block(block)?;
+        let update = match carry.append.is_empty() {
+            true => PrefixUpdate::default(),
+            false => self.append_block(carry.append)?,
+        };
         Ok((update, self.forward(states, query)?))
     }
 
@@ -121,13 +128,13 @@ impl<M: BlockDiffusionModel + ?Sized> BlockDiffusionModel for &mut M {
     fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>> {
         (**self).forward(states, query)
     }
-    fn append_and_forward(
+    fn forward_carrying(
         &mut self,
-        block: &[TokenId],
+        carry: Carry<'_>,
         states: &[BlockState],
         query: &StatsQuery,
     ) -> Result<(PrefixUpdate, Vec<BlockStats>)> {
-        (**self).append_and_forward(block, states, query)
+        (**self).forward_carrying(carry, states, query)
     }
     fn positions_per_state(&self, block_len: usize) -> usize {
         (**self).positions_per_state(block_len)
@@ -362,49 +369,73 @@ pub trait MultiRequestModel: BlockDiffusionModel {
     /// one entry of statistics per group, in order. A slot may appear in one group only.
     fn forward_groups(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<Vec<BlockStats>>>;
 
-    /// [`BlockDiffusionModel::append_and_forward`] for several requests: `appends[i]` (empty:
-    /// none) is appended to the slot of `groups[i]`, whose states are then scored after it.
-    /// Each slot's cache and statistics must end exactly as after its own
+    /// [`BlockDiffusionModel::forward_carrying`] for several requests: `carries[i]` goes
+    /// with `groups[i]`. Each slot's cache and statistics must end exactly as after its own
     /// [`MultiRequestModel::append_block_in`] and a [`MultiRequestModel::forward_groups`] of
-    /// its group alone. The default runs [`MultiRequestModel::append_blocks`] first; cached
-    /// families override it with one forward. Returns one update per group (`positions: 0`
-    /// for an empty append) and the statistics.
-    fn append_and_forward_groups(
+    /// its group alone. The default runs [`MultiRequestModel::append_blocks`] first and
+    /// ignores look-aheads; cached families override it with one forward. Returns one update
+    /// per group (the default one for an empty append) and the statistics per group (one
+    /// more at the end of a group whose look-ahead was served).
+    fn forward_groups_carrying(
         &mut self,
-        appends: &[&[TokenId]],
+        carries: &[Carry<'_>],
         groups: &[ScoreGroup<'_>],
     ) -> Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
-        if appends.len() != groups.len() {
-            return Err(Error::ShapeMismatch {
-                what: "appends per score group",
-                expected: groups.len(),
-                actual: appends.len(),
-            });
-        }
-        let blocks: Vec<(CacheSlot, &[TokenId])> = groups
-            .iter()
-            .zip(appends)
-            .filter(|(_, a)| !a.is_empty())
-            .map(|(g, a)| (g.slot, *a))
-            .collect();
-        let done = self.append_blocks(&blocks)?;
-        if done.len() != blocks.len() {
-            return Err(Error::ShapeMismatch {
-                what: "prefix updates per merged append",
-                expected: blocks.len(),
-                actual: done.len(),
-            });
-        }
-        let mut done = done.into_iter();
-        let updates = appends
-            .iter()
-            .map(|a| match a.is_empty() {
-                true => PrefixUpdate::default(),
-                false => done.next().unwrap_or_default(),
-            })
-            .collect();
-        Ok((updates, self.forward_groups(groups)?))
+        default_forward_groups_carrying(self, carries, groups)
     }
+}
+
+/// The default [`MultiRequestModel::forward_groups_carrying`]: the appends through
+/// [`MultiRequestModel::append_blocks`], then [`MultiRequestModel::forward_groups`]; look-aheads
+/// are not served. For overrides that add to it.
+pub fn default_forward_groups_carrying<M: MultiRequestModel + ?Sized>(
+    model: &mut M,
+    carries: &[Carry<'_>],
+    groups: &[ScoreGroup<'_>],
+) -> Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
+    if carries.len() != groups.len() {
+        return Err(Error::ShapeMismatch {
+            what: "carries per score group",
+            expected: groups.len(),
+            actual: carries.len(),
+        });
+    }
+    let blocks: Vec<(CacheSlot, &[TokenId])> = groups
+        .iter()
+        .zip(carries)
+        .filter(|(_, c)| !c.append.is_empty())
+        .map(|(g, c)| (g.slot, c.append))
+        .collect();
+    let done = model.append_blocks(&blocks)?;
+    if done.len() != blocks.len() {
+        return Err(Error::ShapeMismatch {
+            what: "prefix updates per merged append",
+            expected: blocks.len(),
+            actual: done.len(),
+        });
+    }
+    let mut done = done.into_iter();
+    let updates = carries
+        .iter()
+        .map(|c| match c.append.is_empty() {
+            true => PrefixUpdate::default(),
+            false => done.next().unwrap_or_default(),
+        })
+        .collect();
+    Ok((updates, model.forward_groups(groups)?))
+}
+
+/// What a request's forward carries besides its block states
+/// ([`BlockDiffusionModel::forward_carrying`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Carry<'a> {
+    /// A finished block to append to the prefix before the states (empty: none).
+    pub append: &'a [TokenId],
+    /// A look-ahead `(block, next)`: score the state `next` of the following block after the
+    /// prefix (with `append`) extended by `block`, a hypothesised end of the current block,
+    /// which is not kept. A decoder whose block ends as `block` then has the statistics of
+    /// the next block's first forward without running it.
+    pub lookahead: Option<(&'a [TokenId], &'a BlockState)>,
 }
 
 /// A table of per-request caches indexed by [`CacheSlot`], for [`MultiRequestModel`]
@@ -593,9 +624,9 @@ macro_rules! slot0_methods {
                 .unwrap_or_default())
         }
 
-        fn append_and_forward(
+        fn forward_carrying(
             &mut self,
-            block: &[$crate::TokenId],
+            carry: $crate::Carry<'_>,
             states: &[$crate::BlockState],
             query: &$crate::StatsQuery,
         ) -> $crate::Result<($crate::PrefixUpdate, Vec<$crate::BlockStats>)> {
@@ -605,7 +636,7 @@ macro_rules! slot0_methods {
                 query,
             };
             let (mut updates, mut stats) =
-                $crate::MultiRequestModel::append_and_forward_groups(self, &[block], &[group])?;
+                $crate::MultiRequestModel::forward_groups_carrying(self, &[carry], &[group])?;
             Ok((
                 updates.pop().unwrap_or_default(),
                 stats.pop().unwrap_or_default(),

@@ -39,10 +39,10 @@
 //!             let u = model.reset_prefix(prefix, block_size)?;
 //!             req.prefix_done(u)?;
 //!         }
-//!         Need::Score { states, query, append } => {
+//!         Need::Score { states, query, carry } => {
 //!             let positions = states.len() * model.positions_per_state(states[0].len());
-//!             // A finished block rides along (empty when there is none).
-//!             let (u, stats) = model.append_and_forward(append, states, query)?;
+//!             // The finished block before, if any, rides along.
+//!             let (u, stats) = model.forward_carrying(carry, states, query)?;
 //!             req.scored_after_append(u, stats, positions as u64)?;
 //!         }
 //!         Need::Done => break,
@@ -60,7 +60,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::decode::{BlockPlan, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace};
 use crate::error::{Error, Result};
-use crate::model::{Meter, ModelInfo, PrefixUpdate, check_forward, check_state_lengths};
+use crate::model::{Carry, Meter, ModelInfo, PrefixUpdate, check_forward, check_state_lengths};
 use crate::state::{BlockState, Commit, TokenId};
 use crate::stats::{BlockStats, StatsQuery};
 use crate::transition::Transition;
@@ -186,6 +186,15 @@ pub trait StepStrategy {
     fn round_query(&self, base: &StatsQuery) -> StatsQuery {
         *base
     }
+
+    /// After [`StepStrategy::propose`]: a complete state of the block that the strategy
+    /// expects the block to end as in this forward (e.g. the likeliest complete node of its
+    /// draft tree), for a look-ahead ([`crate::Carry::lookahead`]): when the block does end
+    /// so, the next block's first forward is already scored. `None` (the default): no
+    /// look-ahead.
+    fn lookahead(&self) -> Option<&BlockState> {
+        None
+    }
 }
 
 impl<S: StepStrategy + ?Sized> StepStrategy for &mut S {
@@ -203,6 +212,9 @@ impl<S: StepStrategy + ?Sized> StepStrategy for &mut S {
     fn round_query(&self, base: &StatsQuery) -> StatsQuery {
         (**self).round_query(base)
     }
+    fn lookahead(&self) -> Option<&BlockState> {
+        (**self).lookahead()
+    }
 }
 
 /// What a [`Request`] needs from the model next.
@@ -219,20 +231,21 @@ pub enum Need<'a> {
         /// ([`BlockDiffusionModel::set_generation_end`](crate::BlockDiffusionModel::set_generation_end)).
         generation_end: usize,
     },
-    /// Score `states` after the request's prefix with `query`, first appending `append` to
-    /// the prefix when it is not empty (the block just finished, which the first forward of
-    /// the next block carries: [`BlockDiffusionModel::append_and_forward`]). Answer with
-    /// [`Request::scored_after_append`] (or [`Request::scored`] when `append` is empty or the
-    /// model appended it inside the forward at no forward of its own).
+    /// Score `states` after the request's prefix with `query`, carrying `carry`
+    /// ([`BlockDiffusionModel::forward_carrying`]): the block just finished, appended first
+    /// (the first forward of the next block carries it), and a look-ahead the strategy asked
+    /// for. Answer with [`Request::scored_after_append`] (or [`Request::scored`] when the
+    /// model appended inside the forward at no forward of its own); a served look-ahead's
+    /// statistics come last.
     ///
-    /// [`BlockDiffusionModel::append_and_forward`]: crate::BlockDiffusionModel::append_and_forward
+    /// [`BlockDiffusionModel::forward_carrying`]: crate::BlockDiffusionModel::forward_carrying
     Score {
         /// Block states of equal length (at least one).
         states: &'a [BlockState],
         /// The request's query.
         query: &'a StatsQuery,
-        /// A finished block to append to the prefix before the states (empty: none).
-        append: &'a [TokenId],
+        /// What the forward carries besides the states.
+        carry: Carry<'a>,
     },
     /// Nothing more: call [`Request::finish`].
     Done,
@@ -320,6 +333,11 @@ pub struct Request<S> {
     block: Option<BlockRun>,
     states: Vec<BlockState>,
     finished: Vec<TokenId>,
+    /// The look-ahead of the forward in flight: the hypothesised end of the block, and the
+    /// next block's first state.
+    lookahead: Option<(BlockState, BlockState)>,
+    /// A served look-ahead: the block end it assumed and the next block's first statistics.
+    prefetched: Option<(BlockState, BlockStats)>,
     meter: Meter,
     stats: DecodeStats,
     trace: Option<DecodeTrace>,
@@ -364,6 +382,8 @@ impl<S: StepStrategy> Request<S> {
             block: None,
             states: Vec::new(),
             finished: Vec::new(),
+            lookahead: None,
+            prefetched: None,
             meter: Meter::default(),
             stats: DecodeStats::default(),
             trace: None,
@@ -432,7 +452,13 @@ impl<S: StepStrategy> Request<S> {
             Phase::Score => Need::Score {
                 states: &self.states,
                 query: &self.round_query,
-                append: &self.finished,
+                carry: Carry {
+                    append: &self.finished,
+                    lookahead: self
+                        .lookahead
+                        .as_ref()
+                        .map(|(end, next)| (end.tokens(), next)),
+                },
             },
             Phase::Done | Phase::Failed => Need::Done,
         }
@@ -471,13 +497,13 @@ impl<S: StepStrategy> Request<S> {
     }
 
     /// [`Request::scored`] with what the pending append cost (as the model reported it:
-    /// [`BlockDiffusionModel::append_and_forward`]); ignored when nothing was pending.
+    /// [`BlockDiffusionModel::forward_carrying`]); ignored when nothing was pending.
     ///
-    /// [`BlockDiffusionModel::append_and_forward`]: crate::BlockDiffusionModel::append_and_forward
+    /// [`BlockDiffusionModel::forward_carrying`]: crate::BlockDiffusionModel::forward_carrying
     pub fn scored_after_append(
         &mut self,
         update: PrefixUpdate,
-        stats: Vec<BlockStats>,
+        mut stats: Vec<BlockStats>,
         positions: u64,
     ) -> Result<(), S::Error> {
         self.expect(&[Phase::Score], "statistics")?;
@@ -485,7 +511,14 @@ impl<S: StepStrategy> Request<S> {
             self.meter.count_prefix(update);
             self.finished.clear();
         }
-        self.guarded(|r| r.absorb(stats, positions))
+        if let Some((end, next)) = self.lookahead.take()
+            && stats.len() == self.states.len() + 1
+        {
+            let served = stats.pop().into_iter().collect::<Vec<_>>();
+            self.guarded(|r| check_forward(&served, 1, next.len(), &r.info).map_err(Into::into))?;
+            self.prefetched = served.into_iter().next().map(|s| (end, s));
+        }
+        self.guarded(|r| r.absorb(stats, positions, true))
     }
 
     /// Runs `f`; on an error the request is failed (it needs nothing more).
@@ -500,8 +533,19 @@ impl<S: StepStrategy> Request<S> {
         out
     }
 
-    fn absorb(&mut self, stats: Vec<BlockStats>, positions: u64) -> Result<(), S::Error> {
-        self.meter.count_block_forward(self.states.len(), positions);
+    /// The statistics of the proposed states; `counted`: they came from a forward of their own
+    /// (not a served look-ahead).
+    fn absorb(
+        &mut self,
+        stats: Vec<BlockStats>,
+        positions: u64,
+        counted: bool,
+    ) -> Result<(), S::Error> {
+        if counted {
+            self.meter.count_block_forward(self.states.len(), positions);
+        } else {
+            self.stats.prefetched_forwards += 1;
+        }
         check_forward(&stats, self.states.len(), self.cfg.block_size, &self.info)?;
         let Some(block) = self.block.as_mut() else {
             return Err(Error::RequestState {
@@ -534,18 +578,32 @@ impl<S: StepStrategy> Request<S> {
             return Err(Error::config("strategy", "proposed no state to score").into());
         }
         check_state_lengths(&self.states, block.state.len())?;
+        // A look-ahead only where a next block follows, for a complete state of this one.
+        let next_start = block.start + block.state.len();
+        self.lookahead = self
+            .strategy
+            .lookahead()
+            .filter(|end| end.len() == block.state.len() && end.is_complete())
+            .filter(|_| block.index + 1 < self.plan.blocks)
+            .map(|end| (end.clone(), self.first_state(next_start)));
         self.round_query = self.strategy.round_query(&self.query);
         self.phase = Phase::Score;
         Ok(())
     }
 
+    /// The first state of the block starting at `start`: the prompt's tail, then masks.
+    fn first_state(&self, start: usize) -> BlockState {
+        let tail = self.prompt.get(start..).unwrap_or(&[]);
+        let mut tokens = vec![self.info.mask_id; self.cfg.block_size];
+        let n = tail.len().min(tokens.len());
+        tokens[..n].copy_from_slice(&tail[..n]);
+        BlockState::from_tokens(tokens, self.info.mask_id)
+    }
+
     fn open_block(&mut self, index: usize) -> Result<(), S::Error> {
         let l = self.cfg.block_size;
         let start = self.plan.first_start + index * l;
-        let tail = self.prompt.get(start..).unwrap_or(&[]);
-        let mut tokens = vec![self.info.mask_id; l];
-        tokens[..tail.len()].copy_from_slice(tail);
-        let state = BlockState::from_tokens(tokens, self.info.mask_id);
+        let state = self.first_state(start);
         self.block = Some(BlockRun {
             state,
             start,
@@ -560,9 +618,29 @@ impl<S: StepStrategy> Request<S> {
             steps: self.trace.is_some().then(Vec::new),
         });
         if self.block.as_ref().is_some_and(|b| b.state.is_complete()) {
-            self.close_block()
-        } else {
-            self.propose()
+            return self.close_block();
+        }
+        self.propose()?;
+        // The block's first forward was scored by the previous forward's look-ahead, when the
+        // block before ended as it assumed and the strategy proposes that state alone. Not
+        // when that step would end this block too: its append would then wait behind the
+        // previous block's, and a forward carries one.
+        let served = self.prefetched.take().filter(|(end, stats)| {
+            let Some(b) = self.block.as_ref() else {
+                return false;
+            };
+            let mut commits = Vec::new();
+            let ends = b
+                .transition
+                .commits(b.steps(), &b.state, stats, &mut commits);
+            end.tokens() == self.finished.as_slice()
+                && self.states.len() == 1
+                && self.states[0] == b.state
+                && ends.is_ok_and(|()| commits.len() < b.state.masked_count())
+        });
+        match served {
+            Some((_, stats)) => self.absorb(vec![stats], 0, false),
+            None => Ok(()),
         }
     }
 

@@ -171,6 +171,17 @@ impl ToyModel {
         states: &[BlockState],
         query: &StatsQuery,
     ) -> Result<Vec<BlockStats>> {
+        let prefix = self.slots.get(slot)?.clone();
+        self.score_after(&prefix, states, query)
+    }
+
+    /// The statistics of `states` after `prefix`.
+    fn score_after(
+        &mut self,
+        prefix: &Prefix,
+        states: &[BlockState],
+        query: &StatsQuery,
+    ) -> Result<Vec<BlockStats>> {
         if self.cfg.mask_id as usize >= self.cfg.vocab_size {
             return Err(Error::model(format!(
                 "toy model: mask id {} outside vocabulary of {}",
@@ -178,7 +189,6 @@ impl ToyModel {
             )));
         }
         query.validate()?;
-        let prefix = self.slots.get(slot)?;
         let k = query.effective_top_k(self.cfg.vocab_size);
         let mut out = Vec::with_capacity(states.len());
         let mut logits = std::mem::take(&mut self.logits);
@@ -265,5 +275,33 @@ impl MultiRequestModel for ToyModel {
             .collect::<Result<Vec<_>>>()?;
         self.forwards += 1;
         Ok(out)
+    }
+
+    /// The default appends (a forward of their own when `prefix_forwards` is set), then one
+    /// forward that also serves every look-ahead: the next state after the slot's prefix
+    /// extended by the hypothesised block, which is not kept.
+    fn forward_groups_carrying(
+        &mut self,
+        carries: &[crate::Carry<'_>],
+        groups: &[ScoreGroup<'_>],
+    ) -> Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
+        let plain: Vec<crate::Carry<'_>> = carries
+            .iter()
+            .map(|c| crate::Carry {
+                append: c.append,
+                lookahead: None,
+            })
+            .collect();
+        let (updates, mut out) =
+            crate::model::default_forward_groups_carrying(self, &plain, groups)?;
+        for ((g, c), stats) in groups.iter().zip(carries).zip(&mut out) {
+            if let Some((block, next)) = c.lookahead {
+                let mut prefix = self.slots.get(g.slot)?.clone();
+                prefix.tokens.extend_from_slice(block);
+                prefix.hash = Self::hash_tokens(prefix.hash, block);
+                stats.extend(self.score_after(&prefix, std::slice::from_ref(next), g.query)?);
+            }
+        }
+        Ok((updates, out))
     }
 }

@@ -200,6 +200,7 @@ impl SpotDecoderBuilder {
             record_trace: self.record_trace,
             scratch: Vec::new(),
             round: 0,
+            lookahead: None,
             report: SpotReport::default(),
             stale: None,
             drafted: None,
@@ -226,6 +227,8 @@ pub struct SpotDecoder {
     /// When the tree of the pending forward was built and how long drafting took (`None`:
     /// the pending forward is a plain step).
     drafted: Option<(Instant, std::time::Duration)>,
+    /// The likeliest complete state of the pending tree: the look-ahead it asks for.
+    lookahead: Option<BlockState>,
 }
 
 impl std::fmt::Debug for SpotDecoder {
@@ -304,6 +307,7 @@ impl StepStrategy for SpotDecoder {
 
     fn propose(&mut self, block: &BlockRun, states: &mut Vec<BlockState>) -> Result<(), Error> {
         // The first forward of a block has no stale distribution: a plain step.
+        self.lookahead = None;
         let stale = match &self.stale {
             Some(s) if block.forwards() > 0 => s,
             _ => {
@@ -333,8 +337,17 @@ impl StepStrategy for SpotDecoder {
             _ => self.builder.build_chain(&ctx)?,
         };
         self.verifier.batch(tree, states);
+        // Cross-block look-ahead: the likeliest complete node, if the tree reaches the end.
+        self.lookahead = (1..tree.len())
+            .filter(|&i| tree.is_complete(i))
+            .max_by(|&a, &b| tree.mass(a).total_cmp(&tree.mass(b)).then(b.cmp(&a)))
+            .map(|i| tree.block_state(i));
         self.drafted = Some((Instant::now(), t0.elapsed()));
         Ok(())
+    }
+
+    fn lookahead(&self) -> Option<&BlockState> {
+        self.lookahead.as_ref()
     }
 
     fn round_query(&self, base: &StatsQuery) -> StatsQuery {
@@ -448,6 +461,13 @@ impl StepStrategy for Strategy {
         match self {
             Strategy::DraftFree(d) => d.round_query(base),
             Strategy::Spot(d) => d.round_query(base),
+        }
+    }
+
+    fn lookahead(&self) -> Option<&BlockState> {
+        match self {
+            Strategy::DraftFree(d) => d.lookahead(),
+            Strategy::Spot(d) => d.lookahead(),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use burn_tensor::backend::Backend;
 use serde::Deserialize;
 use spot_core::{
-    BlockDiffusionModel, BlockState, BlockStats, CacheSlot, ModelInfo, MultiRequestModel,
+    BlockDiffusionModel, BlockState, BlockStats, CacheSlot, Carry, ModelInfo, MultiRequestModel,
     PrefixUpdate, ScoreGroup, StatsQuery, TokenId,
 };
 
@@ -253,13 +253,13 @@ impl<B: Backend> BlockDiffusionModel for DiffusionModel<B> {
         each!(self, m => m.forward(states, query))
     }
 
-    fn append_and_forward(
+    fn forward_carrying(
         &mut self,
-        block: &[TokenId],
+        carry: Carry<'_>,
         states: &[BlockState],
         query: &StatsQuery,
     ) -> spot_core::Result<(PrefixUpdate, Vec<BlockStats>)> {
-        each!(self, m => m.append_and_forward(block, states, query))
+        each!(self, m => m.forward_carrying(carry, states, query))
     }
 
     fn positions_per_state(&self, block_len: usize) -> usize {
@@ -319,11 +319,11 @@ impl<B: Backend> MultiRequestModel for DiffusionModel<B> {
         each!(self, m => m.forward_groups(groups))
     }
 
-    fn append_and_forward_groups(
+    fn forward_groups_carrying(
         &mut self,
-        appends: &[&[TokenId]],
+        carries: &[Carry<'_>],
         groups: &[ScoreGroup<'_>],
     ) -> spot_core::Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
-        each!(self, m => m.append_and_forward_groups(appends, groups))
+        each!(self, m => m.forward_groups_carrying(carries, groups))
     }
 }

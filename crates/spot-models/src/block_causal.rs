@@ -8,7 +8,7 @@
 
 use burn_tensor::backend::Backend;
 use spot_core::{
-    BlockDiffusionModel, BlockLayout, BlockState, BlockStats, CacheSlot, ModelInfo,
+    BlockDiffusionModel, BlockLayout, BlockState, BlockStats, CacheSlot, Carry, ModelInfo,
     MultiRequestModel, PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
 };
 
@@ -219,78 +219,96 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
         &mut self,
         groups: &[ScoreGroup<'_>],
     ) -> spot_core::Result<Vec<Vec<BlockStats>>> {
-        let none = vec![&[][..]; groups.len()];
+        let none = vec![Carry::default(); groups.len()];
         Ok(self.score_groups(&none, groups)?.1)
     }
 
-    /// One forward: each finished block of `appends` runs as a segment of its own over its
+    /// One forward: each finished block of `carries` runs as a segment of its own over its
     /// slot's cache, and its group's states attend to that cache extended by the block's keys
     /// and values of the same layer (`Segment::after`), exactly the cache an append alone
-    /// leaves; the blocks then join their caches. No forward of its own for any append.
-    fn append_and_forward_groups(
+    /// leaves; the blocks then join their caches. A look-ahead `(block, next)` runs `block`
+    /// as a further segment over that cache and `next` over the cache it extends, and neither
+    /// is kept. No forward of its own for any append.
+    fn forward_groups_carrying(
         &mut self,
-        appends: &[&[TokenId]],
+        carries: &[Carry<'_>],
         groups: &[ScoreGroup<'_>],
     ) -> spot_core::Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
-        self.score_groups(appends, groups)
+        self.score_groups(carries, groups)
     }
 }
 
+/// Where a group's rows sit in a run: its append segment, its states segment, and its
+/// look-ahead's block and next-state segments.
+#[derive(Clone, Copy, Default)]
+struct GroupSegments {
+    append: Option<usize>,
+    states: Option<usize>,
+    lookahead: Option<(usize, usize)>,
+}
+
 impl<B: Backend, C> BlockCausal<B, C> {
-    /// [`MultiRequestModel::append_and_forward_groups`] (and, with every append empty,
+    /// [`MultiRequestModel::forward_groups_carrying`] (and, with nothing carried,
     /// [`MultiRequestModel::forward_groups`]).
     fn score_groups(
         &mut self,
-        appends: &[&[TokenId]],
+        carries: &[Carry<'_>],
         groups: &[ScoreGroup<'_>],
     ) -> spot_core::Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
         check_distinct_slots(groups)?;
-        if appends.len() != groups.len() {
+        if carries.len() != groups.len() {
             return Err(spot_core::Error::ShapeMismatch {
-                what: "appends per score group",
+                what: "carries per score group",
                 expected: groups.len(),
-                actual: appends.len(),
+                actual: carries.len(),
             });
         }
         let mut ids = Vec::new();
         // Per group: the prefix length before its append, and the states' shape.
         let mut shapes = Vec::with_capacity(groups.len());
-        for (g, append) in groups.iter().zip(appends) {
+        for (g, c) in groups.iter().zip(carries) {
             g.query.validate()?;
             let before = self.slots.get(g.slot)?.prefix.len();
-            let start = before + append.len();
+            let start = before + c.append.len();
             self.frame.check_end(start, "prefix")?;
-            self.frame.push_ids(append, &mut ids)?;
+            self.frame.push_ids(c.append, &mut ids)?;
             let (group_ids, n, len) = self.frame.check_states(g.states, start)?;
             ids.extend(group_ids);
+            if let Some((block, next)) = c.lookahead {
+                self.frame.push_ids(block, &mut ids)?;
+                let (next_ids, _, _) = self
+                    .frame
+                    .check_states(std::slice::from_ref(next), start + block.len())?;
+                ids.extend(next_ids);
+            }
             shapes.push((n, len, before));
         }
         let mut segments: Vec<Segment<'_, B>> = Vec::new();
-        // Per group: the index of its append segment, if any, and of its states segment.
         let mut at = Vec::with_capacity(groups.len());
-        for ((g, append), &(n, len, before)) in groups.iter().zip(appends).zip(&shapes) {
+        for ((g, c), &(n, len, before)) in groups.iter().zip(carries).zip(&shapes) {
             let cache = self.slots.get(g.slot).map_or(&[][..], |s| &s.cache[..]);
-            let block = (!append.is_empty()).then(|| {
-                segments.push(Segment {
-                    n: 1,
-                    len: append.len(),
-                    start: before,
-                    cache,
-                    after: None,
-                });
-                segments.len() - 1
-            });
-            let states = (n > 0).then(|| {
+            let mut push = |n: usize, len: usize, start: usize, after: Option<usize>| {
                 segments.push(Segment {
                     n,
                     len,
-                    start: before + append.len(),
+                    start,
                     cache,
-                    after: block,
+                    after,
                 });
                 segments.len() - 1
+            };
+            let start = before + c.append.len();
+            let append = (!c.append.is_empty()).then(|| push(1, c.append.len(), before, None));
+            let states = (n > 0).then(|| push(n, len, start, append));
+            let lookahead = c.lookahead.map(|(block, next)| {
+                let b = push(1, block.len(), start, append);
+                (b, push(1, next.len(), start + block.len(), Some(b)))
             });
-            at.push((block, states));
+            at.push(GroupSegments {
+                append,
+                states,
+                lookahead,
+            });
         }
         if segments.is_empty() {
             let updates = groups.iter().map(|_| PrefixUpdate::default()).collect();
@@ -300,38 +318,50 @@ impl<B: Backend, C> BlockCausal<B, C> {
         let rows: Vec<usize> = segments.iter().map(|s| s.n * s.len).collect();
         let single = segments.len() == 1;
         drop(segments);
+        let part = |si: usize| {
+            if single {
+                hidden.clone()
+            } else {
+                let row0: usize = rows[..si].iter().sum();
+                hidden.clone().narrow(0, row0, rows[si])
+            }
+        };
         let mut updates = Vec::with_capacity(groups.len());
         let mut out = Vec::with_capacity(groups.len());
-        for (((g, append), &(n, len, before)), &(block, states)) in
-            groups.iter().zip(appends).zip(&shapes).zip(&at)
-        {
+        for (((g, c), &(_, len, before)), seg) in groups.iter().zip(carries).zip(&shapes).zip(&at) {
             let slot = self.slots.get_mut(g.slot)?;
-            if let Some(b) = block {
+            if let Some(b) = seg.append {
                 Net::extend_cache(&mut slot.cache, std::mem::take(&mut kv[b]));
-                slot.prefix.extend_from_slice(append);
+                slot.prefix.extend_from_slice(c.append);
             }
             updates.push(PrefixUpdate {
                 ran_forward: false,
-                positions: append.len(),
+                positions: c.append.len(),
             });
-            let Some(si) = states else {
-                out.push(Vec::new());
-                continue;
-            };
-            let row0: usize = rows[..si].iter().sum();
-            let rows = if single {
-                hidden.clone()
-            } else {
-                hidden.clone().narrow(0, row0, n * len)
-            };
-            let plan = RowPlan::masked(g.states, len);
-            out.push(self.frame.stats(
-                &self.net.head,
-                rows,
-                &plan,
-                (before + append.len(), &mut slot.noise),
-                g.query,
-            )?);
+            let start = before + c.append.len();
+            let mut stats = Vec::new();
+            if let Some(si) = seg.states {
+                let plan = RowPlan::masked(g.states, len);
+                stats = self.frame.stats(
+                    &self.net.head,
+                    part(si),
+                    &plan,
+                    (start, &mut slot.noise),
+                    g.query,
+                )?;
+            }
+            if let (Some((_, ni)), Some((block, next))) = (seg.lookahead, c.lookahead) {
+                let next = std::slice::from_ref(next);
+                let plan = RowPlan::masked(next, next[0].len());
+                stats.extend(self.frame.stats(
+                    &self.net.head,
+                    part(ni),
+                    &plan,
+                    (start + block.len(), &mut slot.noise),
+                    g.query,
+                )?);
+            }
+            out.push(stats);
         }
         Ok((updates, out))
     }

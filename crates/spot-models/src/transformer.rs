@@ -119,9 +119,10 @@ pub(crate) struct Segment<'c, B: Backend> {
     pub len: usize,
     pub start: usize,
     pub cache: &'c [Kv<B>],
-    /// An earlier segment of the same run (one sequence: a finished block being appended)
-    /// whose keys and values extend `cache` for this one, layer by layer, as
-    /// [`Net::extend_cache`] would after appending it alone.
+    /// An earlier segment of the same run (one sequence: a block being appended, or a
+    /// hypothesised one) whose keys and values extend, layer by layer, the prefix *that*
+    /// segment attended to (its `cache`, itself extended by its own `after`): the cache
+    /// [`Net::extend_cache`] leaves after appending them one by one.
     pub after: Option<usize>,
 }
 
@@ -287,6 +288,8 @@ impl<B: Backend> Net<B> {
             .collect();
         let single = segments.len() == 1;
         for (li, layer) in self.layers.iter().enumerate() {
+            // Per segment, the prefix it attended to in this layer when another extends it.
+            let mut attended: Vec<Option<Kv<B>>> = segments.iter().map(|_| None).collect();
             let a = &layer.attn;
             // 1. Pre-norm and projections (+ bias), all rows at once.
             let hn = rms_norm(x.clone(), &layer.input_norm, c.eps);
@@ -326,19 +329,18 @@ impl<B: Backend> Net<B> {
                 // 3. Group the query heads of each KV head: [n, kv, g * len, d].
                 let q = q.reshape([n, kvh, g * len, d]);
                 // 4. Attention over [prefix ; block].
-                let extended = seg
-                    .after
-                    .and_then(|j| new_kv.get(j)?.get(li))
-                    .map(|new| match seg.cache.get(li) {
-                        Some(c) if seg.start > new.k.dims()[2] => Kv {
-                            k: Tensor::cat(vec![c.k.clone(), new.k.clone()], 2),
-                            v: Tensor::cat(vec![c.v.clone(), new.v.clone()], 2),
+                let own = || seg.cache.get(li).filter(|_| seg.start > 0).cloned();
+                let prefix = match seg.after.and_then(|j| Some((j, new_kv.get(j)?.get(li)?))) {
+                    Some((j, new)) => Some(match attended[j].clone() {
+                        Some(c) => Kv {
+                            k: Tensor::cat(vec![c.k, new.k.clone()], 2),
+                            v: Tensor::cat(vec![c.v, new.v.clone()], 2),
                         },
-                        _ => new.clone(),
-                    });
-                let cached = extended
-                    .as_ref()
-                    .or(seg.cache.get(li).filter(|_| seg.start > 0));
+                        None => new.clone(),
+                    }),
+                    None => own(),
+                };
+                let cached = prefix.as_ref();
                 let out = match attend {
                     Attend::Causal => attention::causal(q, &k, &v, cached, scale),
                     Attend::Bidirectional => attention::bidirectional(q, &k, &v, cached, scale),
@@ -348,6 +350,9 @@ impl<B: Backend> Net<B> {
                     swap_heads(out.reshape([n, nh, len, d]), host).reshape([n * len, nh * d]),
                 );
                 new_kv[si].push(Kv { k, v });
+                if segments[si + 1..].iter().any(|s| s.after == Some(si)) {
+                    attended[si] = prefix;
+                }
                 row0 += n * len;
             }
             let out = if single {

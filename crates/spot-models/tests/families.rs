@@ -576,13 +576,16 @@ fn merged_appends_equal_appends_alone() {
     }
 }
 
-/// A finished block carried by the next forward (`append_and_forward`, and merged over slots
-/// with `append_and_forward_groups`) gives the statistics, and leaves the cache, of appending
-/// it alone and then scoring, bit for bit, on every family; the cached families (SDAR,
-/// LLaDA2.0) report no forward of its own for the append. Prefixes of 0-2 blocks, and a slot
-/// without an append beside ones with.
+/// What a forward carries (`forward_carrying`, and merged over slots with
+/// `forward_groups_carrying`) gives the statistics, and leaves the cache, of running it alone,
+/// bit for bit, on every family: a finished block appended before the states (the cached
+/// families, SDAR and LLaDA2.0, report no forward of its own for it), and a look-ahead (the
+/// next block's first state after a hypothesised end of this one, not kept), which the cached
+/// families serve and the others decline. Prefixes of 0-2 blocks, and a slot carrying nothing
+/// beside ones that do.
 #[test]
-fn appends_carried_by_the_next_forward_equal_appends_alone() {
+fn carried_work_equals_running_it_alone() {
+    use spot_dlm::core::{Carry, PrefixUpdate};
     use spot_dlm::{CacheSlot, MultiRequestModel, ScoreGroup};
     for name in DIFFUSION_FIXTURES {
         let mut m = load_any(name);
@@ -604,20 +607,43 @@ fn appends_carried_by_the_next_forward_equal_appends_alone() {
             m.reset_prefix(prefix, 8).unwrap();
             m.append_block(block).unwrap();
             let alone = m.forward(&states, &q).unwrap();
-            m.append_block(&blocks[0]).unwrap();
-            let after = m.forward(&next, &q).unwrap();
+            m.append_block(&blocks[2]).unwrap();
+            let ahead = m.forward(&next, &q).unwrap();
+            // Append, states and look-ahead in one forward.
             m.reset_prefix(prefix, 8).unwrap();
-            let (update, carried) = m.append_and_forward(block, &states, &q).unwrap();
-            assert_eq!(carried, alone, "{name} prefix {i}");
+            let carry = Carry {
+                append: block,
+                lookahead: Some((&blocks[2], &next[0])),
+            };
+            let (update, mut got) = m.forward_carrying(carry, &states, &q).unwrap();
             assert!(
                 !(cached && update.ran_forward),
                 "{name}: the append ran a forward"
             );
-            assert_eq!(m.prefix_len(), prefix.len() + 8, "{name}");
-            let (_, carried) = m.append_and_forward(&blocks[0], &next, &q).unwrap();
-            assert_eq!(carried, after, "{name} prefix {i}: the cache differs");
+            assert_eq!(got.len(), 2 + usize::from(cached), "{name}");
+            if cached {
+                assert_eq!(
+                    got.pop().unwrap(),
+                    ahead[0],
+                    "{name} prefix {i}: look-ahead"
+                );
+            }
+            assert_eq!(got, alone, "{name} prefix {i}");
+            assert_eq!(
+                m.prefix_len(),
+                prefix.len() + 8,
+                "{name}: the look-ahead was kept"
+            );
+            // The cache holds the appended block only: the next forward carrying the
+            // look-ahead's block equals the look-ahead.
+            let carry = Carry {
+                append: &blocks[2],
+                lookahead: None,
+            };
+            let (_, got) = m.forward_carrying(carry, &next, &q).unwrap();
+            assert_eq!(got, ahead, "{name} prefix {i}: the cache differs");
         }
-        // Merged over slots: two with an append, one without.
+        // Merged over slots: two with an append, one with nothing carried.
         let slots: Vec<CacheSlot> = (0..3).map(|_| m.open_slot().unwrap()).collect();
         let mut want = Vec::new();
         for (i, &slot) in slots.iter().enumerate() {
@@ -630,7 +656,10 @@ fn appends_carried_by_the_next_forward_equal_appends_alone() {
             m.set_generation_end_in(slot, 64).unwrap();
             m.reset_prefix_in(slot, &prefixes[i], 8).unwrap();
         }
-        let appends: [&[u32]; 3] = [&blocks[0], &blocks[1], &[]];
+        let carries = [0, 1, 2].map(|i| Carry {
+            append: if i < 2 { &blocks[i] } else { &[] },
+            lookahead: None,
+        });
         let groups: Vec<ScoreGroup<'_>> = slots
             .iter()
             .map(|&slot| ScoreGroup {
@@ -639,13 +668,9 @@ fn appends_carried_by_the_next_forward_equal_appends_alone() {
                 query: &q,
             })
             .collect();
-        let (updates, got) = m.append_and_forward_groups(&appends, &groups).unwrap();
+        let (updates, got) = m.forward_groups_carrying(&carries, &groups).unwrap();
         assert_eq!(got, want, "{name} merged");
-        assert_eq!(
-            updates[2],
-            spot_dlm::core::PrefixUpdate::default(),
-            "{name}"
-        );
+        assert_eq!(updates[2], PrefixUpdate::default(), "{name}");
         for (i, &slot) in slots.iter().enumerate() {
             let grown = if i < 2 { 8 } else { 0 };
             assert_eq!(m.prefix_len_in(slot), prefixes[i].len() + grown, "{name}");
