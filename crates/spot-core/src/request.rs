@@ -504,7 +504,7 @@ impl<S: StepStrategy> Request<S> {
         &mut self,
         update: PrefixUpdate,
         mut stats: Vec<BlockStats>,
-        positions: u64,
+        mut positions: u64,
     ) -> Result<(), S::Error> {
         self.expect(&[Phase::Score], "statistics")?;
         if !self.finished.is_empty() {
@@ -514,6 +514,8 @@ impl<S: StepStrategy> Request<S> {
         if let Some((end, next)) = self.lookahead.take()
             && stats.len() == self.states.len() + 1
         {
+            // The look-ahead's block and state rode in the forward.
+            positions += (end.len() + next.len()) as u64;
             let served = stats.pop().into_iter().collect::<Vec<_>>();
             self.guarded(|r| check_forward(&served, 1, next.len(), &r.info).map_err(Into::into))?;
             self.prefetched = served.into_iter().next().map(|s| (end, s));
