@@ -114,7 +114,21 @@ fn tree_config() -> impl Strategy<Value = TreeConfig> {
 }
 
 fn spot_decoder(scorer: &Scorer, tree: TreeConfig, reference: &DecodeOutput) -> SpotDecoder {
-    let b = SpotDecoder::builder().tree_config(tree).record_trace(true);
+    spot_decoder_with(scorer, tree, reference, false)
+}
+
+/// [`spot_decoder`], with the adaptive mass floor when `adaptive` (its floor follows measured
+/// forward times, so the trees vary from run to run; the output may not).
+fn spot_decoder_with(
+    scorer: &Scorer,
+    tree: TreeConfig,
+    reference: &DecodeOutput,
+    adaptive: bool,
+) -> SpotDecoder {
+    let b = SpotDecoder::builder()
+        .tree_config(tree)
+        .record_trace(true)
+        .adaptive_gamma(adaptive);
     let b = match scorer {
         Scorer::Stale => b.scorer(StaleConfidenceScorer),
         Scorer::Chain => b.chain(),
@@ -177,10 +191,12 @@ proptest! {
     /// deterministic transition.
     #[test]
     fn speculative_equals_draft_free_any_transition((toy, prompt, cfg) in case(common::transition()),
-                                                    scorer in scorer(), tree in tree_config()) {
+                                                    scorer in scorer(), tree in tree_config(),
+                                                    adaptive in any::<bool>()) {
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
-        let fast = spot_decoder(&scorer, tree, &reference).decode(&mut m, &prompt, &cfg).unwrap();
+        let fast = spot_decoder_with(&scorer, tree, &reference, adaptive)
+            .decode(&mut m, &prompt, &cfg).unwrap();
         check_invariants(&reference, &fast)?;
     }
 
@@ -189,10 +205,10 @@ proptest! {
     #[test]
     fn set_trees_equal_draft_free_threshold((toy, prompt, cfg) in case(set_transition()),
                                             random in proptest::option::of(any::<u64>()),
-                                            sets in set_config()) {
+                                            sets in set_config(), adaptive in any::<bool>()) {
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
-        let b = SpotDecoder::builder().record_trace(true);
+        let b = SpotDecoder::builder().record_trace(true).adaptive_gamma(adaptive);
         let b = match random {
             Some(seed) => b.sets(RandomJoin(seed), RandomScorer { seed }, sets),
             None => b.sets(StaleThresholdJoin, StaleConfidenceScorer, sets),

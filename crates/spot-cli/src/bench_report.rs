@@ -225,13 +225,14 @@ pub fn write_outputs(
     Ok(())
 }
 
-const COLORS: [(&str, &str); 13] = [
+const COLORS: [(&str, &str); 15] = [
     ("df", "#444444"),
     ("ssd", "#1f77b4"),
     ("blockspec", "#ff7f0e"),
     ("spiffy", "#9467bd"),
     ("spot", "#d62728"),
     ("spot-gamma", "#e377c2"),
+    ("spot-adaptive", "#bcbd22"),
     ("oracle", "#2ca02c"),
     ("oracle-token", "#17becf"),
     ("oracle-joint", "#bcbd22"),
@@ -239,6 +240,7 @@ const COLORS: [(&str, &str); 13] = [
     ("sets-stale", "#7f7f7f"),
     ("sets", "#e6550d"),
     ("sets-gamma", "#fd8d3c"),
+    ("sets-adaptive", "#a63603"),
 ];
 
 /// Display order: draft-free, the baselines, SPOT, the oracle (the order of [`COLORS`]).

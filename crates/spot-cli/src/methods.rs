@@ -42,6 +42,10 @@ pub enum Method {
     Spot,
     /// SPOT with the mass floor γ (`--spot-gamma`): smaller batches when the drafter is unsure.
     SpotGamma,
+    /// SPOT with the adaptive mass floor: γ = b / t(1 + D) from the forward times measured so
+    /// far (`t(n) = a + b·n`), so a node is drafted only when its mass pays for its share of
+    /// the forward.
+    SpotAdaptive,
     /// Speculative upper bound: the true future commit positions (from a draft-free pass) with
     /// stale tokens. Its NFE excludes that pass.
     Oracle,
@@ -58,6 +62,8 @@ pub enum Method {
     Sets,
     /// SPOT-Sets with the mass floor γ (`--spot-gamma`).
     SetsGamma,
+    /// SPOT-Sets with the adaptive mass floor (see `spot-adaptive`).
+    SetsAdaptive,
     /// Training-free set drafter: the stale threshold step, then single commits ranked by
     /// stale confidence.
     SetsStale,
@@ -74,11 +80,13 @@ impl Method {
             Method::Spiffy => "spiffy",
             Method::Spot => "spot",
             Method::SpotGamma => "spot-gamma",
+            Method::SpotAdaptive => "spot-adaptive",
             Method::Oracle => "oracle",
             Method::OracleToken => "oracle-token",
             Method::OracleJoint => "oracle-joint",
             Method::Sets => "sets",
             Method::SetsGamma => "sets-gamma",
+            Method::SetsAdaptive => "sets-adaptive",
             Method::SetsStale => "sets-stale",
         }
     }
@@ -90,7 +98,10 @@ impl Method {
 
     /// Whether the method drafts set-valued trees (SPOT-Sets).
     pub fn is_sets(self) -> bool {
-        matches!(self, Method::Sets | Method::SetsGamma | Method::SetsStale)
+        matches!(
+            self,
+            Method::Sets | Method::SetsGamma | Method::SetsAdaptive | Method::SetsStale
+        )
     }
 
     /// Whether the method reads the draft-free trace (the oracles).
@@ -138,13 +149,13 @@ impl DraftFiles<'_> {
             given.map_or_else(|| self.dir.join(name), Path::to_path_buf)
         };
         match method {
-            Method::Spot | Method::SpotGamma => {
+            Method::Spot | Method::SpotGamma | Method::SpotAdaptive => {
                 let weights = path(self.drafter, DEFAULT_DRAFTER);
                 let config = spot_drafter::checkpoint::config_path(&weights);
                 vec![weights, config]
             }
             Method::Spiffy => vec![path(self.spiffy, DEFAULT_SPIFFY)],
-            Method::Sets | Method::SetsGamma => {
+            Method::Sets | Method::SetsGamma | Method::SetsAdaptive => {
                 let weights = path(self.drafter, DEFAULT_DRAFTER);
                 let config = spot_drafter::checkpoint::config_path(&weights);
                 vec![path(self.sets, DEFAULT_SETS), weights, config]
@@ -156,9 +167,11 @@ impl DraftFiles<'_> {
     /// Whether the file of `method` was given on the command line (`--drafter`, `--spiffy`).
     pub fn given(&self, method: Method) -> bool {
         match method {
-            Method::Spot | Method::SpotGamma => self.drafter.is_some(),
+            Method::Spot | Method::SpotGamma | Method::SpotAdaptive => self.drafter.is_some(),
             Method::Spiffy => self.spiffy.is_some(),
-            Method::Sets | Method::SetsGamma => self.sets.is_some() || self.drafter.is_some(),
+            Method::Sets | Method::SetsGamma | Method::SetsAdaptive => {
+                self.sets.is_some() || self.drafter.is_some()
+            }
             _ => false,
         }
     }
@@ -191,7 +204,7 @@ impl DraftFiles<'_> {
 pub fn missing_hint(method: Method) -> &'static str {
     match method {
         Method::Spiffy => "calibrate a graph with `spot calibrate-spiffy`, or pass --spiffy PATH",
-        Method::Sets | Method::SetsGamma => {
+        Method::Sets | Method::SetsGamma | Method::SetsAdaptive => {
             "fit the tables with `spot calibrate-sets`, or pass --sets PATH"
         }
         _ => "train a drafter with `spot train-drafter`, or pass --drafter PATH",
@@ -224,7 +237,12 @@ impl Drafters {
             .any(|m| {
                 matches!(
                     m,
-                    Method::Spot | Method::SpotGamma | Method::Sets | Method::SetsGamma
+                    Method::Spot
+                        | Method::SpotGamma
+                        | Method::SpotAdaptive
+                        | Method::Sets
+                        | Method::SetsGamma
+                        | Method::SetsAdaptive
                 )
             })
             .then(|| first(Method::Spot))
@@ -262,7 +280,7 @@ impl Drafters {
         }
         if let Some(p) = methods
             .iter()
-            .find(|m| matches!(m, Method::Sets | Method::SetsGamma))
+            .find(|m| matches!(m, Method::Sets | Method::SetsGamma | Method::SetsAdaptive))
             .and_then(|&m| first(m))
         {
             d.sets = Some(SetsDrafter::load(&p)?);
@@ -306,7 +324,7 @@ pub fn strategy(
             StaleConfidenceScorer,
             sets_cfg(settings.gamma),
         ),
-        Method::Sets | Method::SetsGamma => {
+        Method::Sets | Method::SetsGamma | Method::SetsAdaptive => {
             let Some(d) = &drafters.sets else {
                 bail!("--method {} needs the set drafter tables", method.name());
             };
@@ -319,17 +337,20 @@ pub fn strategy(
                 bail!("--method {} needs a drafter checkpoint", method.name());
             };
             b.sets(d.clone(), LearnedScorer::new(net.clone()), sets_cfg(gamma))
+                .adaptive_gamma(method == Method::SetsAdaptive)
         }
         Method::Ssd => b.chain(),
         Method::Blockspec => b.scorer(Calibrated::new(
             StaleConfidenceScorer,
             drafters.calibration.clone(),
         )),
-        Method::Spot | Method::SpotGamma => {
+        Method::Spot | Method::SpotGamma | Method::SpotAdaptive => {
             let Some(net) = &drafters.net else {
                 bail!("--method {} needs a drafter checkpoint", method.name());
             };
-            let b = b.scorer(LearnedScorer::new(net.clone()));
+            let b = b
+                .scorer(LearnedScorer::new(net.clone()))
+                .adaptive_gamma(method == Method::SpotAdaptive);
             if method == Method::SpotGamma {
                 b.gamma(settings.spot_gamma)
             } else {

@@ -77,6 +77,7 @@ pub struct BlockRun {
     step_count: usize,
     pending: u32,
     closed: bool,
+    prefetched: bool,
     tally: DecodeStats,
     steps: Option<Vec<Vec<Commit>>>,
 }
@@ -110,6 +111,12 @@ impl BlockRun {
     /// Forwards this block has been scored by so far (0 before its first).
     pub fn forwards(&self) -> usize {
         self.forwards
+    }
+
+    /// Whether the statistics being absorbed were served by the previous forward's look-ahead
+    /// (no forward ran for them: a strategy timing its forwards skips them).
+    pub fn prefetched(&self) -> bool {
+        self.prefetched
     }
 
     /// Transition steps applied to this block so far: the index of its next step (what a
@@ -557,6 +564,7 @@ impl<S: StepStrategy> Request<S> {
             .into());
         };
         block.closed = false;
+        block.prefetched = !counted;
         self.strategy.absorb(block, stats)?;
         if !block.closed {
             block.finish_forward(0, 0);
@@ -616,6 +624,7 @@ impl<S: StepStrategy> Request<S> {
             step_count: 0,
             pending: 0,
             closed: false,
+            prefetched: false,
             tally: DecodeStats::default(),
             steps: self.trace.is_some().then(Vec::new),
         });

@@ -53,6 +53,7 @@ pub use spot_tree::{
 };
 pub use spot_verify::{self as verify, MatchRule, RoundEnd, Verifier};
 
+pub mod floor;
 mod report;
 pub use report::SpotReport;
 
@@ -88,6 +89,7 @@ pub struct SpotDecoderBuilder {
     drafter: Drafter,
     rule: MatchRule,
     record_trace: bool,
+    adaptive_gamma: bool,
 }
 
 impl std::fmt::Debug for SpotDecoderBuilder {
@@ -174,6 +176,16 @@ impl SpotDecoderBuilder {
         self
     }
 
+    /// The adaptive mass floor ([`floor::ForwardCost`]): each round raises the floor `γ` to
+    /// `b / t(1 + D)`, where `t(n) = a + b·n` is the forward time over `n` states fitted on the
+    /// rounds so far, so that a node is drafted only when its mass pays for the time it adds
+    /// to the forward. The configured `γ` stays the lower bound. Exact either way (the floor
+    /// only changes which states are scored).
+    pub fn adaptive_gamma(mut self, on: bool) -> Self {
+        self.adaptive_gamma = on;
+        self
+    }
+
     /// How nodes are matched ([`MatchRule::Coupled`], the exact rule, by default).
     pub fn match_rule(mut self, rule: MatchRule) -> Self {
         self.rule = rule;
@@ -192,6 +204,7 @@ impl SpotDecoderBuilder {
             Drafter::Sets(_, _, cfg) => Some(SetTreeBuilder::new(*cfg)?),
             _ => None,
         };
+        let base_gamma = sets.as_ref().map_or(self.tree.gamma, |s| s.config().gamma);
         Ok(SpotDecoder {
             builder: TreeBuilder::new(self.tree)?,
             sets,
@@ -201,6 +214,10 @@ impl SpotDecoderBuilder {
             scratch: Vec::new(),
             round: 0,
             lookahead: None,
+            cost: self.adaptive_gamma.then(floor::ForwardCost::default),
+            base_gamma,
+            batch_len: 0,
+            plain_at: None,
             report: SpotReport::default(),
             stale: None,
             drafted: None,
@@ -229,6 +246,14 @@ pub struct SpotDecoder {
     drafted: Option<(Instant, std::time::Duration)>,
     /// The likeliest complete state of the pending tree: the look-ahead it asks for.
     lookahead: Option<BlockState>,
+    /// The forward-time fit of the adaptive floor (`None`: the configured floor only).
+    cost: Option<floor::ForwardCost>,
+    /// The configured floor.
+    base_gamma: f32,
+    /// States in the pending forward.
+    batch_len: usize,
+    /// When the pending plain forward was proposed.
+    plain_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for SpotDecoder {
@@ -249,6 +274,7 @@ impl SpotDecoder {
             drafter: Drafter::Tree(Box::new(StaleConfidenceScorer)),
             rule: MatchRule::Coupled,
             record_trace: false,
+            adaptive_gamma: false,
         }
     }
 
@@ -294,6 +320,14 @@ impl SpotDecoder {
         Ok(Request::new(prompt, cfg, info, self)?.with_trace(record))
     }
 
+    /// The budget `D` of the tree in use.
+    fn budget(&self) -> usize {
+        match &self.sets {
+            Some(sets) => sets.config().budget,
+            None => self.builder.config().budget,
+        }
+    }
+
     fn reset(&mut self) {
         self.round = 0;
         self.report = SpotReport::default();
@@ -313,6 +347,7 @@ impl StepStrategy for SpotDecoder {
             _ => {
                 self.drafted = None;
                 states.push(block.state().clone());
+                self.plain_at = Some(Instant::now());
                 return Ok(());
             }
         };
@@ -323,6 +358,13 @@ impl StepStrategy for SpotDecoder {
             noise: (block.query().temperature > 0.0).then_some(block.query().noise),
             temperature: block.query().temperature,
         };
+        if let Some(g) = self.cost.as_ref().and_then(|c| c.floor(self.budget() + 1)) {
+            let g = g.max(self.base_gamma);
+            match &mut self.sets {
+                Some(sets) => sets.set_gamma(g)?,
+                None => self.builder.set_gamma(g)?,
+            }
+        }
         let t0 = Instant::now();
         let tree = match (&mut self.drafter, &mut self.sets) {
             (Drafter::Sets(model, order, _), Some(sets)) => {
@@ -337,6 +379,7 @@ impl StepStrategy for SpotDecoder {
             _ => self.builder.build_chain(&ctx)?,
         };
         self.verifier.batch(tree, states);
+        self.batch_len = states.len();
         // Cross-block look-ahead: the likeliest complete node, if the tree reaches the end.
         self.lookahead = (1..tree.len())
             .filter(|&i| tree.is_complete(i))
@@ -359,6 +402,12 @@ impl StepStrategy for SpotDecoder {
 
     fn absorb(&mut self, block: &mut BlockRun, stats: Vec<BlockStats>) -> Result<(), Error> {
         let Some((built, drafting)) = self.drafted.take() else {
+            // A plain forward (one state) times the fit too, unless a look-ahead served it.
+            if let (Some(cost), Some(at)) = (self.cost.as_mut(), self.plain_at.take())
+                && !block.prefetched()
+            {
+                cost.record(1, at.elapsed().as_secs_f64());
+            }
             self.stale =
                 Some(block.plain_absorb(spot_core::first_stats(stats)?, &mut self.scratch)?);
             return Ok(());
@@ -367,6 +416,9 @@ impl StepStrategy for SpotDecoder {
             Some(sets) => sets.tree(),
             None => self.builder.tree(),
         };
+        if let Some(cost) = self.cost.as_mut() {
+            cost.record(self.batch_len, built.elapsed().as_secs_f64());
+        }
         let outcome = self
             .verifier
             .walk_stats(tree, stats, block.transition(), block.steps())?;

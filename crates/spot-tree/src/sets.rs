@@ -335,6 +335,14 @@ impl SetTreeBuilder {
         &self.cfg
     }
 
+    /// Sets the mass floor `γ` of the trees built from now on (an adaptive floor moves it
+    /// between rounds); refused outside `[0, 1)` like [`SetTreeConfig::validate`].
+    pub fn set_gamma(&mut self, gamma: f32) -> Result<(), TreeError> {
+        SetTreeConfig { gamma, ..self.cfg }.validate()?;
+        self.cfg.gamma = gamma;
+        Ok(())
+    }
+
     /// The most recently built tree.
     pub fn tree(&self) -> &DraftTree {
         &self.out
