@@ -220,35 +220,27 @@ fn directory_resumes_and_refuses_other_settings() {
         matches!(&e, CollectError::ManifestMismatch { field, .. } if field == "temperature"),
         "{e}"
     );
-    // The decode settings the old manifest did not record: transition, rule, layout.
-    let other = Manifest::for_decode(
-        "model",
-        "p.jsonl",
-        "prompt",
-        &spot_core::DecodeConfig {
-            layout: spot_core::BlockLayout::AfterPrompt,
-            ..cfg.clone()
-        },
-    );
-    let e = TrajectoryDir::create_or_resume(dir.path(), other).unwrap_err();
+    // The decode settings older manifests did not record: transition, rule, layout.
+    let refused = |cfg: spot_core::DecodeConfig| {
+        let other = Manifest::for_decode("model", "p.jsonl", "prompt", &cfg);
+        TrajectoryDir::create_or_resume(dir.path(), other).unwrap_err()
+    };
+    let e = refused(spot_core::DecodeConfig {
+        layout: spot_core::BlockLayout::AfterPrompt,
+        ..cfg.clone()
+    });
     assert!(
         matches!(&e, CollectError::ManifestMismatch { field, existing, .. }
             if field == "layout" && existing == "\"aligned\""),
         "{e}"
     );
-    let other = Manifest::for_decode(
-        "model",
-        "p.jsonl",
-        "prompt",
-        &spot_core::DecodeConfig {
-            transition: spot_core::Transition::Scheduled {
-                steps: 4,
-                tau: None,
-            },
-            ..cfg.clone()
+    let e = refused(spot_core::DecodeConfig {
+        transition: spot_core::Transition::Scheduled {
+            steps: 4,
+            tau: None,
         },
-    );
-    let e = TrajectoryDir::create_or_resume(dir.path(), other).unwrap_err();
+        ..cfg.clone()
+    });
     assert!(e.to_string().contains("scheduled(steps=4)"), "{e}");
     // A manifest written before the transition was recorded reads, and differs from one
     // that records it (so it is not resumed with settings it cannot vouch for).
