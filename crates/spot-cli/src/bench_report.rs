@@ -37,6 +37,7 @@ pub struct Cell {
     n: u64,
     equal: u64,
     nfe: u64,
+    prefetched: u64,
     positions: u64,
     committed: u64,
     generated: u64,
@@ -59,6 +60,7 @@ impl Cell {
         self.n += 1;
         self.equal += u64::from(equal);
         self.nfe += s.nfe;
+        self.prefetched += s.prefetched_forwards;
         self.positions += s.positions_processed;
         self.committed += s.committed;
         self.generated += out.generated.len() as u64;
@@ -68,6 +70,7 @@ impl Cell {
             "method": key.method, "budget": key.budget, "equal": equal, "nfe": s.nfe,
             "positions_processed": s.positions_processed, "committed": s.committed,
             "generated": out.generated.len(), "stopped": out.stopped, "wall_s": wall,
+            "prefetched_forwards": s.prefetched_forwards,
         });
         if let (Some(r), Some(obj)) = (report, row.as_object_mut()) {
             self.report.merge(r);
@@ -97,6 +100,7 @@ impl Cell {
             "method": key.method, "budget": key.budget,
             "samples": self.n, "equal": self.equal,
             "mean_nfe": nfe,
+            "mean_prefetched_forwards": self.mean(self.prefetched as f64),
             "nfe_reduction": df_nfe.map(|d| d / nfe.max(f64::MIN_POSITIVE)),
             "mean_positions_processed": self.mean(self.positions as f64),
             "commits_per_forward": self.committed as f64 / self.nfe.max(1) as f64,
