@@ -27,20 +27,22 @@ pub(crate) struct Frame<B: Backend> {
     mask_bias: Option<Tensor<B, 2>>,
 }
 
-/// One request's Gumbel rows of its current block (each request keeps its own, so merged
-/// forwards of several requests do not evict each other's).
-pub(crate) struct NoiseCache<B: Backend>(Option<Noise<B>>);
+/// One request's Gumbel rows of its current block, and of the block before the last switch
+/// (each request keeps its own, so merged forwards of several requests do not evict each
+/// other's; two entries, so a forward that also scores the next block's look-ahead does not
+/// evict the current block's rows).
+pub(crate) struct NoiseCache<B: Backend>(Option<Noise<B>>, Option<Noise<B>>);
 
 impl<B: Backend> Default for NoiseCache<B> {
     fn default() -> Self {
-        Self(None)
+        Self(None, None)
     }
 }
 
 impl<B: Backend> NoiseCache<B> {
     /// Forgets the rows (a new request).
     pub fn clear(&mut self) {
-        self.0 = None;
+        (self.0, self.1) = (None, None);
     }
 }
 
@@ -276,24 +278,28 @@ impl<B: Backend> Frame<B> {
         (first, noise): (usize, &mut NoiseCache<B>),
         query: &StatsQuery,
     ) -> Result<Vec<BlockStats>> {
-        let cache = &mut noise.0;
         let k = query.effective_top_k(self.vocab_size);
         let len = plan.len.max(1);
         let noisy = query.temperature > 0.0;
         if noisy {
             let seed = query.noise.seed();
-            let fresh =
-                !matches!(cache, Some(n) if n.seed == seed && n.first == first && n.len == len);
-            if fresh {
-                *cache = Some(Noise {
-                    seed,
-                    first,
-                    len,
-                    host: noise_table(query, first, len, self.vocab_size),
-                    device: None,
-                });
+            let hit = |n: &Option<Noise<B>>| matches!(n, Some(n) if n.seed == seed && n.first == first && n.len == len);
+            if !hit(&noise.0) {
+                if hit(&noise.1) {
+                    std::mem::swap(&mut noise.0, &mut noise.1);
+                } else {
+                    noise.1 = noise.0.take();
+                    noise.0 = Some(Noise {
+                        seed,
+                        first,
+                        len,
+                        host: noise_table(query, first, len, self.vocab_size),
+                        device: None,
+                    });
+                }
             }
         }
+        let cache = &mut noise.0;
         let positions: Vec<usize> = plan.rows.iter().map(|r| first + r % len).collect();
         let rows = if plan.rows.is_empty() {
             Vec::new()
