@@ -523,9 +523,11 @@ impl<S: StepStrategy> Request<S> {
         {
             // The look-ahead's block and state rode in the forward.
             positions += (end.len() + next.len()) as u64;
-            let served = stats.pop().into_iter().collect::<Vec<_>>();
-            self.guarded(|r| check_forward(&served, 1, next.len(), &r.info).map_err(Into::into))?;
-            self.prefetched = served.into_iter().next().map(|s| (end, s));
+            if let Some(served) = stats.pop() {
+                let one = std::slice::from_ref(&served);
+                self.guarded(|r| check_forward(one, 1, next.len(), &r.info).map_err(Into::into))?;
+                self.prefetched = Some((end, served));
+            }
         }
         self.guarded(|r| r.absorb(stats, positions, true))
     }

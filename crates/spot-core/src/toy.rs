@@ -78,11 +78,21 @@ pub struct ToyModel {
 
 pub use crate::state::mix64;
 
-/// One request's committed prefix and its running hash.
-#[derive(Clone, Debug, Default)]
+/// One request's committed prefix: its length and running hash (all the logits read).
+#[derive(Clone, Copy, Debug, Default)]
 struct Prefix {
-    tokens: Vec<TokenId>,
+    len: usize,
     hash: u64,
+}
+
+impl Prefix {
+    /// The prefix extended by `block`.
+    fn extended(self, block: &[TokenId]) -> Self {
+        Self {
+            len: self.len + block.len(),
+            hash: ToyModel::hash_tokens(self.hash, block),
+        }
+    }
 }
 
 fn unit(h: u64) -> f32 {
@@ -144,11 +154,11 @@ impl ToyModel {
     /// [`logits_into`](Self::logits_into) with the state's hash computed once by the caller.
     fn row_logits(&self, prefix: &Prefix, state_hash: u64, s: usize, out: &mut Vec<f32>) {
         let c = &self.cfg;
-        let abs = (prefix.tokens.len() + s) as u64;
+        let abs = (prefix.len + s) as u64;
         let tie = unit(mix64(prefix.hash ^ mix64(abs ^ c.seed))) * 0.5 + 0.5 < c.tie_rate;
         // Tied positions share one row per block, keyed by the block start instead of `s`.
         let key = if tie {
-            u64::MAX - prefix.tokens.len() as u64
+            u64::MAX - prefix.len as u64
         } else {
             abs
         };
@@ -171,14 +181,14 @@ impl ToyModel {
         states: &[BlockState],
         query: &StatsQuery,
     ) -> Result<Vec<BlockStats>> {
-        let prefix = self.slots.get(slot)?.clone();
-        self.score_after(&prefix, states, query)
+        let prefix = *self.slots.get(slot)?;
+        self.score_after(prefix, states, query)
     }
 
     /// The statistics of `states` after `prefix`.
     fn score_after(
         &mut self,
-        prefix: &Prefix,
+        prefix: Prefix,
         states: &[BlockState],
         query: &StatsQuery,
     ) -> Result<Vec<BlockStats>> {
@@ -194,16 +204,16 @@ impl ToyModel {
         let mut logits = std::mem::take(&mut self.logits);
         let mut scratch = std::mem::take(&mut self.scratch);
         for state in states {
-            if prefix.tokens.len() + state.len() > self.cfg.max_positions {
+            if prefix.len + state.len() > self.cfg.max_positions {
                 return Err(Error::model("toy model: block extends past max_positions"));
             }
             let mut stats = BlockStats::new(k);
             let state_hash = self.state_hash(state);
             for s in 0..state.len() {
-                self.row_logits(prefix, state_hash, s, &mut logits);
+                self.row_logits(&prefix, state_hash, s, &mut logits);
                 reduce_logits(
                     &logits,
-                    prefix.tokens.len() + s,
+                    prefix.len + s,
                     query,
                     self.cfg.mask_id,
                     &mut scratch,
@@ -247,15 +257,14 @@ impl MultiRequestModel for ToyModel {
     ) -> Result<PrefixUpdate> {
         let seed = self.cfg.seed;
         let p = self.slots.get_mut(slot)?;
-        p.tokens.clear();
+        p.len = 0;
         p.hash = mix64(seed);
         self.append_block_in(slot, prefix)
     }
 
     fn append_block_in(&mut self, slot: CacheSlot, block: &[TokenId]) -> Result<PrefixUpdate> {
         let p = self.slots.get_mut(slot)?;
-        p.tokens.extend_from_slice(block);
-        p.hash = Self::hash_tokens(p.hash, block);
+        *p = p.extended(block);
         let forwards = self.cfg.prefix_forwards;
         Ok(PrefixUpdate {
             ran_forward: forwards && !block.is_empty(),
@@ -264,7 +273,7 @@ impl MultiRequestModel for ToyModel {
     }
 
     fn prefix_len_in(&self, slot: CacheSlot) -> usize {
-        self.slots.get(slot).map_or(0, |p| p.tokens.len())
+        self.slots.get(slot).map_or(0, |p| p.len)
     }
 
     fn forward_groups(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<Vec<BlockStats>>> {
@@ -296,10 +305,8 @@ impl MultiRequestModel for ToyModel {
             crate::model::default_forward_groups_carrying(self, &plain, groups)?;
         for ((g, c), stats) in groups.iter().zip(carries).zip(&mut out) {
             if let Some((block, next)) = c.lookahead {
-                let mut prefix = self.slots.get(g.slot)?.clone();
-                prefix.tokens.extend_from_slice(block);
-                prefix.hash = Self::hash_tokens(prefix.hash, block);
-                stats.extend(self.score_after(&prefix, std::slice::from_ref(next), g.query)?);
+                let prefix = self.slots.get(g.slot)?.extended(block);
+                stats.extend(self.score_after(prefix, std::slice::from_ref(next), g.query)?);
             }
         }
         Ok((updates, out))

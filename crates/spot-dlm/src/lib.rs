@@ -216,8 +216,7 @@ impl SpotDecoderBuilder {
             lookahead: None,
             cost: self.adaptive_gamma.then(floor::ForwardCost::default),
             base_gamma,
-            batch_len: 0,
-            plain_at: None,
+            sent: None,
             report: SpotReport::default(),
             stale: None,
             drafted: None,
@@ -241,19 +240,17 @@ pub struct SpotDecoder {
     report: SpotReport,
     /// The statistics of the last verified state of the current block.
     stale: Option<BlockStats>,
-    /// When the tree of the pending forward was built and how long drafting took (`None`:
-    /// the pending forward is a plain step).
-    drafted: Option<(Instant, std::time::Duration)>,
+    /// How long drafting the pending forward's tree took (`None`: the pending forward is a
+    /// plain step).
+    drafted: Option<std::time::Duration>,
+    /// When the pending forward's states were handed over.
+    sent: Option<Instant>,
     /// The likeliest complete state of the pending tree: the look-ahead it asks for.
     lookahead: Option<BlockState>,
     /// The forward-time fit of the adaptive floor (`None`: the configured floor only).
     cost: Option<floor::ForwardCost>,
     /// The configured floor.
     base_gamma: f32,
-    /// States in the pending forward.
-    batch_len: usize,
-    /// When the pending plain forward was proposed.
-    plain_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for SpotDecoder {
@@ -347,7 +344,7 @@ impl StepStrategy for SpotDecoder {
             _ => {
                 self.drafted = None;
                 states.push(block.state().clone());
-                self.plain_at = Some(Instant::now());
+                self.sent = Some(Instant::now());
                 return Ok(());
             }
         };
@@ -379,13 +376,13 @@ impl StepStrategy for SpotDecoder {
             _ => self.builder.build_chain(&ctx)?,
         };
         self.verifier.batch(tree, states);
-        self.batch_len = states.len();
         // Cross-block look-ahead: the likeliest complete node, if the tree reaches the end.
         self.lookahead = (1..tree.len())
             .filter(|&i| tree.is_complete(i))
             .max_by(|&a, &b| tree.mass(a).total_cmp(&tree.mass(b)).then(b.cmp(&a)))
             .map(|i| tree.block_state(i));
-        self.drafted = Some((Instant::now(), t0.elapsed()));
+        self.drafted = Some(t0.elapsed());
+        self.sent = Some(Instant::now());
         Ok(())
     }
 
@@ -401,13 +398,14 @@ impl StepStrategy for SpotDecoder {
     }
 
     fn absorb(&mut self, block: &mut BlockRun, stats: Vec<BlockStats>) -> Result<(), Error> {
-        let Some((built, drafting)) = self.drafted.take() else {
-            // A plain forward (one state) times the fit too, unless a look-ahead served it.
-            if let (Some(cost), Some(at)) = (self.cost.as_mut(), self.plain_at.take())
-                && !block.prefetched()
-            {
-                cost.record(1, at.elapsed().as_secs_f64());
-            }
+        let sent = self.sent.take();
+        // Every forward times the adaptive floor's fit, except a step a look-ahead served.
+        if let (Some(cost), Some(at)) = (self.cost.as_mut(), sent)
+            && !block.prefetched()
+        {
+            cost.record(stats.len(), at.elapsed().as_secs_f64());
+        }
+        let (Some(drafting), Some(sent)) = (self.drafted.take(), sent) else {
             self.stale =
                 Some(block.plain_absorb(spot_core::first_stats(stats)?, &mut self.scratch)?);
             return Ok(());
@@ -416,9 +414,6 @@ impl StepStrategy for SpotDecoder {
             Some(sets) => sets.tree(),
             None => self.builder.tree(),
         };
-        if let Some(cost) = self.cost.as_mut() {
-            cost.record(self.batch_len, built.elapsed().as_secs_f64());
-        }
         let outcome = self
             .verifier
             .walk_stats(tree, stats, block.transition(), block.steps())?;
@@ -426,7 +421,7 @@ impl StepStrategy for SpotDecoder {
             outcome.walk.accepted_nodes,
             RoundEnd::classify(tree, &outcome.walk),
             drafting,
-            built.elapsed(),
+            sent.elapsed(),
         );
         self.round += 1;
         for step in outcome.walk.steps() {

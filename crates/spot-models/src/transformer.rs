@@ -288,8 +288,9 @@ impl<B: Backend> Net<B> {
             .collect();
         let single = segments.len() == 1;
         for (li, layer) in self.layers.iter().enumerate() {
-            // Per segment, the prefix it attended to in this layer when another extends it.
-            let mut attended: Vec<Option<Kv<B>>> = segments.iter().map(|_| None).collect();
+            // Per segment that others extend: the prefix it attended to in this layer, extended
+            // by its own keys and values (made once, however many segments read it).
+            let mut extended: Vec<Option<Kv<B>>> = segments.iter().map(|_| None).collect();
             let a = &layer.attn;
             // 1. Pre-norm and projections (+ bias), all rows at once.
             let hn = rms_norm(x.clone(), &layer.input_norm, c.eps);
@@ -329,16 +330,9 @@ impl<B: Backend> Net<B> {
                 // 3. Group the query heads of each KV head: [n, kv, g * len, d].
                 let q = q.reshape([n, kvh, g * len, d]);
                 // 4. Attention over [prefix ; block].
-                let own = || seg.cache.get(li).filter(|_| seg.start > 0).cloned();
-                let prefix = match seg.after.and_then(|j| Some((j, new_kv.get(j)?.get(li)?))) {
-                    Some((j, new)) => Some(match attended[j].clone() {
-                        Some(c) => Kv {
-                            k: Tensor::cat(vec![c.k, new.k.clone()], 2),
-                            v: Tensor::cat(vec![c.v, new.v.clone()], 2),
-                        },
-                        None => new.clone(),
-                    }),
-                    None => own(),
+                let prefix = match seg.after {
+                    Some(j) => extended[j].clone(),
+                    None => seg.cache.get(li).filter(|_| seg.start > 0).cloned(),
                 };
                 let cached = prefix.as_ref();
                 let out = match attend {
@@ -349,10 +343,19 @@ impl<B: Backend> Net<B> {
                 outs.push(
                     swap_heads(out.reshape([n, nh, len, d]), host).reshape([n * len, nh * d]),
                 );
-                new_kv[si].push(Kv { k, v });
                 if segments[si + 1..].iter().any(|s| s.after == Some(si)) {
-                    attended[si] = prefix;
+                    extended[si] = Some(match prefix {
+                        Some(c) => Kv {
+                            k: Tensor::cat(vec![c.k, k.clone()], 2),
+                            v: Tensor::cat(vec![c.v, v.clone()], 2),
+                        },
+                        None => Kv {
+                            k: k.clone(),
+                            v: v.clone(),
+                        },
+                    });
                 }
+                new_kv[si].push(Kv { k, v });
                 row0 += n * len;
             }
             let out = if single {
