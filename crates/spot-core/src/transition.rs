@@ -83,13 +83,10 @@ impl Transition {
         let tau = match *self {
             Transition::Exact => None,
             Transition::Threshold { tau } => Some(tau),
-            Transition::Scheduled { steps: 0, .. } => {
+            Transition::Scheduled { steps: 0, .. } | Transition::Timesteps { steps: 0, .. } => {
                 return Err(Error::config("steps", "must be at least 1, got 0"));
             }
             Transition::Scheduled { tau, .. } => tau,
-            Transition::Timesteps { steps: 0, .. } => {
-                return Err(Error::config("steps", "must be at least 1, got 0"));
-            }
             Transition::Timesteps { eps, .. } if !(eps > 0.0 && eps < 1.0) => {
                 return Err(Error::config(
                     "eps",
