@@ -381,3 +381,29 @@ fn mask_outside_vocabulary_is_an_error() {
     assert_eq!(config_field(&e), "mask_id");
     assert!(e.to_string().contains("mask id 10"), "{e}");
 }
+
+/// The learned set drafter on a model whose hidden states have another width is a typed
+/// error naming both widths, not a wrong tree.
+#[test]
+fn a_set_network_of_another_hidden_width_is_an_error() {
+    use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
+    let cfg = DecodeConfig {
+        transition: Transition::Threshold { tau: 0.5 },
+        ..cfg()
+    };
+    let e = SpotDecoder::builder()
+        .sets(
+            SetsNet::init(SetsNetConfig::new(5), 1),
+            spot_dlm::StaleConfidenceScorer,
+            spot_dlm::SetTreeConfig::default(),
+        )
+        .build()
+        .unwrap()
+        .decode(&mut toy(), &[1, 2, 3], &cfg)
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("hidden states of width 5") && text.contains("width 8"),
+        "{text}"
+    );
+}

@@ -201,17 +201,24 @@ proptest! {
     }
 
     /// Set-valued trees (SPOT-Sets) under threshold decoding, any τ, T, rule and seed, with the
-    /// training-free stale-threshold drafter or arbitrary join probabilities.
+    /// training-free stale-threshold drafter, arbitrary join probabilities, or the learned set
+    /// network (random weights, reading the toy model's hidden states).
     #[test]
     fn set_trees_equal_draft_free_threshold((toy, prompt, cfg) in case(set_transition()),
-                                            random in proptest::option::of(any::<u64>()),
+                                            drafter in 0..3u8, seed in any::<u64>(),
                                             sets in set_config(), adaptive in any::<bool>()) {
+        use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
         let b = SpotDecoder::builder().record_trace(true).adaptive_gamma(adaptive);
-        let b = match random {
-            Some(seed) => b.sets(RandomJoin(seed), RandomScorer { seed }, sets),
-            None => b.sets(StaleThresholdJoin, StaleConfidenceScorer, sets),
+        let b = match drafter {
+            0 => b.sets(StaleThresholdJoin, StaleConfidenceScorer, sets),
+            1 => b.sets(RandomJoin(seed), RandomScorer { seed }, sets),
+            _ => b.sets(
+                SetsNet::init(SetsNetConfig::new(spot_dlm::toy::TOY_HIDDEN_DIM), seed),
+                StaleConfidenceScorer,
+                sets,
+            ),
         };
         let fast = b.build().unwrap().decode(&mut m, &prompt, &cfg).unwrap();
         check_invariants(&reference, &fast)?;

@@ -6,7 +6,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{BlockDiffusionModel, DecodeConfig, Transition};
-use spot_drafter::{Manifest, TrajectoryDir, examples, record};
+use spot_drafter::trajectory::{Recorder, record_with};
+use spot_drafter::{Manifest, TrajectoryDir, examples};
 
 use crate::{load, model_dir, prompts};
 
@@ -47,6 +48,11 @@ pub struct CollectArgs {
     /// fits the SPOT-Sets drafter on) instead of one commit per forward.
     #[arg(long)]
     threshold: Option<f32>,
+    /// Also store the target's final hidden state at every masked position of every step
+    /// (what `spot train-sets` trains the learned set drafter on; about 2 bytes per hidden
+    /// value).
+    #[arg(long)]
+    hidden_states: bool,
 }
 
 /// Runs `spot collect`.
@@ -72,7 +78,10 @@ pub fn run(a: &CollectArgs) -> Result<()> {
             .display()
             .to_string()
     };
-    let manifest = Manifest::for_decode(&canon(&dir), &canon(&a.prompts), &field, &cfg);
+    let manifest = Manifest {
+        hidden_states: a.hidden_states,
+        ..Manifest::for_decode(&canon(&dir), &canon(&a.prompts), &field, &cfg)
+    };
     let out = TrajectoryDir::create_or_resume(&a.out, manifest)?;
     let tokenizer = model
         .tokenizer()
@@ -94,8 +103,13 @@ pub fn run(a: &CollectArgs) -> Result<()> {
         let ids = tokenizer
             .encode(&p.text)
             .with_context(|| format!("prompt {}", p.id))?;
-        let (_, traj) =
-            record(&mut model, &ids, &cfg, &p.id).with_context(|| format!("prompt {}", p.id))?;
+        let rec = if a.hidden_states {
+            Recorder::with_hidden_states()
+        } else {
+            Recorder::default()
+        };
+        let (_, traj) = record_with(&mut model, &ids, &cfg, &p.id, rec)
+            .with_context(|| format!("prompt {}", p.id))?;
         steps += traj.blocks.iter().map(|b| b.steps.len()).sum::<usize>();
         n_examples += examples(&traj, 7, |_| {});
         out.write(i, &traj)?;

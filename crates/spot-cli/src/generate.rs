@@ -115,6 +115,10 @@ pub struct GenerateArgs {
     /// model folder).
     #[arg(long)]
     sets: Option<PathBuf>,
+    /// The learned set drafter for `--method sets-net` (default: the model folder's
+    /// `spot-sets-net.json`).
+    #[arg(long)]
+    sets_net: Option<PathBuf>,
     /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
     /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
     /// so that they differ from `spot` only in the commit order).
@@ -239,6 +243,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
             drafter: a.drafter.as_deref(),
             spiffy: a.spiffy.as_deref(),
             sets: a.sets.as_deref(),
+            sets_net: a.sets_net.as_deref(),
             calibrate_baselines: !a.uncalibrated_baselines,
         },
     )?;

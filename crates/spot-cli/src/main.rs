@@ -17,6 +17,7 @@ mod methods;
 mod model_dir;
 mod prompts;
 mod train_drafter;
+mod train_sets;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -61,6 +62,10 @@ enum Command {
     /// Fit the SPOT-Sets drafter (join and token tables per temperature and threshold) on
     /// threshold-decoding trajectories (`spot collect --threshold`).
     CalibrateSets(calibrate::CalibrateSetsArgs),
+    /// Train the learned SPOT-Sets drafter (a small network over the target's hidden states)
+    /// on threshold-decoding trajectories with hidden states (`spot collect --threshold TAU
+    /// --hidden-states`).
+    TrainSets(train_sets::TrainSetsArgs),
     /// Compare decoding methods and budgets on prompt sets: NFE, positions, commits per
     /// forward, wall time and agreement with draft-free; Markdown, JSON and SVG.
     Bench(bench::BenchArgs),
@@ -100,6 +105,7 @@ fn main() -> ExitCode {
         Command::CalibrateSpiffy(a) => calibrate::run(a),
         Command::CalibrateTokens(a) => calibrate::run_tokens(a),
         Command::CalibrateSets(a) => calibrate::run_sets(a),
+        Command::TrainSets(a) => train_sets::run(a),
         Command::Bench(a) => bench::run(a),
     };
     match result {

@@ -8,9 +8,10 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use spot_dlm::{
     BlockDiffusionModel, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace, DraftFreeDecoder,
-    OracleScorer, Request, SetTreeConfig, SpotDecoder, SpotReport, StaleConfidenceScorer,
-    StaleThresholdJoin, Strategy, TokenOracleScorer, run_request,
+    MatchRule, OracleScorer, Request, SetTreeConfig, SpotDecoder, SpotReport,
+    StaleConfidenceScorer, StaleThresholdJoin, Strategy, TokenOracleScorer, run_request,
 };
+use spot_drafter::sets_net::SetsNet;
 use spot_drafter::{
     Calibrated, LearnedScorer, OrderModel, SetsDrafter, SpiffyGraph, SpiffyScorer, TokenCalibration,
 };
@@ -22,6 +23,7 @@ pub const DEFAULT_DRAFTER: &str = "spot-drafter.safetensors";
 /// File name of a model folder's default Spiffy graph (`spot calibrate-spiffy`).
 pub const DEFAULT_SPIFFY: &str = "spiffy-graph.json";
 pub use spot_drafter::sets::DEFAULT_SETS;
+pub use spot_drafter::sets_net::DEFAULT_SETS_NET;
 
 /// Decoding methods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
@@ -67,6 +69,16 @@ pub enum Method {
     /// Training-free set drafter: the stale threshold step, then single commits ranked by
     /// stale confidence.
     SetsStale,
+    /// SPOT-Sets with the learned set drafter (`--sets-net`, default
+    /// `MODEL/spot-sets-net.json`; `spot train-sets`), a network over the target's hidden
+    /// states, instead of the tables; SPOT's order drafter ranks the leaders.
+    SetsNet,
+    /// **Lossy**: `sets` verified with the product max-commit rule
+    /// (`spot_verify::MatchRule::ProductMaxCommit`): the walk also accepts drafted subsets of
+    /// the target's threshold step whose confidences multiply to more than `τ`, taking the
+    /// node that commits the most. Its output differs from threshold decoding; `spot bench`
+    /// reports how often it agrees (the `equal` column) instead of failing.
+    SetsMax,
 }
 
 impl Method {
@@ -88,6 +100,8 @@ impl Method {
             Method::SetsGamma => "sets-gamma",
             Method::SetsAdaptive => "sets-adaptive",
             Method::SetsStale => "sets-stale",
+            Method::SetsNet => "sets-net",
+            Method::SetsMax => "sets-max",
         }
     }
 
@@ -100,8 +114,18 @@ impl Method {
     pub fn is_sets(self) -> bool {
         matches!(
             self,
-            Method::Sets | Method::SetsGamma | Method::SetsAdaptive | Method::SetsStale
+            Method::Sets
+                | Method::SetsGamma
+                | Method::SetsAdaptive
+                | Method::SetsStale
+                | Method::SetsNet
+                | Method::SetsMax
         )
+    }
+
+    /// Whether the method's output may differ from its reference by design (`sets-max`).
+    pub fn is_lossy(self) -> bool {
+        self == Method::SetsMax
     }
 
     /// Whether the method reads the draft-free trace (the oracles).
@@ -136,6 +160,8 @@ pub struct DraftFiles<'a> {
     pub spiffy: Option<&'a Path>,
     /// `--sets`.
     pub sets: Option<&'a Path>,
+    /// `--sets-net`.
+    pub sets_net: Option<&'a Path>,
     /// Whether `blockspec` and `spiffy` take the drafter checkpoint's token calibration (when
     /// it exists; `--uncalibrated-baselines` turns it off).
     pub calibrate_baselines: bool,
@@ -155,10 +181,15 @@ impl DraftFiles<'_> {
                 vec![weights, config]
             }
             Method::Spiffy => vec![path(self.spiffy, DEFAULT_SPIFFY)],
-            Method::Sets | Method::SetsGamma | Method::SetsAdaptive => {
+            Method::Sets | Method::SetsGamma | Method::SetsAdaptive | Method::SetsMax => {
                 let weights = path(self.drafter, DEFAULT_DRAFTER);
                 let config = spot_drafter::checkpoint::config_path(&weights);
                 vec![path(self.sets, DEFAULT_SETS), weights, config]
+            }
+            Method::SetsNet => {
+                let weights = path(self.drafter, DEFAULT_DRAFTER);
+                let config = spot_drafter::checkpoint::config_path(&weights);
+                vec![path(self.sets_net, DEFAULT_SETS_NET), weights, config]
             }
             _ => Vec::new(),
         }
@@ -169,9 +200,10 @@ impl DraftFiles<'_> {
         match method {
             Method::Spot | Method::SpotGamma | Method::SpotAdaptive => self.drafter.is_some(),
             Method::Spiffy => self.spiffy.is_some(),
-            Method::Sets | Method::SetsGamma | Method::SetsAdaptive => {
+            Method::Sets | Method::SetsGamma | Method::SetsAdaptive | Method::SetsMax => {
                 self.sets.is_some() || self.drafter.is_some()
             }
+            Method::SetsNet => self.sets_net.is_some() || self.drafter.is_some(),
             _ => false,
         }
     }
@@ -204,9 +236,10 @@ impl DraftFiles<'_> {
 pub fn missing_hint(method: Method) -> &'static str {
     match method {
         Method::Spiffy => "calibrate a graph with `spot calibrate-spiffy`, or pass --spiffy PATH",
-        Method::Sets | Method::SetsGamma | Method::SetsAdaptive => {
+        Method::Sets | Method::SetsGamma | Method::SetsAdaptive | Method::SetsMax => {
             "fit the tables with `spot calibrate-sets`, or pass --sets PATH"
         }
+        Method::SetsNet => "train the set drafter with `spot train-sets`, or pass --sets-net PATH",
         _ => "train a drafter with `spot train-drafter`, or pass --drafter PATH",
     }
 }
@@ -217,6 +250,7 @@ pub struct Drafters {
     net: Option<OrderModel<Backend>>,
     spiffy: Option<SpiffyGraph>,
     sets: Option<SetsDrafter>,
+    sets_net: Option<SetsNet>,
     /// Token calibrations for the baselines (empty: their papers' token weights).
     calibration: Vec<TokenCalibration>,
 }
@@ -243,6 +277,8 @@ impl Drafters {
                         | Method::Sets
                         | Method::SetsGamma
                         | Method::SetsAdaptive
+                        | Method::SetsNet
+                        | Method::SetsMax
                 )
             })
             .then(|| first(Method::Spot))
@@ -280,10 +316,18 @@ impl Drafters {
         }
         if let Some(p) = methods
             .iter()
-            .find(|m| matches!(m, Method::Sets | Method::SetsGamma | Method::SetsAdaptive))
+            .find(|m| {
+                matches!(
+                    m,
+                    Method::Sets | Method::SetsGamma | Method::SetsAdaptive | Method::SetsMax
+                )
+            })
             .and_then(|&m| first(m))
         {
             d.sets = Some(SetsDrafter::load(&p)?);
+        }
+        if let Some(p) = first(Method::SetsNet).filter(|_| methods.contains(&Method::SetsNet)) {
+            d.sets_net = Some(SetsNet::load(&p)?);
         }
         Ok(d)
     }
@@ -324,7 +368,7 @@ pub fn strategy(
             StaleConfidenceScorer,
             sets_cfg(settings.gamma),
         ),
-        Method::Sets | Method::SetsGamma | Method::SetsAdaptive => {
+        Method::Sets | Method::SetsGamma | Method::SetsAdaptive | Method::SetsMax => {
             let Some(d) = &drafters.sets else {
                 bail!("--method {} needs the set drafter tables", method.name());
             };
@@ -336,8 +380,24 @@ pub fn strategy(
             let Some(net) = &drafters.net else {
                 bail!("--method {} needs a drafter checkpoint", method.name());
             };
+            let rule = if method == Method::SetsMax {
+                MatchRule::ProductMaxCommit
+            } else {
+                MatchRule::Coupled
+            };
             b.sets(d.clone(), LearnedScorer::new(net.clone()), sets_cfg(gamma))
                 .adaptive_gamma(method == Method::SetsAdaptive)
+                .match_rule(rule)
+        }
+        Method::SetsNet => {
+            let (Some(d), Some(net)) = (&drafters.sets_net, &drafters.net) else {
+                bail!("--method sets-net needs the set network and a drafter checkpoint");
+            };
+            b.sets(
+                d.clone(),
+                LearnedScorer::new(net.clone()),
+                sets_cfg(settings.gamma),
+            )
         }
         Method::Ssd => b.chain(),
         Method::Blockspec => b.scorer(Calibrated::new(

@@ -323,6 +323,18 @@ impl BlockStats {
         self.hidden.as_ref().map(|(d, v)| (*d, v.as_slice()))
     }
 
+    /// Position `s`'s hidden state, if the model attached them.
+    pub fn hidden_at(&self, s: usize) -> Option<&[f32]> {
+        self.hidden
+            .as_ref()
+            .and_then(|(d, v)| v.get(s * d..(s + 1) * d))
+    }
+
+    /// Removes and returns the hidden states.
+    pub fn take_hidden(&mut self) -> Option<(usize, Vec<f32>)> {
+        self.hidden.take()
+    }
+
     /// Checks the shape against the block size and that every value is finite and in range.
     /// Decoders call this on every forward's output, so a model bug surfaces as
     /// [`Error::InvalidStatistics`] naming the field and position instead of a wrong decode.

@@ -14,6 +14,10 @@ use crate::model::{
 use crate::state::{BlockState, TokenId};
 use crate::stats::{BlockStats, ReduceScratch, StatsQuery, reduce_logits};
 
+/// Width of the toy model's hidden states (attached when a query asks for them): evenly
+/// spaced logits of each row, so they depend on the context as a real model's do.
+pub const TOY_HIDDEN_DIM: usize = 8;
+
 /// Parameters of a [`ToyModel`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToyConfig {
@@ -209,8 +213,14 @@ impl ToyModel {
             }
             let mut stats = BlockStats::new(k);
             let state_hash = self.state_hash(state);
+            let mut hidden = Vec::new();
             for s in 0..state.len() {
                 self.row_logits(&prefix, state_hash, s, &mut logits);
+                if query.hidden_states {
+                    // The toy's "hidden state": evenly spaced logits of the row.
+                    let vocab = logits.len();
+                    hidden.extend((0..TOY_HIDDEN_DIM).map(|i| logits[i * vocab / TOY_HIDDEN_DIM]));
+                }
                 reduce_logits(
                     &logits,
                     prefix.len + s,
@@ -219,6 +229,9 @@ impl ToyModel {
                     &mut scratch,
                     &mut stats,
                 )?;
+            }
+            if query.hidden_states {
+                stats.set_hidden(TOY_HIDDEN_DIM, hidden)?;
             }
             out.push(stats);
         }

@@ -391,10 +391,15 @@ impl StepStrategy for SpotDecoder {
     }
 
     fn round_query(&self, base: &StatsQuery) -> StatsQuery {
-        match self.drafted {
+        let mut q = match self.drafted {
             Some(_) => self.verifier.round_query(base, self.round),
             None => *base,
-        }
+        };
+        // A drafter reading hidden states gets them from every forward: each forward's
+        // statistics are a later round's stale ones.
+        q.hidden_states |=
+            matches!(&self.drafter, Drafter::Sets(m, _, _) if m.wants_hidden_states());
+        q
     }
 
     fn absorb(&mut self, block: &mut BlockRun, stats: Vec<BlockStats>) -> Result<(), Error> {

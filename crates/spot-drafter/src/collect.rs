@@ -57,6 +57,10 @@ pub struct Manifest {
     /// Top-k sampling truncation ([`DecodeConfig::sample_top_k`]); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_top_k: Option<usize>,
+    /// Whether the trajectories carry the target's hidden states (`spot collect
+    /// --hidden-states`); absent: no.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hidden_states: bool,
 }
 
 impl Manifest {
@@ -95,6 +99,7 @@ impl Manifest {
             layout: Some(cfg.layout.name().into()),
             stop_ids: Some(cfg.stop_ids.clone()),
             sample_top_k: cfg.sample_top_k,
+            hidden_states: false,
         }
     }
 
@@ -121,7 +126,7 @@ impl Manifest {
 }
 
 /// [`Manifest`]'s fields, in declaration order (for [`Manifest::differences`]).
-const FIELDS: [&str; 16] = [
+const FIELDS: [&str; 17] = [
     "format",
     "version",
     "model",
@@ -138,6 +143,7 @@ const FIELDS: [&str; 16] = [
     "layout",
     "stop_ids",
     "sample_top_k",
+    "hidden_states",
 ];
 
 /// Why a trajectory directory could not be used.

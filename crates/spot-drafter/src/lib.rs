@@ -30,6 +30,8 @@ pub mod network;
 mod rng;
 pub mod scorer;
 pub mod sets;
+pub mod sets_net;
+pub mod sets_train;
 pub mod spiffy;
 pub mod train;
 pub mod trajectory;

@@ -29,7 +29,8 @@ use spot_core::TokenId;
 use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
 
 use crate::analysis::{bin, monotone_rates};
-use crate::trajectory::{StoredPosition, Trajectory};
+use crate::sets_net::join_examples;
+use crate::trajectory::Trajectory;
 
 /// File name of a model folder's default set drafter (`spot calibrate-sets`).
 pub const DEFAULT_SETS: &str = "spot-sets.json";
@@ -102,61 +103,24 @@ impl JoinTable {
         let mut written = vec![vec![0u64; nb]; steps];
         let mut led = vec![vec![0u64; nb]; steps];
         let mut cleared = vec![vec![0u64; nb]; steps];
-        let mut temps = Vec::new();
-        let mut samples = 0u64;
-        let mut state: Vec<TokenId> = Vec::new();
-        for t in trajs {
-            temps.push(t.temperature);
-            for b in &t.blocks {
-                state.clear();
-                state.extend_from_slice(&b.initial);
-                for (i, stale) in b.steps.iter().enumerate() {
-                    for c in &stale.commits {
-                        state[c.position] = c.token;
-                    }
-                    let mut node = state.clone();
-                    for (j, step) in b.steps.iter().enumerate().skip(i + 1).take(steps) {
-                        let row = j - i - 1;
-                        // The leader: the position the target is most confident about
-                        // there (ties to the lowest index, as `Φ`); the step is a set when it
-                        // clears τ, else the leader alone.
-                        let leader = step
-                            .positions
-                            .iter()
-                            .fold(None, |b: Option<&StoredPosition>, p| match b {
-                                Some(b) if b.confidence >= p.confidence => Some(b),
-                                _ => Some(p),
-                            })
-                            .map(|p| p.position as usize);
-                        let clears = leader
-                            .and_then(|a| step.stored(a))
-                            .is_some_and(|p| p.confidence > tau);
-                        for s in (0..node.len()).filter(|&s| node[s] == t.mask_id) {
-                            let Some(p) = stale.stored(s) else { continue };
-                            let k = bin(&edges, p.confidence);
-                            samples += 1;
-                            let commit = step.commits.iter().find(|c| c.position == s);
-                            if Some(s) == leader {
-                                led[row][k] += 1;
-                                cleared[row][k] += u64::from(clears);
-                            } else {
-                                n[row][k] += 1;
-                                joined[row][k] += u64::from(commit.is_some() && clears);
-                            }
-                            if let Some(c) = commit {
-                                written[row][k] += 1;
-                                same[row][k] += u64::from(c.token == p.token);
-                                hedged[row][k] +=
-                                    u64::from(c.token == p.hedge && c.token != p.token);
-                            }
-                        }
-                        for c in &step.commits {
-                            node[c.position] = c.token;
-                        }
-                    }
-                }
+        let trajs: Vec<&Trajectory> = trajs.into_iter().collect();
+        let temps: Vec<f32> = trajs.iter().map(|t| t.temperature).collect();
+        let samples = join_examples(trajs, tau, steps, |e| {
+            let (row, p) = (e.row, e.p);
+            let k = bin(&edges, p.confidence);
+            if e.leads {
+                led[row][k] += 1;
+                cleared[row][k] += u64::from(e.clears);
+            } else {
+                n[row][k] += 1;
+                joined[row][k] += u64::from(e.commit.is_some() && e.clears);
             }
-        }
+            if let Some(c) = e.commit {
+                written[row][k] += 1;
+                same[row][k] += u64::from(c.token == p.token);
+                hedged[row][k] += u64::from(c.token == p.hedge && c.token != p.token);
+            }
+        });
         let rates = |hits: &[Vec<u64>], counts: &[Vec<u64>], increasing: bool| {
             hits.iter()
                 .zip(counts)
@@ -399,6 +363,7 @@ mod tests {
             hedge_prob: 0.0,
             margin: 1.0,
             top_probs: vec![confidence],
+            hidden: Vec::new(),
         }
     }
 
@@ -412,6 +377,7 @@ mod tests {
             mask_id: mask,
             temperature: 0.0,
             seed: 0,
+            hidden_dim: 0,
             blocks: vec![BlockRecord {
                 start: 0,
                 initial: vec![mask; 3],

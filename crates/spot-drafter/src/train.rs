@@ -340,7 +340,7 @@ pub fn train_from<B: AutodiffBackend>(
     if !(0.0..1.0).contains(&cfg.holdout) {
         return Err(format!("holdout {} is not in [0, 1)", cfg.holdout));
     }
-    let held = heldout_by_prompt(trajs, cfg.holdout);
+    let held = heldout_by_prompt(trajs.iter().map(|t| t.id.as_str()), cfg.holdout);
     let n_held = held.iter().filter(|&&h| h).count();
     let train_ids: Vec<usize> = (0..trajs.len()).filter(|&i| !held[i]).collect();
     let held_ids: Vec<usize> = (0..trajs.len()).filter(|&i| held[i]).collect();
@@ -441,13 +441,16 @@ pub fn train_from<B: AutodiffBackend>(
 /// first appearance, spread evenly, [`heldout_mask`]), every trajectory of a held-out prompt
 /// with it. The same prompt decoded at several temperatures is then never on both sides of
 /// the split: the continuation seen in training would otherwise be recognised in held-out.
-fn heldout_by_prompt(trajs: &[Trajectory], holdout: f64) -> Vec<bool> {
+pub(crate) fn heldout_by_prompt<'a>(
+    prompt_ids: impl IntoIterator<Item = &'a str>,
+    holdout: f64,
+) -> Vec<bool> {
     let mut ids: HashMap<&str, usize> = HashMap::new();
-    let index: Vec<usize> = trajs
-        .iter()
-        .map(|t| {
+    let index: Vec<usize> = prompt_ids
+        .into_iter()
+        .map(|id| {
             let next = ids.len();
-            *ids.entry(t.id.as_str()).or_insert(next)
+            *ids.entry(id).or_insert(next)
         })
         .collect();
     let held = heldout_mask(ids.len(), holdout);
@@ -467,14 +470,14 @@ fn heldout_mask(n: usize, holdout: f64) -> Vec<bool> {
 
 /// The learning rate by optimiser step: linear warm-up, then cosine decay to a tenth.
 #[derive(Clone, Copy, Debug)]
-struct Schedule {
+pub(crate) struct Schedule {
     peak: f64,
     warmup: usize,
     total: usize,
 }
 
 impl Schedule {
-    fn new(peak: f64, total: usize) -> Self {
+    pub(crate) fn new(peak: f64, total: usize) -> Self {
         Self {
             peak,
             warmup: (total / 50).clamp(1, 500),
@@ -482,7 +485,7 @@ impl Schedule {
         }
     }
 
-    fn at(&self, step: usize) -> f64 {
+    pub(crate) fn at(&self, step: usize) -> f64 {
         if step < self.warmup {
             return self.peak * (step + 1) as f64 / self.warmup as f64;
         }
@@ -510,7 +513,7 @@ fn inner_model<B: AutodiffBackend>(m: &OrderModel<B>) -> OrderModel<B::InnerBack
     OrderModel::from_params(m.config().clone(), params, m.device())
 }
 
-fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
+pub(crate) fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
     t.into_data()
         .iter::<f32>()
         .next()
@@ -518,15 +521,15 @@ fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
 }
 
 /// Adam (β 0.9 / 0.999, ε 1e-8) over flat parameters, state on the inner backend.
-struct Adam<B: AutodiffBackend> {
-    lr: f64,
+pub(crate) struct Adam<B: AutodiffBackend> {
+    pub(crate) lr: f64,
     t: i32,
     m: Vec<Tensor<B::InnerBackend, 1>>,
     v: Vec<Tensor<B::InnerBackend, 1>>,
 }
 
 impl<B: AutodiffBackend> Adam<B> {
-    fn new(params: &[Tensor<B, 1>], lr: f64) -> Self {
+    pub(crate) fn new(params: &[Tensor<B, 1>], lr: f64) -> Self {
         let zeros = |p: &Tensor<B, 1>| p.clone().inner().zeros_like();
         Self {
             lr,
@@ -536,7 +539,11 @@ impl<B: AutodiffBackend> Adam<B> {
         }
     }
 
-    fn step(&mut self, params: Vec<Tensor<B, 1>>, grads: &B::Gradients) -> Vec<Tensor<B, 1>> {
+    pub(crate) fn step(
+        &mut self,
+        params: Vec<Tensor<B, 1>>,
+        grads: &B::Gradients,
+    ) -> Vec<Tensor<B, 1>> {
         const B1: f64 = 0.9;
         const B2: f64 = 0.999;
         self.t += 1;
@@ -575,10 +582,11 @@ mod tests {
             mask_id: 9,
             temperature,
             seed: 0,
+            hidden_dim: 0,
             blocks: Vec::new(),
         };
         let trajs: Vec<Trajectory> = (0..10).flat_map(|i| [traj(i, 0.0), traj(i, 2.0)]).collect();
-        let held = heldout_by_prompt(&trajs, 0.2);
+        let held = heldout_by_prompt(trajs.iter().map(|t| t.id.as_str()), 0.2);
         let held_ids: Vec<&str> = (0..20)
             .filter(|&i| held[i])
             .map(|i| trajs[i].id.as_str())

@@ -7,25 +7,29 @@
 //! distribution of a round rooted at the state after step `t - 1`, and the commits of steps
 //! `t, t + 1, ...` are the true future (Algorithm 1, [`examples`]).
 //!
-//! # File format (version 2)
+//! # File format (version 3)
 //!
 //! One file per trajectory, little-endian:
 //!
 //! ```text
 //! magic  b"SPOTTRJ\0"          8 bytes
-//! version u32 (= 2), block_size u32, top_k u32, mask_id u32, temperature f32, seed u64
+//! version u32 (= 3), block_size u32, top_k u32, mask_id u32, temperature f32, seed u64
+//! hidden_dim u32 (0: no hidden states)
 //! id_len u32, id (UTF-8, id_len bytes)
 //! n_blocks u32, then per block:
 //!   start u64, initial tokens (block_size × u32), n_steps u32, then per step:
 //!     n_commits u32, commits (n_commits × (position u32, token u32))
 //!     n_masked u32 (positions masked before the step, in increasing order), per position:
 //!       position u32, token u32, runner_up u32, confidence f32, entropy f32, tail_mass f32,
-//!       hedge u32, hedge_prob f32, margin f32, top_probs (top_k × f32)
+//!       hedge u32, hedge_prob f32, margin f32, top_probs (top_k × f32),
+//!       hidden (hidden_dim × bf16, the target's final hidden state there)
 //! checksum u64 (FNV-1a of every byte before it)
 //! ```
 //!
 //! Version 2 added `hedge`, `hedge_prob` and `margin` (the noised runner-up and how far the
-//! choice is ahead of it); version 1 files are refused with [`TrajectoryError::Version`].
+//! choice is ahead of it); version 3 the hidden states (`spot collect --hidden-states`, what
+//! the learned set drafter reads). Version 2 files are read (without hidden states); version
+//! 1 files are refused with [`TrajectoryError::Version`].
 //!
 //! Files are written to a temporary name and renamed, so a crash leaves either a whole file or
 //! none; reading a truncated, corrupted or other-version file is a [`TrajectoryError`] naming
@@ -35,15 +39,19 @@ use std::path::{Path, PathBuf};
 
 use spot_core::{
     BlockDiffusionModel, BlockRun, BlockState, BlockStats, Commit, DecodeConfig, DecodeOutput,
-    GumbelNoise, StepStrategy, TokenId, run_decode,
+    GumbelNoise, StatsQuery, StepStrategy, TokenId, run_decode,
 };
 
 use spot_tree::noised_runner_up;
 
 use crate::features::{PositionStale, StaleSource, noised_margin};
 
-/// The format version written and read.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version written (version 2 is read too).
+pub const FORMAT_VERSION: u32 = 3;
+/// The oldest format version read.
+const OLDEST_VERSION: u32 = 2;
+/// The widest hidden state a file may declare.
+const MAX_HIDDEN_DIM: usize = 1 << 16;
 const MAGIC: &[u8; 8] = b"SPOTTRJ\0";
 
 /// Why a trajectory could not be written or read.
@@ -64,7 +72,9 @@ pub enum TrajectoryError {
         path: PathBuf,
     },
     /// The file has another format version.
-    #[error("{path}: trajectory format version {found}; this build reads version {FORMAT_VERSION}")]
+    #[error(
+        "{path}: trajectory format version {found}; this build reads versions {OLDEST_VERSION} to {FORMAT_VERSION}"
+    )]
     Version {
         /// The file.
         path: PathBuf,
@@ -120,6 +130,9 @@ pub struct StoredPosition {
     pub margin: f32,
     /// Top-k probabilities, most probable first.
     pub top_probs: Vec<f32>,
+    /// The target's final hidden state there ([`Trajectory::hidden_dim`] values, bf16
+    /// precision; empty when the trajectory has none).
+    pub hidden: Vec<f32>,
 }
 
 /// One draft-free step: statistics of the state before it, and its commits.
@@ -176,6 +189,10 @@ impl StoredPosition {
             hedge_prob: hedge.map_or(0.0, |h| h.1),
             margin: noised_margin((token, stats.confidence(s)), hedge, position, noise),
             top_probs: probs.to_vec(),
+            hidden: stats
+                .hidden_at(s)
+                .map(|h| h.iter().map(|&v| bf16_round(v)).collect())
+                .unwrap_or_default(),
         }
     }
 
@@ -218,6 +235,8 @@ pub struct Trajectory {
     pub temperature: f32,
     /// Noise seed.
     pub seed: u64,
+    /// Width of the stored hidden states ([`StoredPosition::hidden`]; 0: none).
+    pub hidden_dim: usize,
     /// The blocks, in order.
     pub blocks: Vec<BlockRecord>,
 }
@@ -228,10 +247,30 @@ pub struct Recorder {
     blocks: Vec<BlockRecord>,
     scratch: Vec<Commit>,
     top_k: Option<usize>,
+    /// Ask every forward for the hidden states and store them.
+    hidden_states: bool,
+    hidden_dim: usize,
+}
+
+impl Recorder {
+    /// A recorder that also stores the target's hidden states (the model must attach them).
+    pub fn with_hidden_states() -> Self {
+        Self {
+            hidden_states: true,
+            ..Self::default()
+        }
+    }
 }
 
 impl StepStrategy for Recorder {
     type Error = spot_core::Error;
+
+    fn round_query(&self, base: &StatsQuery) -> StatsQuery {
+        StatsQuery {
+            hidden_states: self.hidden_states,
+            ..*base
+        }
+    }
 
     fn propose(&mut self, block: &BlockRun, states: &mut Vec<BlockState>) -> spot_core::Result<()> {
         if block.forwards() == 0 {
@@ -249,6 +288,19 @@ impl StepStrategy for Recorder {
         let before: Vec<usize> = block.state().masked_positions().collect();
         let stats = block.plain_absorb(spot_core::first_stats(stats)?, &mut self.scratch)?;
         self.top_k.get_or_insert(stats.top_k());
+        if self.hidden_states {
+            let dim = stats.hidden().map_or(0, |h| h.0);
+            if dim == 0 || (self.hidden_dim != 0 && dim != self.hidden_dim) {
+                return Err(spot_core::Error::config(
+                    "hidden_states",
+                    format!(
+                        "the model attached hidden states of width {dim} (expected {})",
+                        self.hidden_dim.max(1)
+                    ),
+                ));
+            }
+            self.hidden_dim = dim;
+        }
         let q = block.query();
         let noise = (q.temperature > 0.0).then_some(q.noise);
         let mask = block.state().mask_id();
@@ -281,7 +333,17 @@ pub fn record(
     cfg: &DecodeConfig,
     id: &str,
 ) -> Result<(DecodeOutput, Trajectory)> {
-    let mut rec = Recorder::default();
+    record_with(model, prompt, cfg, id, Recorder::default())
+}
+
+/// [`record`] through `rec` (e.g. [`Recorder::with_hidden_states`]).
+pub fn record_with(
+    model: &mut dyn BlockDiffusionModel,
+    prompt: &[TokenId],
+    cfg: &DecodeConfig,
+    id: &str,
+    mut rec: Recorder,
+) -> Result<(DecodeOutput, Trajectory)> {
     let out = run_decode(model, prompt, cfg, &mut rec, false, &mut ())?;
     let traj = Trajectory {
         id: id.to_string(),
@@ -290,6 +352,7 @@ pub fn record(
         mask_id: model.info().mask_id,
         temperature: cfg.temperature,
         seed: cfg.seed,
+        hidden_dim: rec.hidden_dim,
         blocks: rec.blocks,
     };
     Ok((out, traj))
@@ -379,6 +442,7 @@ impl Trajectory {
         u32_(&mut w, self.mask_id);
         f32_(&mut w, self.temperature);
         w.extend_from_slice(&self.seed.to_le_bytes());
+        u32_(&mut w, self.hidden_dim as u32);
         u32_(&mut w, self.id.len() as u32);
         w.extend_from_slice(self.id.as_bytes());
         u32_(&mut w, self.blocks.len() as u32);
@@ -408,6 +472,10 @@ impl Trajectory {
                     for k in 0..self.top_k {
                         f32_(&mut w, p.top_probs.get(k).copied().unwrap_or(0.0));
                     }
+                    for k in 0..self.hidden_dim {
+                        let v = p.hidden.get(k).copied().unwrap_or(0.0);
+                        w.extend_from_slice(&bf16_bits(v).to_le_bytes());
+                    }
                 }
             }
         }
@@ -430,7 +498,7 @@ impl Trajectory {
         }
         r.pos = MAGIC.len();
         let version = r.u32("version")?;
-        if version != FORMAT_VERSION {
+        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(TrajectoryError::Version {
                 path: path.to_path_buf(),
                 found: version,
@@ -447,6 +515,14 @@ impl Trajectory {
         let mask_id = r.u32("mask_id")?;
         let temperature = r.f32("temperature")?;
         let seed = r.u64("seed")?;
+        let hidden_dim = if version >= 3 {
+            r.u32("hidden_dim")? as usize
+        } else {
+            0
+        };
+        if hidden_dim > MAX_HIDDEN_DIM {
+            return Err(r.corrupt(format!("hidden_dim {hidden_dim}")));
+        }
         let id_len = r.u32("id length")? as usize;
         let id = String::from_utf8(r.take(id_len, "id")?.to_vec())
             .map_err(|_| r.corrupt("id is not UTF-8".into()))?;
@@ -506,6 +582,9 @@ impl Trajectory {
                         top_probs: (0..top_k)
                             .map(|_| r.f32("top probabilities"))
                             .collect::<Result<Vec<_>>>()?,
+                        hidden: (0..hidden_dim)
+                            .map(|_| r.bf16("hidden state"))
+                            .collect::<Result<Vec<_>>>()?,
                     });
                 }
                 steps.push(StepRecord { commits, positions });
@@ -532,6 +611,7 @@ impl Trajectory {
             mask_id,
             temperature,
             seed,
+            hidden_dim,
             blocks,
         })
     }
@@ -610,4 +690,24 @@ impl<'a> Reader<'a> {
     fn f32(&mut self, what: &'static str) -> Result<f32> {
         Ok(f32::from_le_bytes(self.array(what)?))
     }
+
+    fn bf16(&mut self, what: &'static str) -> Result<f32> {
+        let bits = u16::from_le_bytes(self.array(what)?);
+        Ok(f32::from_bits(u32::from(bits) << 16))
+    }
+}
+
+/// The bf16 bits of `v`, rounded to nearest, ties to even (NaN stays NaN).
+fn bf16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    if v.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    let round = 0x7fff + ((b >> 16) & 1);
+    (b.wrapping_add(round) >> 16) as u16
+}
+
+/// `v` rounded to bf16 precision (what a stored hidden state reads back as).
+pub fn bf16_round(v: f32) -> f32 {
+    f32::from_bits(u32::from(bf16_bits(v)) << 16)
 }

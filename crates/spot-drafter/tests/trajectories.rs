@@ -150,6 +150,69 @@ fn file_round_trip_and_every_truncation_is_an_error() {
     ));
 }
 
+/// With hidden states asked for, every stored position carries the model's hidden state at
+/// the step's state (bf16-rounded), the output is still draft-free decoding's, the file
+/// round-trips, and a version-2 file (no hidden states) still reads.
+#[test]
+fn hidden_states_are_recorded_and_version_two_still_reads() {
+    use spot_core::toy::TOY_HIDDEN_DIM;
+    use spot_core::{BlockDiffusionModel, BlockState, StatsQuery};
+    use spot_drafter::trajectory::{Recorder, bf16_round, record_with};
+    let c = cfg(8, 1.0, 16);
+    let prompt: Vec<TokenId> = (2..13).collect();
+    let want = DraftFreeDecoder::new()
+        .decode(&mut toy(3), &prompt, &c)
+        .unwrap();
+    let (out, traj) = record_with(
+        &mut toy(3),
+        &prompt,
+        &c,
+        "h",
+        Recorder::with_hidden_states(),
+    )
+    .unwrap();
+    assert_eq!(out.tokens, want.tokens);
+    assert_eq!(traj.hidden_dim, TOY_HIDDEN_DIM);
+    // The first step of the first block: the model's hidden states at its initial state.
+    let b = &traj.blocks[0];
+    let mut m = toy(3);
+    let aligned = prompt.len() / 8 * 8;
+    m.reset_prefix(&prompt[..aligned], 8).unwrap();
+    let q = StatsQuery {
+        hidden_states: true,
+        ..c.query()
+    };
+    let st = m
+        .forward(&[BlockState::from_tokens(b.initial.clone(), 63)], &q)
+        .unwrap();
+    for p in &b.steps[0].positions {
+        let h = st[0].hidden_at(p.position as usize).unwrap();
+        let rounded: Vec<f32> = h.iter().map(|&v| bf16_round(v)).collect();
+        assert_eq!(p.hidden, rounded);
+    }
+    assert!(
+        traj.blocks
+            .iter()
+            .flat_map(|b| &b.steps)
+            .flat_map(|s| &s.positions)
+            .all(|p| p.hidden.len() == TOY_HIDDEN_DIM)
+    );
+    let path = std::path::Path::new("h.trj");
+    let bytes = traj.to_bytes();
+    assert_eq!(Trajectory::from_bytes(&bytes, path).unwrap(), traj);
+    // Version 2: no hidden_dim field, no hidden values.
+    let plain = sample(7, 4, 1.0);
+    let v3 = plain.to_bytes();
+    let mut v2 = v3[..36].to_vec();
+    v2[8..12].copy_from_slice(&2u32.to_le_bytes());
+    v2.extend_from_slice(&v3[40..v3.len() - 8]);
+    let sum = v2.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    v2.extend_from_slice(&sum.to_le_bytes());
+    assert_eq!(Trajectory::from_bytes(&v2, path).unwrap(), plain);
+}
+
 /// Algorithm 1: for step t ≥ 1 and depth d, the root after t steps plus d true commits, the
 /// stale statistics of step t - 1, and step t + d's position as the target.
 #[test]

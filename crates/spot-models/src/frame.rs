@@ -301,6 +301,11 @@ impl<B: Backend> Frame<B> {
         }
         let cache = &mut noise.0;
         let positions: Vec<usize> = plan.rows.iter().map(|r| first + r % len).collect();
+        // The final hidden states on the host: the host head reads them, and a query asking
+        // for hidden states gets every row of every state.
+        let host_hidden = (query.hidden_states
+            || (matches!(head, Head::Host(_)) && !plan.rows.is_empty()))
+        .then(|| host_values(hidden.clone()));
         let rows = if plan.rows.is_empty() {
             Vec::new()
         } else {
@@ -316,7 +321,7 @@ impl<B: Backend> Frame<B> {
                         .collect();
                     let noise = cache.as_ref().filter(|_| noisy).map(|n| n.host.as_slice());
                     h.reduce(
-                        &host_values(hidden),
+                        host_hidden.as_deref().unwrap_or_default(),
                         &jobs,
                         query,
                         self.mask_id,
@@ -350,8 +355,26 @@ impl<B: Backend> Frame<B> {
                 }
             }
         };
-        plan.assemble(k, query.rule, rows)
+        let mut stats = plan.assemble(k, query.rule, rows)?;
+        if let Some(values) = host_hidden.filter(|_| query.hidden_states) {
+            attach_hidden(&mut stats, &values, plan.len)?;
+        }
+        Ok(stats)
     }
+}
+
+/// Attaches to each state's statistics its rows of the final hidden states (`values`,
+/// `[states * len, dim]` row-major), every position of the state.
+fn attach_hidden(stats: &mut [BlockStats], values: &[f32], len: usize) -> Result<()> {
+    let rows = stats.len() * len;
+    if rows == 0 {
+        return Ok(());
+    }
+    let dim = values.len() / rows;
+    for (st, chunk) in stats.iter_mut().zip(values.chunks_exact(len * dim)) {
+        st.set_hidden(dim, chunk.to_vec())?;
+    }
+    Ok(())
 }
 
 fn resolve_mask(

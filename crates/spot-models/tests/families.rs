@@ -844,3 +844,71 @@ fn json_ids(v: &serde_json::Value) -> Vec<u32> {
         .map(|t| t.as_u64().unwrap() as u32)
         .collect()
 }
+
+/// A query asking for hidden states gets every position's final hidden state (after the last
+/// norm: the sdar fixture's tied head turns them into the same choices), batch-invariant, and
+/// statistics otherwise identical to a query without them, on every family and head placement.
+#[test]
+fn hidden_states_are_the_final_hidden_states() {
+    for name in DIFFUSION_FIXTURES {
+        for placement in [HeadPlacement::Host, HeadPlacement::Device] {
+            let mut m = load_any(name);
+            m.set_head_placement(placement);
+            let mask = m.info().mask_id;
+            m.set_generation_end(64).unwrap();
+            m.reset_prefix(&[5, 9, 11, 40, 2, 7, 300, 12], 8).unwrap();
+            let states = varied_states(mask, 3, 8, 21);
+            let plain = StatsQuery::new(0.0, 1);
+            let q = StatsQuery {
+                hidden_states: true,
+                ..plain
+            };
+            let without = m.forward(&states, &plain).unwrap();
+            let with = m.forward(&states, &q).unwrap();
+            assert_batch_invariant(&mut m, &states, &q, name);
+            let what = format!("{name} {placement:?}");
+            for (w, wo) in with.iter().zip(&without) {
+                assert!(wo.hidden().is_none(), "{what}: unasked hidden states");
+                let mut w = w.clone();
+                let (d, values) = w.take_hidden().expect("hidden states attached");
+                assert!(
+                    d >= 8 && values.len() == 8 * d,
+                    "{what}: {d}, {}",
+                    values.len()
+                );
+                assert!(values.iter().all(|v| v.is_finite()), "{what}");
+                assert_eq!(&w, wo, "{what}: the hidden states changed the statistics");
+            }
+            if name == "sdar-tiny" {
+                let emb = tensors(&fixture(name).join("model.safetensors"))
+                    .remove("model.embed_tokens.weight")
+                    .unwrap()
+                    .2;
+                let emb: Vec<f32> = emb
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                let dim = with[0].hidden().unwrap().0;
+                let vocab = emb.len() / dim;
+                let mut checked = 0;
+                for (st, s) in with.iter().zip(&states) {
+                    for p in s.masked_positions() {
+                        let h = st.hidden_at(p).unwrap();
+                        let logits: Vec<f32> = (0..vocab)
+                            .map(|v| (0..dim).map(|i| h[i] * emb[v * dim + i]).sum())
+                            .collect();
+                        let best = (0..vocab)
+                            .filter(|&v| v as u32 != mask)
+                            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+                            .unwrap();
+                        // Within rounding of the head's own product.
+                        let gap = logits[best] - logits[st.token(p) as usize];
+                        assert!(gap.abs() < 1e-3, "{what} position {p}: gap {gap}");
+                        checked += 1;
+                    }
+                }
+                assert!(checked > 10, "{checked}");
+            }
+        }
+    }
+}

@@ -121,6 +121,14 @@ pub trait JoinModel {
     /// A short name for error messages.
     fn name(&self) -> &str;
 
+    /// Whether the drafter reads the target's hidden states
+    /// ([`BlockStats::hidden`](spot_core::BlockStats::hidden)): the decoder then asks every
+    /// forward for them ([`StatsQuery::hidden_states`](spot_core::StatsQuery::hidden_states)).
+    /// `false` by default.
+    fn wants_hidden_states(&self) -> bool {
+        false
+    }
+
     /// Fills `out.lead`, `out.join`, `out.token` and `out.hedge` (already sized to the block,
     /// zeroed) for the node `state`,
     /// `steps` edges below the root, under threshold `tau`. Values must lie in `[0, 1]`.
@@ -137,6 +145,9 @@ pub trait JoinModel {
 impl<M: JoinModel + ?Sized> JoinModel for Box<M> {
     fn name(&self) -> &str {
         (**self).name()
+    }
+    fn wants_hidden_states(&self) -> bool {
+        (**self).wants_hidden_states()
     }
     fn predict(
         &mut self,

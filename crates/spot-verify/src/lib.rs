@@ -67,6 +67,16 @@ pub enum MatchRule {
     /// **differs** from the draft-free decoder with the same seed at `T > 0`, and acceptance
     /// falls because the tree's stale choices were drawn with other noise.
     IndependentSampling,
+    /// **Lossy**, threshold decoding only (under any other transition it is `Coupled`): the
+    /// product max-commit rule of SPOT-Sets. At each accepted node the walk may move to any
+    /// tree node that adds a set `S` of masked positions each holding the target's own
+    /// choice there, when `∏_{s∈S} c(s) > τ` (the product of the target's confidences at the
+    /// node) or `S` is the target's threshold step itself; among those it takes the one that
+    /// commits the most positions. Every factor is at most 1, so such an `S` lies inside the
+    /// threshold step: the walk accepts drafted *subsets* of it and goes on from there, which
+    /// the exact rule rejects. The output then **differs** from threshold decoding (other
+    /// commit orders); measure its agreement before using it.
+    ProductMaxCommit,
 }
 
 /// The accepted path of one round.
@@ -190,7 +200,13 @@ pub fn walk(
             ),
             _ => transition.commits(step, &state, st, scratch)?,
         }
-        if let Some(next) = tree.find_successor(cur, scratch) {
+        let next = match (rule, transition) {
+            (MatchRule::ProductMaxCommit, Transition::Threshold { tau }) => {
+                max_commit(tree, cur, st, tau, scratch)
+            }
+            _ => tree.find_successor(cur, scratch),
+        };
+        if let Some(next) = next {
             out.push_step(scratch);
             out.path.push(next);
             cur = next;
@@ -206,6 +222,57 @@ pub fn walk(
     }
     out.accepted_nodes = out.path.len() - 1;
     Ok(())
+}
+
+/// [`MatchRule::ProductMaxCommit`]: the node of `tree` that adds the most positions to node
+/// `cur` among those adding a set with the target's choices whose confidences multiply to
+/// more than `tau`, or the threshold step `step` itself; `step` is replaced by the chosen
+/// node's commits.
+fn max_commit(
+    tree: &DraftTree,
+    cur: usize,
+    st: &BlockStats,
+    tau: f32,
+    step: &mut Vec<Commit>,
+) -> Option<usize> {
+    let mask = tree.mask_id();
+    let from = tree.state(cur);
+    let exact = tree.find_successor(cur, step);
+    let mut best = exact.map(|n| (step.len(), n));
+    for n in 0..tree.len() {
+        let added = tree.depth(n).saturating_sub(tree.depth(cur));
+        if n == cur || added == 0 || best.is_some_and(|(k, _)| added <= k) {
+            continue;
+        }
+        let state = tree.state(n);
+        let mut product = 1.0f64;
+        let fits = from.iter().zip(state).enumerate().all(|(s, (&a, &b))| {
+            if a != mask {
+                return a == b;
+            }
+            if b == mask {
+                return true;
+            }
+            product *= f64::from(st.confidence(s));
+            b == st.token(s)
+        });
+        if fits && product > f64::from(tau) {
+            best = Some((added, n));
+        }
+    }
+    let (_, n) = best?;
+    if Some(n) != exact {
+        step.clear();
+        let state = tree.state(n);
+        step.extend(
+            from.iter()
+                .zip(state)
+                .enumerate()
+                .filter(|(_, (a, b))| **a == mask && **b != mask)
+                .map(|(s, (_, &b))| Commit::new(s, b)),
+        );
+    }
+    Some(n)
 }
 
 /// The result of one verified round.
@@ -329,5 +396,91 @@ impl Verifier {
             out.stale = Some(stats.swap_remove(b));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use spot_core::stats::PositionStats;
+
+    const M: u32 = 99;
+
+    /// Statistics choosing token `s + 1` at position `s` with confidence `conf[s]`.
+    fn stats(conf: [f32; 4]) -> BlockStats {
+        let mut st = BlockStats::new(1);
+        for (s, c) in conf.into_iter().enumerate() {
+            let t = s as u32 + 1;
+            st.push(PositionStats {
+                token: t,
+                confidence: c,
+                token_prob: c,
+                entropy: 1.0,
+                tail_mass: 0.0,
+                top_ids: &[t],
+                top_probs: &[c],
+            })
+            .unwrap();
+        }
+        st
+    }
+
+    /// The threshold step at the root is {0, 1}; the tree drafts the subset {0} and then
+    /// {1, 2}. The exact rule accepts nothing; max-commit accepts the subset (0.9 > τ), then
+    /// the exact step {1, 2}, then commits the fallback {3}.
+    #[test]
+    fn max_commit_accepts_drafted_subsets_of_the_threshold_step() {
+        let root = BlockState::masked(4, M);
+        let mut tree = DraftTree::new(&root);
+        let a = tree.push_set(0, &[Commit::new(0, 1)], 0.5).unwrap();
+        let b = tree
+            .push_set(a, &[Commit::new(1, 2), Commit::new(2, 3)], 0.4)
+            .unwrap();
+        // A superset of the root's step whose product is below τ is never taken.
+        tree.push_set(
+            0,
+            &[Commit::new(0, 1), Commit::new(1, 2), Commit::new(2, 3)],
+            0.1,
+        )
+        .unwrap();
+        let all = vec![
+            stats([0.9, 0.8, 0.05, 0.05]),
+            stats([1.0, 0.7, 0.6, 0.1]),
+            stats([1.0, 1.0, 1.0, 0.1]),
+            stats([1.0, 1.0, 1.0, 0.1]),
+        ];
+        let index: Vec<u32> = (0..4).collect();
+        let tau = Transition::Threshold { tau: 0.5 };
+        let (mut w, mut scratch) = (Walk::default(), Vec::new());
+        walk(
+            &tree,
+            &index,
+            &all,
+            (tau, 0),
+            MatchRule::Coupled,
+            &mut w,
+            &mut scratch,
+        )
+        .unwrap();
+        assert_eq!(w.path, [0]);
+        assert_eq!(w.commits, [Commit::new(0, 1), Commit::new(1, 2)]);
+        let rule = MatchRule::ProductMaxCommit;
+        walk(&tree, &index, &all, (tau, 0), rule, &mut w, &mut scratch).unwrap();
+        assert_eq!(w.path, [0, a, b]);
+        assert_eq!(w.step_ends, [1, 3, 4]);
+        assert!(w.complete);
+        // Under the exact transition the rule is the coupled one.
+        walk(
+            &tree,
+            &index,
+            &all,
+            (Transition::Exact, 0),
+            rule,
+            &mut w,
+            &mut scratch,
+        )
+        .unwrap();
+        assert_eq!(w.path, [0, a]);
     }
 }

@@ -1,0 +1,665 @@
+//! The learned set drafter of SPOT-Sets: a small network over the target's final hidden
+//! states and the stale statistics, trained on the target's own threshold-decoding
+//! trajectories ([`crate::sets_train`]).
+//!
+//! At a hypothesised state `j` threshold steps below the round's root, it predicts for every
+//! masked position the same four probabilities as the calibrated tables
+//! ([`JoinTable`](crate::sets::JoinTable)): that the position clears `τ` when it leads the
+//! step, that it joins a step another position leads, and that the written token is the stale
+//! choice or the hedge. Where the tables see only the stale confidence's bin and `j`, the
+//! network reads the position's hidden state (projected to [`SetsNetConfig::proj`] values)
+//! and [`N_SCALAR`] features of the stale statistics and of the path from the root: where the
+//! commits since the stale forward landed relative to the position, how it ranks among the
+//! masked positions, `τ` and the temperature. So a position whose neighbour was just
+//! committed can be predicted to rise above `τ`, which the stale statistics cannot show.
+//!
+//! The decoder asks every forward for the hidden states when this drafter drafts
+//! ([`JoinModel::wants_hidden_states`]); the network runs on the host (a few thousand
+//! multiply-adds per position).
+//!
+//! ```
+//! use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
+//! let net = SetsNet::init(SetsNetConfig::new(8), 3);
+//! let json = net.to_json().unwrap();
+//! assert_eq!(SetsNet::from_json(&json).unwrap(), net);
+//! assert!(net.config().parameter_count() < 10_000);
+//! ```
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use spot_core::{Commit, TokenId};
+use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
+
+use crate::features::MARGIN_CAP;
+use crate::rng::SplitMix;
+use crate::sets::SetsError;
+use crate::trajectory::{StepRecord, StoredPosition, Trajectory};
+
+/// File name of a model folder's default learned set drafter (`spot train-sets`).
+pub const DEFAULT_SETS_NET: &str = "spot-sets-net.json";
+
+/// Scalar features per position (after the projected hidden state); see [`write_scalars`].
+pub const N_SCALAR: usize = 23;
+
+/// The network's outputs per position, as logits: lead, join, stale token, hedge.
+pub const N_OUT: usize = 4;
+
+/// The widest hidden state or layer a file may declare.
+const MAX_WIDTH: usize = 1 << 14;
+
+/// Shape of a [`SetsNet`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetsNetConfig {
+    /// Width of the target's hidden states.
+    pub hidden_dim: usize,
+    /// Width they are projected to.
+    pub proj: usize,
+    /// Width of the two hidden layers.
+    pub width: usize,
+    /// Scalar features per position ([`N_SCALAR`]).
+    pub n_scalar: usize,
+}
+
+impl SetsNetConfig {
+    /// The default shape for a target with hidden states of width `hidden_dim`.
+    pub fn new(hidden_dim: usize) -> Self {
+        Self {
+            hidden_dim,
+            proj: 32,
+            width: 64,
+            n_scalar: N_SCALAR,
+        }
+    }
+
+    /// `(name, shape)` of every parameter, in storage order.
+    pub fn params(&self) -> Vec<(&'static str, [usize; 2])> {
+        let (h, p, w, s) = (self.hidden_dim, self.proj, self.width, self.n_scalar);
+        vec![
+            ("proj.weight", [h, p]),
+            ("proj.bias", [1, p]),
+            ("fc1.weight", [p + s, w]),
+            ("fc1.bias", [1, w]),
+            ("fc2.weight", [w, w]),
+            ("fc2.bias", [1, w]),
+            ("out.weight", [w, N_OUT]),
+            ("out.bias", [1, N_OUT]),
+        ]
+    }
+
+    /// The number of parameters.
+    pub fn parameter_count(&self) -> usize {
+        self.params().iter().map(|(_, [a, b])| a * b).sum()
+    }
+
+    /// Checks the widths.
+    pub fn check(&self) -> Result<(), String> {
+        if self.n_scalar != N_SCALAR {
+            return Err(format!(
+                "n_scalar is {}, this build computes {N_SCALAR} features",
+                self.n_scalar
+            ));
+        }
+        for (name, v) in [
+            ("hidden_dim", self.hidden_dim),
+            ("proj", self.proj),
+            ("width", self.width),
+        ] {
+            if v == 0 || v > MAX_WIDTH {
+                return Err(format!("{name} must be in [1, {MAX_WIDTH}], got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A hypothesised state the drafter predicts the next threshold step of, with what the
+/// features read besides the stale statistics.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeView<'a> {
+    /// The round's root (the verified state).
+    pub root: &'a [TokenId],
+    /// The hypothesised state.
+    pub node: &'a [TokenId],
+    /// The mask id.
+    pub mask: TokenId,
+    /// Threshold steps between the root and the node.
+    pub steps: usize,
+    /// The threshold `τ`.
+    pub tau: f32,
+    /// The decoding temperature.
+    pub temperature: f32,
+}
+
+/// Writes the [`N_SCALAR`] scalar features of masked position `s` of `view.node`, whose
+/// stale statistics are `p`, into `out`; `conf(t)` is the stale confidence of position `t`
+/// (`None` where there are no statistics).
+///
+/// | index | feature |
+/// |---|---|
+/// | 0-3 | stale confidence `c`, `ln c / 10`, `c − τ`, `c > τ` |
+/// | 4-9 | entropy / 5, tail mass, top-1 and top-2 probability, hedge probability, noised margin / cap |
+/// | 10 | threshold steps below the root / 8 |
+/// | 11 | positions committed between the root and the node / block |
+/// | 12-14 | of those, how many lie at distance 1, 2-3 and 4-7 from `s` (/ 2, 4, 8) |
+/// | 15 | committed neighbours of `s` at the root (/ 2) |
+/// | 16 | `s` / block |
+/// | 17 | masked share of the node |
+/// | 18 | rank of `c` among the node's masked positions / their count (0: the most confident) |
+/// | 19 | other masked positions with stale confidence above `τ` / block |
+/// | 20 | the largest other stale confidence among them |
+/// | 21 | `τ` |
+/// | 22 | the temperature (capped at 2) / 2 |
+pub fn write_scalars(
+    view: &NodeView<'_>,
+    s: usize,
+    p: &StoredPosition,
+    conf: &dyn Fn(usize) -> Option<f32>,
+    out: &mut [f32; N_SCALAR],
+) {
+    let l = view.node.len().max(1);
+    let lf = l as f32;
+    let c = p.confidence;
+    let top = |k: usize| p.top_probs.get(k).copied().unwrap_or(0.0);
+    let mut new = [0usize; 4];
+    let mut around = 0usize;
+    for (t, (&r, &n)) in view.root.iter().zip(view.node).enumerate() {
+        let d = t.abs_diff(s);
+        if r == view.mask && n != view.mask {
+            new[0] += 1;
+            match d {
+                1 => new[1] += 1,
+                2..=3 => new[2] += 1,
+                4..=7 => new[3] += 1,
+                _ => {}
+            }
+        }
+        if d == 1 && r != view.mask {
+            around += 1;
+        }
+    }
+    let (mut masked, mut rank, mut above, mut best) = (0usize, 0usize, 0usize, 0.0f32);
+    for (t, &n) in view.node.iter().enumerate() {
+        if n != view.mask || t == s {
+            continue;
+        }
+        masked += 1;
+        let Some(o) = conf(t) else { continue };
+        if o > c || (o == c && t < s) {
+            rank += 1;
+        }
+        if o > view.tau {
+            above += 1;
+        }
+        best = best.max(o);
+    }
+    *out = [
+        c,
+        c.max(1e-6).ln() / 10.0,
+        c - view.tau,
+        f32::from(u8::from(c > view.tau)),
+        p.entropy / 5.0,
+        p.tail_mass,
+        top(0),
+        top(1),
+        p.hedge_prob,
+        p.margin / MARGIN_CAP,
+        view.steps as f32 / 8.0,
+        new[0] as f32 / lf,
+        new[1] as f32 / 2.0,
+        new[2] as f32 / 4.0,
+        new[3] as f32 / 8.0,
+        around as f32 / 2.0,
+        s as f32 / lf,
+        (masked + 1) as f32 / lf,
+        rank as f32 / (masked + 1) as f32,
+        above as f32 / lf,
+        best,
+        view.tau,
+        view.temperature.clamp(0.0, 2.0) / 2.0,
+    ];
+}
+
+/// One supervised position of a threshold-decoding trajectory, as both the calibrated tables
+/// ([`JoinTable::fit`](crate::sets::JoinTable::fit)) and the learned drafter count it.
+#[derive(Clone, Copy, Debug)]
+pub struct JoinExample<'t, 'n> {
+    /// The trajectory.
+    pub traj: &'t Trajectory,
+    /// The stale step (its statistics are the round's stale distribution).
+    pub stale: &'t StepRecord,
+    /// The root: the state after the stale step.
+    pub root: &'n [TokenId],
+    /// The hypothesised state `row` threshold steps below the root.
+    pub node: &'n [TokenId],
+    /// Threshold steps between the root and the node.
+    pub row: usize,
+    /// The masked position of the node.
+    pub s: usize,
+    /// Its stale statistics.
+    pub p: &'t StoredPosition,
+    /// Whether it leads the node's true step (the position the target is most confident
+    /// about there, ties to the lowest index).
+    pub leads: bool,
+    /// Whether the true step's leader cleared `τ` (else the step is the leader alone).
+    pub clears: bool,
+    /// The true step's commit at `s`, if any.
+    pub commit: Option<Commit>,
+}
+
+/// Calls `f` for every masked position with stale statistics of every node up to `steps`
+/// threshold steps below every root of `trajs` (threshold-decoding trajectories at `tau`):
+/// the examples the set drafters are fitted on. Returns how many.
+pub fn join_examples<'a>(
+    trajs: impl IntoIterator<Item = &'a Trajectory>,
+    tau: f32,
+    steps: usize,
+    mut f: impl FnMut(&JoinExample<'a, '_>),
+) -> u64 {
+    let mut n = 0u64;
+    let mut root: Vec<TokenId> = Vec::new();
+    let mut node: Vec<TokenId> = Vec::new();
+    for traj in trajs {
+        for b in &traj.blocks {
+            root.clear();
+            root.extend_from_slice(&b.initial);
+            for (i, stale) in b.steps.iter().enumerate() {
+                for c in &stale.commits {
+                    if let Some(x) = root.get_mut(c.position) {
+                        *x = c.token;
+                    }
+                }
+                node.clear();
+                node.extend_from_slice(&root);
+                for (j, step) in b.steps.iter().enumerate().skip(i + 1).take(steps.max(1)) {
+                    let row = j - i - 1;
+                    let leader =
+                        step.positions
+                            .iter()
+                            .fold(None, |b: Option<&StoredPosition>, p| match b {
+                                Some(b) if b.confidence >= p.confidence => Some(b),
+                                _ => Some(p),
+                            });
+                    let clears = leader.is_some_and(|p| p.confidence > tau);
+                    let leader = leader.map(|p| p.position as usize);
+                    for s in (0..node.len()).filter(|&s| node[s] == traj.mask_id) {
+                        let Some(p) = stale.stored(s) else { continue };
+                        n += 1;
+                        f(&JoinExample {
+                            traj,
+                            stale,
+                            root: &root,
+                            node: &node,
+                            row,
+                            s,
+                            p,
+                            leads: Some(s) == leader,
+                            clears,
+                            commit: step.commits.iter().find(|c| c.position == s).copied(),
+                        });
+                    }
+                    for c in &step.commits {
+                        if let Some(x) = node.get_mut(c.position) {
+                            *x = c.token;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    n
+}
+
+/// The learned set drafter: weights and shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SetsNet {
+    cfg: SetsNetConfig,
+    /// Parameters in [`SetsNetConfig::params`] order, row-major.
+    params: Vec<Vec<f32>>,
+    /// The thresholds and temperatures of the trajectories it was trained on.
+    trained_on: Vec<(f32, f32)>,
+}
+
+/// Inputs per position: the hidden state, then the scalars.
+fn input_width(cfg: &SetsNetConfig) -> usize {
+    cfg.hidden_dim + cfg.n_scalar
+}
+
+impl SetsNet {
+    /// A freshly initialised network (normal weights scaled by `1 / sqrt(fan-in)`, zero
+    /// biases), deterministic in `seed`.
+    pub fn init(cfg: SetsNetConfig, seed: u64) -> Self {
+        let mut rng = SplitMix(seed ^ 0x5e75);
+        let params = cfg
+            .params()
+            .iter()
+            .map(|(name, [a, b])| {
+                if name.ends_with("bias") {
+                    vec![0.0; a * b]
+                } else {
+                    let std = (2.0 / *a as f32).sqrt();
+                    (0..a * b).map(|_| rng.normal() * std).collect()
+                }
+            })
+            .collect();
+        Self {
+            cfg,
+            params,
+            trained_on: Vec::new(),
+        }
+    }
+
+    /// A network from parameters in [`SetsNetConfig::params`] order; lengths are checked.
+    pub fn from_params(cfg: SetsNetConfig, params: Vec<Vec<f32>>) -> Result<Self, String> {
+        cfg.check()?;
+        let specs = cfg.params();
+        if params.len() != specs.len() {
+            return Err(format!(
+                "{} parameter tensors, expected {}",
+                params.len(),
+                specs.len()
+            ));
+        }
+        for ((name, [a, b]), p) in specs.iter().zip(&params) {
+            if p.len() != a * b {
+                return Err(format!("{name} has {} values, expected {}", p.len(), a * b));
+            }
+            if p.iter().any(|v| !v.is_finite()) {
+                return Err(format!("{name} holds a non-finite value"));
+            }
+        }
+        Ok(Self {
+            cfg,
+            params,
+            trained_on: Vec::new(),
+        })
+    }
+
+    /// The shape.
+    pub fn config(&self) -> &SetsNetConfig {
+        &self.cfg
+    }
+
+    /// The parameters, in [`SetsNetConfig::params`] order.
+    pub fn params(&self) -> &[Vec<f32>] {
+        &self.params
+    }
+
+    /// The `(τ, temperature)` pairs of the trajectories it was trained on.
+    pub fn trained_on(&self) -> &[(f32, f32)] {
+        &self.trained_on
+    }
+
+    /// Records the `(τ, temperature)` pairs it was trained on.
+    pub fn set_trained_on(&mut self, pairs: Vec<(f32, f32)>) {
+        self.trained_on = pairs;
+    }
+
+    /// Appends the network's input row for one position to `out`: the hidden state (zeros
+    /// when it has another width, e.g. none), then the scalars.
+    pub fn inputs(&self, hidden: &[f32], scalars: &[f32; N_SCALAR], out: &mut Vec<f32>) {
+        write_inputs(&self.cfg, hidden, scalars, out);
+    }
+
+    /// The four logits (lead, join, stale token, hedge) of one input row.
+    pub fn logits(&self, x: &[f32]) -> [f32; N_OUT] {
+        let c = &self.cfg;
+        let (h, p, w) = (c.hidden_dim, c.proj, c.width);
+        let ps = &self.params;
+        let mut z0 = vec![0.0f32; p + c.n_scalar];
+        z0[..p].copy_from_slice(&ps[1]);
+        affine_into(&x[..h], &ps[0], p, &mut z0[..p]);
+        z0[p..].copy_from_slice(&x[h..h + c.n_scalar]);
+        let mut z1 = ps[3].clone();
+        affine_into(&z0, &ps[2], w, &mut z1);
+        z1.iter_mut().for_each(|v| *v = v.max(0.0));
+        let mut z2 = ps[5].clone();
+        affine_into(&z1, &ps[4], w, &mut z2);
+        z2.iter_mut().for_each(|v| *v = v.max(0.0));
+        let mut out = [0.0f32; N_OUT];
+        out.copy_from_slice(&ps[7]);
+        affine_into(&z2, &ps[6], N_OUT, &mut out);
+        out
+    }
+
+    /// The file's JSON text.
+    pub fn to_json(&self) -> Result<String, String> {
+        let file = SetsNetFile {
+            format: FORMAT.into(),
+            version: SETS_NET_VERSION,
+            config: self.cfg.clone(),
+            trained_on: self.trained_on.clone(),
+            params: self
+                .cfg
+                .params()
+                .iter()
+                .zip(&self.params)
+                .map(|((name, _), v)| ((*name).to_string(), v.clone()))
+                .collect(),
+        };
+        serde_json::to_string(&file).map_err(|e| e.to_string())
+    }
+
+    /// Parses and checks a file's JSON text.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let file: SetsNetFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if file.format != FORMAT {
+            return Err(format!("format is {:?}, expected {FORMAT:?}", file.format));
+        }
+        if file.version != SETS_NET_VERSION {
+            return Err(format!(
+                "version {} is not supported (this build reads {SETS_NET_VERSION})",
+                file.version
+            ));
+        }
+        file.config.check()?;
+        let mut named = file.params;
+        let mut params = Vec::new();
+        for (name, _) in file.config.params() {
+            let i = named
+                .iter()
+                .position(|(n, _)| n == name)
+                .ok_or_else(|| format!("parameter {name} is missing"))?;
+            params.push(named.swap_remove(i).1);
+        }
+        if let Some((n, _)) = named.first() {
+            return Err(format!("unknown parameter {n}"));
+        }
+        let mut net = Self::from_params(file.config, params)?;
+        net.trained_on = file.trained_on;
+        Ok(net)
+    }
+
+    /// Reads `path`; errors name the file.
+    pub fn load(path: &Path) -> Result<Self, SetsError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| SetsError::Io {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::from_json(&text).map_err(|reason| SetsError::Invalid {
+            path: shown,
+            reason,
+        })
+    }
+
+    /// Writes `path`.
+    pub fn save(&self, path: &Path) -> Result<(), SetsError> {
+        let shown = path.display().to_string();
+        let text = self.to_json().map_err(|reason| SetsError::Invalid {
+            path: shown.clone(),
+            reason,
+        })?;
+        std::fs::write(path, text).map_err(|source| SetsError::Io {
+            path: shown,
+            source,
+        })
+    }
+}
+
+/// See [`SetsNet::inputs`].
+pub(crate) fn write_inputs(
+    cfg: &SetsNetConfig,
+    hidden: &[f32],
+    scalars: &[f32; N_SCALAR],
+    out: &mut Vec<f32>,
+) {
+    let start = out.len();
+    if hidden.len() == cfg.hidden_dim {
+        out.extend_from_slice(hidden);
+    } else {
+        out.resize(start + cfg.hidden_dim, 0.0);
+    }
+    out.extend_from_slice(scalars);
+    debug_assert_eq!(out.len() - start, input_width(cfg));
+}
+
+/// `out[j] += Σ_i x[i] · w[i * cols + j]`.
+fn affine_into(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
+    for (&xi, row) in x.iter().zip(w.chunks_exact(cols)) {
+        if xi != 0.0 {
+            for (o, &wij) in out.iter_mut().zip(row) {
+                *o += xi * wij;
+            }
+        }
+    }
+}
+
+fn sigmoid(z: f32) -> f32 {
+    1.0 / (1.0 + (-z).exp())
+}
+
+/// The file format tag.
+const FORMAT: &str = "spot-sets-net";
+/// The file format version.
+pub const SETS_NET_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetsNetFile {
+    format: String,
+    version: u32,
+    config: SetsNetConfig,
+    #[serde(default)]
+    trained_on: Vec<(f32, f32)>,
+    params: Vec<(String, Vec<f32>)>,
+}
+
+impl JoinModel for SetsNet {
+    fn name(&self) -> &str {
+        "spot-sets-net"
+    }
+
+    fn wants_hidden_states(&self) -> bool {
+        true
+    }
+
+    fn predict(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        state: &[TokenId],
+        steps: usize,
+        tau: f32,
+        out: &mut JoinPrediction,
+    ) -> Result<(), TreeError> {
+        let dim = ctx.stale.hidden().map(|h| h.0);
+        if dim != Some(self.cfg.hidden_dim) {
+            return Err(TreeError::Scorer {
+                scorer: self.name().into(),
+                reason: format!(
+                    "needs the target's hidden states of width {}; the model gave {}",
+                    self.cfg.hidden_dim,
+                    dim.map_or("none".to_string(), |d| format!("width {d}"))
+                ),
+            });
+        }
+        let mask = ctx.root.mask_id();
+        let view = NodeView {
+            root: ctx.root.tokens(),
+            node: state,
+            mask,
+            steps,
+            tau,
+            temperature: ctx.temperature,
+        };
+        let conf = |t: usize| (t < ctx.stale.len()).then(|| ctx.stale.confidence(t));
+        let mut scalars = [0.0f32; N_SCALAR];
+        let mut x = Vec::with_capacity(input_width(&self.cfg));
+        for s in (0..state.len()).filter(|&s| state[s] == mask && s < ctx.stale.len()) {
+            let p = StoredPosition::from_stats(ctx.stale, s, ctx.block_start, ctx.noise, mask);
+            write_scalars(&view, s, &p, &conf, &mut scalars);
+            x.clear();
+            write_inputs(&self.cfg, &p.hidden, &scalars, &mut x);
+            let z = self.logits(&x);
+            out.lead[s] = sigmoid(z[0]);
+            out.join[s] = sigmoid(z[1]);
+            out.token[s] = sigmoid(z[2]);
+            out.hedge[s] = sigmoid(z[3]).min(1.0 - out.token[s]).max(0.0);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_files_are_refused_naming_the_problem() {
+        let net = SetsNet::init(SetsNetConfig::new(4), 1);
+        let json = net.to_json().unwrap();
+        let e = SetsNet::from_json(&json.replace("\"version\":1", "\"version\":9")).unwrap_err();
+        assert!(e.contains("version 9"), "{e}");
+        let e = SetsNet::from_json(&json.replace("fc2.bias", "fc9.bias")).unwrap_err();
+        assert!(e.contains("fc2.bias"), "{e}");
+        let e = SetsNet::from_json(&json.replace("\"width\":64", "\"width\":100000000000"))
+            .unwrap_err();
+        assert!(e.contains("width"), "{e}");
+        let e = SetsNet::from_json(&json.replace("\"width\":64", "\"width\":65")).unwrap_err();
+        assert!(e.contains("values, expected"), "{e}");
+        let e = SetsNet::load(Path::new("/nonexistent/spot-sets-net.json")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/spot-sets-net.json"));
+    }
+
+    #[test]
+    fn scalars_see_where_the_path_committed() {
+        const M: TokenId = 99;
+        let root = [M, 5, M, M, M, M];
+        let node = [M, 5, 7, M, M, 8];
+        let view = NodeView {
+            root: &root,
+            node: &node,
+            mask: M,
+            steps: 1,
+            tau: 0.5,
+            temperature: 1.0,
+        };
+        let p = StoredPosition {
+            position: 3,
+            token: 1,
+            runner_up: 2,
+            confidence: 0.4,
+            entropy: 1.0,
+            tail_mass: 0.0,
+            hedge: 2,
+            hedge_prob: 0.3,
+            margin: 1.0,
+            top_probs: vec![0.4, 0.3],
+            hidden: Vec::new(),
+        };
+        let confs = [0.9f32, 1.0, 0.2, 0.4, 0.6, 0.1];
+        let conf = |t: usize| confs.get(t).copied();
+        let mut out = [0.0; N_SCALAR];
+        write_scalars(&view, 3, &p, &conf, &mut out);
+        // Two commits since the root, at distances 1 and 2; one committed neighbour at the
+        // root (none: position 1 is at distance 2).
+        assert_eq!(out[11], 2.0 / 6.0);
+        assert_eq!((out[12], out[13], out[14]), (0.5, 0.25, 0.0));
+        assert_eq!(out[15], 0.0);
+        // Masked at the node: 0, 3, 4; position 3 ranks after 0 (0.9) and 4 (0.6).
+        assert_eq!(out[18], 2.0 / 3.0);
+        assert_eq!((out[19], out[20]), (2.0 / 6.0, 0.9));
+        assert_eq!((out[21], out[22]), (0.5, 0.5));
+    }
+}
