@@ -208,17 +208,28 @@ proptest! {
                                             drafter in 0..3u8, seed in any::<u64>(),
                                             sets in set_config(), adaptive in any::<bool>()) {
         use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
+        use spot_drafter::sets_tokens::{TokenHead, TokenHeadConfig};
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
         let b = SpotDecoder::builder().record_trace(true).adaptive_gamma(adaptive);
         let b = match drafter {
             0 => b.sets(StaleThresholdJoin, StaleConfidenceScorer, sets),
             1 => b.sets(RandomJoin(seed), RandomScorer { seed }, sets),
-            _ => b.sets(
-                SetsNet::init(SetsNetConfig::new(spot_dlm::toy::TOY_HIDDEN_DIM), seed),
-                StaleConfidenceScorer,
-                sets,
-            ),
+            _ => {
+                // Random weights; half the time a token head that re-ranks the candidates
+                // with random context weights, so its drafted tokens differ from the stale.
+                let hidden = spot_dlm::toy::TOY_HIDDEN_DIM;
+                let mut net = SetsNet::init(SetsNetConfig::new(hidden), seed);
+                if seed % 2 == 0 {
+                    let cfg = TokenHeadConfig { vocab: toy.vocab_size, dim: 4, candidates: 4, hidden_dim: hidden };
+                    let mut head = TokenHead::init(cfg, None, seed);
+                    for (i, v) in head.params[1..3].iter_mut().flatten().enumerate() {
+                        *v = (spot_dlm::toy::mix64(seed ^ i as u64) % 2001) as f32 / 1000.0 - 1.0;
+                    }
+                    net.set_token_head(Some(head)).unwrap();
+                }
+                b.sets(net, StaleConfidenceScorer, sets)
+            }
         };
         let fast = b.build().unwrap().decode(&mut m, &prompt, &cfg).unwrap();
         check_invariants(&reference, &fast)?;

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use spot_drafter::sets_net::SetsNetConfig;
+use spot_drafter::sets_tokens::read_output_embeddings;
 use spot_drafter::sets_train::{SetsTrainConfig, TauGroup, train_sets};
 use spot_drafter::{Trajectory, TrajectoryDir};
 
@@ -47,6 +48,19 @@ pub struct TrainSetsArgs {
     /// Seed of initialisation and shuffling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Candidates of the token head (the stale top-k it re-ranks; 0: no token head).
+    #[arg(long, default_value_t = 8)]
+    token_candidates: usize,
+    /// Embedding width of the token head.
+    #[arg(long, default_value_t = 16)]
+    token_dim: usize,
+    /// Model folder whose output embeddings initialise the token head's (default: the
+    /// shipped `models/sdar-tiny-code`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Initialise the token head's embeddings at random instead of from the model.
+    #[arg(long)]
+    random_token_embeddings: bool,
 }
 
 /// Runs `spot train-sets`.
@@ -105,30 +119,43 @@ pub fn run(a: &TrainSetsArgs) -> Result<()> {
         holdout: a.holdout,
         seed: a.seed,
         max_examples: a.max_examples,
+        token_candidates: a.token_candidates,
+        token_dim: a.token_dim,
     };
     let device = crate::backend::device()?;
-    let mut show = |r: &spot_drafter::sets_train::SetsEpoch| {
-        let f = |l: &[f64; 4]| {
-            l.iter()
-                .map(|v| format!("{v:.4}"))
-                .collect::<Vec<_>>()
-                .join(" / ")
-        };
-        eprintln!(
-            "epoch {}: train {:.4}; held-out lead/join/token/hedge {} (sum {:.4}); tables {} (sum {:.4}); {:.1} s",
-            r.epoch,
-            r.train_loss,
-            f(&r.heldout.per_label),
-            r.heldout.total(),
-            f(&r.table.per_label),
-            r.table.total(),
-            r.seconds
-        );
+    let out_emb = if a.token_candidates == 0 || a.random_token_embeddings {
+        None
+    } else {
+        let dir = crate::model_dir::resolve(a.model.as_deref())?;
+        let (w, cols) = read_output_embeddings(&dir).map_err(anyhow::Error::msg)?;
+        if cols != hidden_dim {
+            bail!(
+                "{}: output embeddings of width {cols}, the trajectories' hidden states {hidden_dim}",
+                dir.display()
+            );
+        }
+        Some(w)
     };
-    let (net, reports) =
-        train_sets::<burn_autodiff::Autodiff<Backend>>(&groups, net_cfg, &cfg, &device, &mut show)
-            .map_err(anyhow::Error::msg)?;
-    if let Some(best) = reports
+    let mut show = |line: &str| eprintln!("{line}");
+    let (net, report) = train_sets::<burn_autodiff::Autodiff<Backend>>(
+        &groups,
+        net_cfg,
+        &cfg,
+        (&device, out_emb.as_deref()),
+        &mut show,
+    )
+    .map_err(anyhow::Error::msg)?;
+    if report.written > 0 {
+        eprintln!(
+            "written tokens outside the stale top-{}: {} of {} ({:.1}%)",
+            a.token_candidates,
+            report.outside_candidates,
+            report.written,
+            100.0 * report.outside_candidates as f64 / report.written as f64
+        );
+    }
+    if let Some(best) = report
+        .epochs
         .iter()
         .min_by(|x, y| x.heldout.total().total_cmp(&y.heldout.total()))
     {

@@ -217,9 +217,13 @@ impl ToyModel {
             for s in 0..state.len() {
                 self.row_logits(&prefix, state_hash, s, &mut logits);
                 if query.hidden_states {
-                    // The toy's "hidden state": evenly spaced logits of the row.
+                    // The toy's "hidden state": evenly spaced logits of the row (the mask's
+                    // excluded logit read as -30, so every value is finite).
                     let vocab = logits.len();
-                    hidden.extend((0..TOY_HIDDEN_DIM).map(|i| logits[i * vocab / TOY_HIDDEN_DIM]));
+                    hidden.extend((0..TOY_HIDDEN_DIM).map(|i| {
+                        let v = logits[i * vocab / TOY_HIDDEN_DIM];
+                        if v.is_finite() { v } else { -30.0 }
+                    }));
                 }
                 reduce_logits(
                     &logits,

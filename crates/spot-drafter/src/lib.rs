@@ -31,6 +31,7 @@ mod rng;
 pub mod scorer;
 pub mod sets;
 pub mod sets_net;
+pub mod sets_tokens;
 pub mod sets_train;
 pub mod spiffy;
 pub mod train;

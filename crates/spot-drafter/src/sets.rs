@@ -363,6 +363,7 @@ mod tests {
             hedge_prob: 0.0,
             margin: 1.0,
             top_probs: vec![confidence],
+            top_ids: vec![token],
             hidden: Vec::new(),
         }
     }

@@ -34,13 +34,14 @@ use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
 use crate::features::MARGIN_CAP;
 use crate::rng::SplitMix;
 use crate::sets::SetsError;
+use crate::sets_tokens::{TokenHead, TokenHeadConfig, TokenInput};
 use crate::trajectory::{StepRecord, StoredPosition, Trajectory};
 
 /// File name of a model folder's default learned set drafter (`spot train-sets`).
 pub const DEFAULT_SETS_NET: &str = "spot-sets-net.json";
 
 /// Scalar features per position (after the projected hidden state); see [`write_scalars`].
-pub const N_SCALAR: usize = 23;
+pub const N_SCALAR: usize = 27;
 
 /// The network's outputs per position, as logits: lead, join, stale token, hedge.
 pub const N_OUT: usize = 4;
@@ -133,8 +134,11 @@ pub struct NodeView<'a> {
 }
 
 /// Writes the [`N_SCALAR`] scalar features of masked position `s` of `view.node`, whose
-/// stale statistics are `p`, into `out`; `conf(t)` is the stale confidence of position `t`
-/// (`None` where there are no statistics).
+/// stale statistics are `p`, into `out`; `conf(t)` is the stale statistics of position `t`
+/// as (confidence, entropy) (`None` where there are none). A position the stale statistics
+/// saw masked is one with statistics other than a committed position's (confidence 1,
+/// entropy 0): the commits they did not see are those of the round's last step and of the
+/// path below the root.
 ///
 /// | index | feature |
 /// |---|---|
@@ -151,29 +155,44 @@ pub struct NodeView<'a> {
 /// | 20 | the largest other stale confidence among them |
 /// | 21 | `τ` |
 /// | 22 | the temperature (capped at 2) / 2 |
+/// | 23-26 | commits the stale statistics did not see: in the node / block, and at distance 1, 2-3 and 4-7 from `s` (/ 2, 4, 8) |
 pub fn write_scalars(
     view: &NodeView<'_>,
     s: usize,
     p: &StoredPosition,
-    conf: &dyn Fn(usize) -> Option<f32>,
+    conf: &dyn Fn(usize) -> Option<(f32, f32)>,
     out: &mut [f32; N_SCALAR],
 ) {
     let l = view.node.len().max(1);
     let lf = l as f32;
     let c = p.confidence;
+    // Exact decoding passes τ = ∞: nothing clears it, as nothing clears 1.
+    let tau = if view.tau.is_finite() {
+        view.tau.clamp(0.0, 1.0)
+    } else {
+        1.0
+    };
     let top = |k: usize| p.top_probs.get(k).copied().unwrap_or(0.0);
     let mut new = [0usize; 4];
+    let mut unseen = [0usize; 4];
+    let count = |c: &mut [usize; 4], d: usize| {
+        c[0] += 1;
+        match d {
+            1 => c[1] += 1,
+            2..=3 => c[2] += 1,
+            4..=7 => c[3] += 1,
+            _ => {}
+        }
+    };
     let mut around = 0usize;
     for (t, (&r, &n)) in view.root.iter().zip(view.node).enumerate() {
         let d = t.abs_diff(s);
         if r == view.mask && n != view.mask {
-            new[0] += 1;
-            match d {
-                1 => new[1] += 1,
-                2..=3 => new[2] += 1,
-                4..=7 => new[3] += 1,
-                _ => {}
-            }
+            count(&mut new, d);
+        }
+        let seen_masked = conf(t).is_some_and(|(c, e)| c < 1.0 || e > 0.0);
+        if n != view.mask && seen_masked {
+            count(&mut unseen, d);
         }
         if d == 1 && r != view.mask {
             around += 1;
@@ -185,11 +204,11 @@ pub fn write_scalars(
             continue;
         }
         masked += 1;
-        let Some(o) = conf(t) else { continue };
+        let Some((o, _)) = conf(t) else { continue };
         if o > c || (o == c && t < s) {
             rank += 1;
         }
-        if o > view.tau {
+        if o > tau {
             above += 1;
         }
         best = best.max(o);
@@ -197,8 +216,8 @@ pub fn write_scalars(
     *out = [
         c,
         c.max(1e-6).ln() / 10.0,
-        c - view.tau,
-        f32::from(u8::from(c > view.tau)),
+        c - tau,
+        f32::from(u8::from(c > tau)),
         p.entropy / 5.0,
         p.tail_mass,
         top(0),
@@ -216,8 +235,12 @@ pub fn write_scalars(
         rank as f32 / (masked + 1) as f32,
         above as f32 / lf,
         best,
-        view.tau,
+        tau,
         view.temperature.clamp(0.0, 2.0) / 2.0,
+        unseen[0] as f32 / lf,
+        unseen[1] as f32 / 2.0,
+        unseen[2] as f32 / 4.0,
+        unseen[3] as f32 / 8.0,
     ];
 }
 
@@ -227,6 +250,8 @@ pub fn write_scalars(
 pub struct JoinExample<'t, 'n> {
     /// The trajectory.
     pub traj: &'t Trajectory,
+    /// Absolute position of the block's first slot.
+    pub block_start: u64,
     /// The stale step (its statistics are the round's stale distribution).
     pub stale: &'t StepRecord,
     /// The root: the state after the stale step.
@@ -288,6 +313,7 @@ pub fn join_examples<'a>(
                         n += 1;
                         f(&JoinExample {
                             traj,
+                            block_start: b.start,
                             stale,
                             root: &root,
                             node: &node,
@@ -317,6 +343,9 @@ pub struct SetsNet {
     cfg: SetsNetConfig,
     /// Parameters in [`SetsNetConfig::params`] order, row-major.
     params: Vec<Vec<f32>>,
+    /// The token head (`None`: the stale choice and the hedge, weighted by the network's
+    /// token and hedge outputs).
+    tokens: Option<TokenHead>,
     /// The thresholds and temperatures of the trajectories it was trained on.
     trained_on: Vec<(f32, f32)>,
 }
@@ -346,6 +375,7 @@ impl SetsNet {
         Self {
             cfg,
             params,
+            tokens: None,
             trained_on: Vec::new(),
         }
     }
@@ -372,8 +402,29 @@ impl SetsNet {
         Ok(Self {
             cfg,
             params,
+            tokens: None,
             trained_on: Vec::new(),
         })
+    }
+
+    /// The token head, if any.
+    pub fn token_head(&self) -> Option<&TokenHead> {
+        self.tokens.as_ref()
+    }
+
+    /// Attaches (or removes) a token head; its hidden width must be the network's.
+    pub fn set_token_head(&mut self, head: Option<TokenHead>) -> Result<(), String> {
+        if let Some(h) = &head {
+            h.check(MAX_WIDTH)?;
+            if h.cfg.hidden_dim != self.cfg.hidden_dim {
+                return Err(format!(
+                    "token head reads hidden states of width {}, the network {}",
+                    h.cfg.hidden_dim, self.cfg.hidden_dim
+                ));
+            }
+        }
+        self.tokens = head;
+        Ok(())
     }
 
     /// The shape.
@@ -430,6 +481,16 @@ impl SetsNet {
             version: SETS_NET_VERSION,
             config: self.cfg.clone(),
             trained_on: self.trained_on.clone(),
+            token_head: self.tokens.as_ref().map(|h| TokenHeadFile {
+                config: h.cfg.clone(),
+                params: h
+                    .cfg
+                    .params()
+                    .iter()
+                    .zip(&h.params)
+                    .map(|((name, _), v)| ((*name).to_string(), v.clone()))
+                    .collect(),
+            }),
             params: self
                 .cfg
                 .params()
@@ -454,20 +515,17 @@ impl SetsNet {
             ));
         }
         file.config.check()?;
-        let mut named = file.params;
-        let mut params = Vec::new();
-        for (name, _) in file.config.params() {
-            let i = named
-                .iter()
-                .position(|(n, _)| n == name)
-                .ok_or_else(|| format!("parameter {name} is missing"))?;
-            params.push(named.swap_remove(i).1);
-        }
-        if let Some((n, _)) = named.first() {
-            return Err(format!("unknown parameter {n}"));
-        }
+        let params = by_name(file.params, &file.config.params())?;
         let mut net = Self::from_params(file.config, params)?;
         net.trained_on = file.trained_on;
+        if let Some(t) = file.token_head {
+            t.config.check(MAX_WIDTH)?;
+            let params = by_name(t.params, &t.config.params())?;
+            net.set_token_head(Some(TokenHead {
+                cfg: t.config,
+                params,
+            }))?;
+        }
         Ok(net)
     }
 
@@ -496,6 +554,25 @@ impl SetsNet {
             source,
         })
     }
+}
+
+/// The named tensors of a file in `specs` order; a missing or unknown name is an error.
+fn by_name(
+    mut named: Vec<(String, Vec<f32>)>,
+    specs: &[(&'static str, [usize; 2])],
+) -> Result<Vec<Vec<f32>>, String> {
+    let mut params = Vec::new();
+    for (name, _) in specs {
+        let i = named
+            .iter()
+            .position(|(n, _)| n == name)
+            .ok_or_else(|| format!("parameter {name} is missing"))?;
+        params.push(named.swap_remove(i).1);
+    }
+    if let Some((n, _)) = named.first() {
+        return Err(format!("unknown parameter {n}"));
+    }
+    Ok(params)
 }
 
 /// See [`SetsNet::inputs`].
@@ -544,6 +621,15 @@ struct SetsNetFile {
     #[serde(default)]
     trained_on: Vec<(f32, f32)>,
     params: Vec<(String, Vec<f32>)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    token_head: Option<TokenHeadFile>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenHeadFile {
+    config: TokenHeadConfig,
+    params: Vec<(String, Vec<f32>)>,
 }
 
 impl JoinModel for SetsNet {
@@ -552,6 +638,10 @@ impl JoinModel for SetsNet {
     }
 
     fn wants_hidden_states(&self) -> bool {
+        true
+    }
+
+    fn owns_token_weights(&self) -> bool {
         true
     }
 
@@ -583,9 +673,20 @@ impl JoinModel for SetsNet {
             tau,
             temperature: ctx.temperature,
         };
-        let conf = |t: usize| (t < ctx.stale.len()).then(|| ctx.stale.confidence(t));
+        let conf = |t: usize| {
+            (t < ctx.stale.len()).then(|| (ctx.stale.confidence(t), ctx.stale.entropy(t)))
+        };
         let mut scalars = [0.0f32; N_SCALAR];
         let mut x = Vec::with_capacity(input_width(&self.cfg));
+        let unseen = |t: usize| {
+            let n = *state.get(t)?;
+            let (c, e) = conf(t)?;
+            (n != mask && (c < 1.0 || e > 0.0)).then_some(n)
+        };
+        if self.tokens.is_some() {
+            out.choices.clear();
+            out.choices.resize(state.len(), [mask; 2]);
+        }
         for s in (0..state.len()).filter(|&s| state[s] == mask && s < ctx.stale.len()) {
             let p = StoredPosition::from_stats(ctx.stale, s, ctx.block_start, ctx.noise, mask);
             write_scalars(&view, s, &p, &conf, &mut scalars);
@@ -596,6 +697,29 @@ impl JoinModel for SetsNet {
             out.join[s] = sigmoid(z[1]);
             out.token[s] = sigmoid(z[2]);
             out.hedge[s] = sigmoid(z[3]).min(1.0 - out.token[s]).max(0.0);
+            if let Some(head) = &self.tokens {
+                let position = (ctx.block_start + s) as u64;
+                let input = TokenInput::new(
+                    &p,
+                    head.cfg.candidates,
+                    (ctx.noise, position),
+                    mask,
+                    s,
+                    &unseen,
+                );
+                let probs = head.probabilities(&input, &p.hidden);
+                let mut best = [(0.0f32, mask); 2];
+                for (&pr, &id) in probs.iter().zip(&input.ids) {
+                    if pr > best[0].0 {
+                        best = [(pr, id), best[0]];
+                    } else if pr > best[1].0 {
+                        best[1] = (pr, id);
+                    }
+                }
+                out.choices[s] = [best[0].1, best[1].1];
+                out.token[s] = best[0].0.clamp(0.0, 1.0);
+                out.hedge[s] = best[1].0.clamp(0.0, 1.0 - out.token[s]);
+            }
         }
         Ok(())
     }
@@ -646,10 +770,12 @@ mod tests {
             hedge_prob: 0.3,
             margin: 1.0,
             top_probs: vec![0.4, 0.3],
+            top_ids: vec![1, 2],
             hidden: Vec::new(),
         };
+        // Position 1 was committed when the stale statistics were computed; 2 and 5 were not.
         let confs = [0.9f32, 1.0, 0.2, 0.4, 0.6, 0.1];
-        let conf = |t: usize| confs.get(t).copied();
+        let conf = |t: usize| confs.get(t).map(|&c| (c, if c < 1.0 { 1.0 } else { 0.0 }));
         let mut out = [0.0; N_SCALAR];
         write_scalars(&view, 3, &p, &conf, &mut out);
         // Two commits since the root, at distances 1 and 2; one committed neighbour at the
@@ -661,5 +787,7 @@ mod tests {
         assert_eq!(out[18], 2.0 / 3.0);
         assert_eq!((out[19], out[20]), (2.0 / 6.0, 0.9));
         assert_eq!((out[21], out[22]), (0.5, 0.5));
+        // Unseen by the stale statistics: positions 2 (distance 1) and 5 (distance 2).
+        assert_eq!(&out[23..], &[2.0 / 6.0, 0.5, 0.25, 0.0]);
     }
 }

@@ -11,9 +11,9 @@
 //! the calibrated tables fitted on the same training trajectories, and the epoch with the
 //! lowest held-out loss is kept.
 
-use burn_tensor::activation::relu;
+use burn_tensor::activation::{log_softmax, relu};
 use burn_tensor::backend::{AutodiffBackend, Backend};
-use burn_tensor::{Tensor, TensorData};
+use burn_tensor::{Int, Tensor, TensorData};
 
 use crate::analysis::bin;
 use crate::rng::SplitMix;
@@ -22,8 +22,11 @@ use crate::sets_net::{
     JoinExample, N_OUT, N_SCALAR, NodeView, SetsNet, SetsNetConfig, join_examples, write_inputs,
     write_scalars,
 };
+use crate::sets_tokens::TokenInput;
+use crate::sets_tokens::{NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics};
 use crate::train::{Adam, Schedule, heldout_by_prompt, scalar};
 use crate::trajectory::Trajectory;
+use spot_core::GumbelNoise;
 
 /// Trajectories decoded with one threshold.
 #[derive(Clone, Debug)]
@@ -51,6 +54,10 @@ pub struct SetsTrainConfig {
     pub seed: u64,
     /// Use at most this many training examples per epoch (a seeded sample; `None`: all).
     pub max_examples: Option<usize>,
+    /// Candidates of the token head (the stale top-`k`; 0: no token head).
+    pub token_candidates: usize,
+    /// Embedding width of the token head.
+    pub token_dim: usize,
 }
 
 impl Default for SetsTrainConfig {
@@ -63,6 +70,8 @@ impl Default for SetsTrainConfig {
             holdout: 0.1,
             seed: 0,
             max_examples: None,
+            token_candidates: 8,
+            token_dim: 16,
         }
     }
 }
@@ -81,6 +90,21 @@ impl LabelLoss {
     pub fn total(&self) -> f64 {
         self.per_label.iter().sum()
     }
+}
+
+/// Everything a training run reports.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SetsReport {
+    /// The join network, per epoch.
+    pub epochs: Vec<SetsEpoch>,
+    /// The token head on the held-out prompts, per epoch (the first entry: at its
+    /// initialisation, the stale noised ranking).
+    pub tokens: Vec<TokenMetrics>,
+    /// Written tokens outside the stale top-`k` (training and held-out; no candidate to
+    /// learn).
+    pub outside_candidates: u64,
+    /// Written tokens counted.
+    pub written: u64,
 }
 
 /// One epoch's figures.
@@ -128,7 +152,7 @@ impl<'a> Rows<'a> {
             tau,
             temperature: e.traj.temperature,
         };
-        let conf = |t: usize| e.stale.stored(t).map(|p| p.confidence);
+        let conf = |t: usize| e.stale.stored(t).map(|p| (p.confidence, p.entropy));
         let mut x = [0.0f32; N_SCALAR];
         write_scalars(&view, e.s, e.p, &conf, &mut x);
         self.scalars.push(x);
@@ -168,15 +192,17 @@ fn labels(e: &JoinExample<'_, '_>) -> ([f32; N_OUT], [f32; N_OUT]) {
     )
 }
 
-/// Trains a [`SetsNet`] of shape `net_cfg` on `groups` and returns the best epoch's network
-/// with one report per epoch (`observer` sees each as it ends).
+/// Trains a [`SetsNet`] of shape `net_cfg` on `groups`, then its token head (when
+/// `cfg.token_candidates > 0`, embeddings initialised from a projection of `out_emb`, the
+/// target's `[vocab, hidden]` output embeddings, when given), and returns the best epochs
+/// with the figures (`observer` sees each epoch's line as it ends).
 pub fn train_sets<B: AutodiffBackend>(
     groups: &[TauGroup],
     net_cfg: SetsNetConfig,
     cfg: &SetsTrainConfig,
-    device: &B::Device,
-    observer: &mut dyn FnMut(&SetsEpoch),
-) -> Result<(SetsNet, Vec<SetsEpoch>), String> {
+    (device, out_emb): (&B::Device, Option<&[f32]>),
+    observer: &mut dyn FnMut(&str),
+) -> Result<(SetsNet, SetsReport), String> {
     net_cfg.check()?;
     if cfg.batch_size == 0 || cfg.epochs == 0 || !(cfg.lr > 0.0 && cfg.lr.is_finite()) {
         return Err("epochs, batch size and lr must be positive".into());
@@ -199,6 +225,9 @@ pub fn train_sets<B: AutodiffBackend>(
     let held = heldout_by_prompt(all.iter().map(|t| t.id.as_str()), cfg.holdout);
     let mut train = Rows::new();
     let mut heldout = Rows::new();
+    let (mut tok_train, mut tok_held) = (Vec::new(), Vec::new());
+    let mut report = SetsReport::default();
+    let k = cfg.token_candidates;
     let mut at = 0usize;
     let mut pairs = Vec::new();
     for g in groups {
@@ -219,6 +248,14 @@ pub fn train_sets<B: AutodiffBackend>(
                     heldout.push(e, g.tau, Some(&table));
                 } else {
                     train.push(e, g.tau, None);
+                }
+                if k > 0 && e.commit.is_some() {
+                    report.written += 1;
+                    match token_row(e, k) {
+                        Some(r) if h => tok_held.push(r),
+                        Some(r) => tok_train.push(r),
+                        None => report.outside_candidates += 1,
+                    }
                 }
             });
             if !pairs.contains(&(g.tau, t.temperature)) {
@@ -245,7 +282,6 @@ pub fn train_sets<B: AutodiffBackend>(
     let mut adam = Adam::<B>::new(&params, cfg.lr);
     let width = net_cfg.hidden_dim + N_SCALAR;
     let (mut x, mut y, mut m) = (Vec::new(), Vec::new(), Vec::new());
-    let mut reports = Vec::new();
     let mut best: Option<(f64, SetsNet)> = None;
     for epoch in 1..=cfg.epochs {
         let start = std::time::Instant::now();
@@ -289,25 +325,101 @@ pub fn train_sets<B: AutodiffBackend>(
             write_inputs(&net_cfg, heldout.hidden[i], &heldout.scalars[i], &mut row);
             net.logits(&row).map(sigmoid)
         });
-        let report = SetsEpoch {
+        let epoch_report = SetsEpoch {
             epoch,
             train_loss: sum / per_epoch as f64,
             heldout: heldout_loss,
             table: table_loss,
             seconds: start.elapsed().as_secs_f64(),
         };
-        observer(&report);
-        let score = report.heldout.total();
+        observer(&epoch_line(&epoch_report));
+        let score = epoch_report.heldout.total();
         if best
             .as_ref()
             .is_none_or(|(b, _)| heldout.len() == 0 || score.is_nan() || score < *b)
         {
             best = Some((score, net));
         }
-        reports.push(report);
+        report.epochs.push(epoch_report);
     }
-    let net = best.map(|(_, n)| n).ok_or("no epoch ran")?;
-    Ok((net, reports))
+    let mut net = best.map(|(_, n)| n).ok_or("no epoch ran")?;
+    if k > 0 {
+        let head = TokenHead::init(
+            TokenHeadConfig {
+                vocab: all
+                    .iter()
+                    .map(|t| t.mask_id as usize + 1)
+                    .max()
+                    .unwrap_or(1)
+                    .max(out_emb.map_or(0, |w| w.len() / net_cfg.hidden_dim.max(1))),
+                dim: cfg.token_dim,
+                candidates: k,
+                hidden_dim: net_cfg.hidden_dim,
+            },
+            out_emb,
+            cfg.seed,
+        );
+        let mut show = |epoch: usize, m: &TokenMetrics| observer(&token_line(epoch, m));
+        let (head, tokens) =
+            train_token_head::<B>(head, &tok_train, &tok_held, cfg, device, &mut show)?;
+        report.tokens = tokens;
+        net.set_token_head(Some(head))?;
+    }
+    Ok((net, report))
+}
+
+/// The token row of an example whose position the step committed (`None` when the written
+/// token is not among the `k` stale candidates).
+fn token_row<'a>(e: &JoinExample<'a, '_>, k: usize) -> Option<TokenRow<'a>> {
+    let c = e.commit?;
+    let mask = e.traj.mask_id;
+    let noise = (e.traj.temperature > 0.0).then(|| GumbelNoise::new(e.traj.seed));
+    let unseen = |t: usize| {
+        let n = *e.node.get(t)?;
+        (n != mask && e.stale.stored(t).is_some()).then_some(n)
+    };
+    let input = TokenInput::new(
+        e.p,
+        k,
+        (noise, e.block_start + e.s as u64),
+        mask,
+        e.s,
+        &unseen,
+    );
+    let label = input.ids.iter().position(|&v| v == c.token)?;
+    Some(TokenRow {
+        hidden: &e.p.hidden,
+        input,
+        label,
+    })
+}
+
+/// One line of the join network's epoch report.
+pub fn epoch_line(r: &SetsEpoch) -> String {
+    let f = |l: &[f64; N_OUT]| {
+        l.iter()
+            .map(|v| format!("{v:.4}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    format!(
+        "epoch {}: train {:.4}; held-out lead/join/token/hedge {} (sum {:.4}); tables {} (sum {:.4}); {:.1} s",
+        r.epoch,
+        r.train_loss,
+        f(&r.heldout.per_label),
+        r.heldout.total(),
+        f(&r.table.per_label),
+        r.table.total(),
+        r.seconds
+    )
+}
+
+/// One line of the token head's report (epoch 0: its initialisation).
+pub fn token_line(epoch: usize, m: &TokenMetrics) -> String {
+    format!(
+        "token head epoch {epoch}: held-out cross-entropy {:.4}; written token is its first choice {:.3}, among its first two {:.3} (stale choice {:.3}, stale choice or runner-up {:.3}; {} examples)",
+        m.loss, m.top1, m.top2, m.stale_top1, m.stale_top2, m.count
+    )
 }
 
 fn sigmoid(z: f32) -> f32 {
@@ -397,5 +509,212 @@ mod tests {
                 assert!((host[k] - z[r * N_OUT + k]).abs() < 1e-4, "{host:?} {z:?}");
             }
         }
+    }
+}
+
+/// The token head's logits `[n, k]` for a batch (the same computation as
+/// [`TokenHead::probabilities`] before the softmax, padding not masked).
+fn token_logits<B: Backend>(
+    cfg: &TokenHeadConfig,
+    params: &[Tensor<B, 1>],
+    batch: &TokenBatch,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let (n, k, e, h) = (batch.n, cfg.candidates, cfg.dim, cfg.hidden_dim);
+    let specs = cfg.params();
+    let p2 = |i: usize| params[i].clone().reshape(specs[i].1);
+    let f2 = |v: &[f32], w: usize| {
+        Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), [n, w]), device)
+    };
+    let ids =
+        |v: &[i64]| Tensor::<B, 1, Int>::from_data(TensorData::new(v.to_vec(), [v.len()]), device);
+    let emb = p2(0);
+    let mut c = f2(&batch.hidden, h).matmul(p2(1));
+    let near = emb
+        .clone()
+        .select(0, ids(&batch.near))
+        .reshape([n, NEAR.len() * e])
+        * f2(&batch.near_on, NEAR.len() * e);
+    c = c + near.matmul(p2(2));
+    let cand = emb.select(0, ids(&batch.ids)).reshape([n, k, e]);
+    let dot = cand.matmul(c.reshape([n, e, 1])).reshape([n, k]);
+    let scale = p2(3);
+    let a = scale.clone().narrow(1, 0, 1);
+    let g = scale.narrow(1, 1, 1);
+    f2(&batch.lnp, k) * a + f2(&batch.noise, k) * g + p2(4) + dot
+}
+
+/// A batch of token rows, flattened.
+#[derive(Default)]
+struct TokenBatch {
+    n: usize,
+    hidden: Vec<f32>,
+    ids: Vec<i64>,
+    lnp: Vec<f32>,
+    noise: Vec<f32>,
+    near: Vec<i64>,
+    near_on: Vec<f32>,
+    pad: Vec<f32>,
+    onehot: Vec<f32>,
+}
+
+impl TokenBatch {
+    fn fill(&mut self, cfg: &TokenHeadConfig, rows: &[&TokenRow<'_>]) {
+        *self = TokenBatch {
+            n: rows.len(),
+            ..TokenBatch::default()
+        };
+        let e = cfg.dim;
+        for r in rows {
+            if r.hidden.len() == cfg.hidden_dim {
+                self.hidden.extend_from_slice(r.hidden);
+            } else {
+                self.hidden.resize(self.hidden.len() + cfg.hidden_dim, 0.0);
+            }
+            let x = &r.input;
+            for (i, &id) in x.ids.iter().enumerate() {
+                let valid = (id as usize) < cfg.vocab && x.lnp[i] > -1e3;
+                self.ids.push(if valid { i64::from(id) } else { 0 });
+                self.pad.push(if valid { 0.0 } else { -1e9 });
+                self.onehot.push(f32::from(u8::from(i == r.label)));
+            }
+            self.lnp.extend_from_slice(&x.lnp);
+            self.noise.extend_from_slice(&x.noise);
+            for &w in &x.near {
+                let on = (w as usize) < cfg.vocab;
+                self.near.push(if on { i64::from(w) } else { 0 });
+                self.near_on
+                    .extend(std::iter::repeat_n(f32::from(u8::from(on)), e));
+            }
+        }
+    }
+}
+
+/// Trains the token head `head` on `train` (Adam, the same schedule as the rest), keeping the
+/// epoch with the lowest held-out cross-entropy; returns it with each epoch's held-out
+/// figures.
+pub fn train_token_head<B: AutodiffBackend>(
+    head: TokenHead,
+    train: &[TokenRow<'_>],
+    heldout: &[TokenRow<'_>],
+    cfg: &SetsTrainConfig,
+    device: &B::Device,
+    observer: &mut dyn FnMut(usize, &TokenMetrics),
+) -> Result<(TokenHead, Vec<TokenMetrics>), String> {
+    if train.is_empty() {
+        return Err("no token examples".into());
+    }
+    let tcfg = head.cfg.clone();
+    let mut params: Vec<Tensor<B, 1>> = head
+        .params
+        .iter()
+        .map(|v| Tensor::<B, 1>::from_data(TensorData::new(v.clone(), [v.len()]), device))
+        .map(Tensor::require_grad)
+        .collect();
+    let mut adam = Adam::<B>::new(&params, cfg.lr);
+    let mut order: Vec<usize> = (0..train.len()).collect();
+    let mut rng = SplitMix(cfg.seed ^ 0x70ce_7a1e);
+    let steps_per_epoch = train.len().div_ceil(cfg.batch_size);
+    let schedule = Schedule::new(cfg.lr, steps_per_epoch * cfg.epochs);
+    let mut batch = TokenBatch::default();
+    let mut best: Option<(f64, TokenHead)> = None;
+    let mut reports = Vec::new();
+    let init = token_metrics(&head, heldout);
+    observer(0, &init);
+    for epoch in 1..=cfg.epochs {
+        rng.shuffle(&mut order);
+        for (step, chunk) in order.chunks(cfg.batch_size).enumerate() {
+            let rows: Vec<&TokenRow<'_>> = chunk.iter().map(|&i| &train[i]).collect();
+            batch.fill(&tcfg, &rows);
+            let n = batch.n;
+            let k = tcfg.candidates;
+            let f2 =
+                |v: &[f32]| Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), [n, k]), device);
+            let z = token_logits(&tcfg, &params, &batch, device) + f2(&batch.pad);
+            let logp = log_softmax(z, 1);
+            let loss = (logp * f2(&batch.onehot)).sum().neg().div_scalar(n as f64);
+            let value = scalar(loss.clone());
+            if !value.is_finite() {
+                return Err(format!(
+                    "token loss became {value} at epoch {epoch}, step {step}"
+                ));
+            }
+            let grads = loss.backward();
+            adam.lr = schedule.at((epoch - 1) * steps_per_epoch + step);
+            params = adam.step(params, &grads);
+        }
+        let trained = TokenHead {
+            cfg: tcfg.clone(),
+            params: params
+                .iter()
+                .map(|p| p.clone().inner().into_data().iter::<f32>().collect())
+                .collect(),
+        };
+        let m = token_metrics(&trained, heldout);
+        observer(epoch, &m);
+        if best
+            .as_ref()
+            .is_none_or(|(b, _)| heldout.is_empty() || m.loss < *b)
+        {
+            best = Some((m.loss, trained));
+        }
+        reports.push(m);
+    }
+    let (_, head) = best.ok_or("no epoch ran")?;
+    Ok((head, reports))
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::*;
+    use crate::sets_tokens::TokenInput;
+
+    type Cpu = burn_flex::Flex;
+
+    #[test]
+    fn the_token_head_tensor_forward_is_the_host_forward() {
+        let cfg = TokenHeadConfig {
+            vocab: 20,
+            dim: 4,
+            candidates: 5,
+            hidden_dim: 6,
+        };
+        let mut head = TokenHead::init(cfg.clone(), None, 3);
+        let mut rng = SplitMix(9);
+        // Non-zero context weights, so every term counts.
+        for p in &mut head.params[1..] {
+            p.iter_mut().for_each(|v| *v = rng.normal());
+        }
+        let hidden: Vec<f32> = (0..6).map(|_| rng.normal()).collect();
+        let input = TokenInput {
+            ids: vec![3, 7, 11, 2, 19],
+            lnp: vec![-0.5, -1.0, -2.0, -1e4, -3.0],
+            noise: vec![0.1, -0.3, 0.2, 0.0, 1.0],
+            near: [5, crate::sets_tokens::NO_TOKEN, 9, 0],
+        };
+        let row = TokenRow {
+            hidden: &hidden,
+            input: input.clone(),
+            label: 1,
+        };
+        let mut batch = TokenBatch::default();
+        batch.fill(&cfg, &[&row]);
+        let device = Default::default();
+        let params: Vec<Tensor<Cpu, 1>> = head
+            .params
+            .iter()
+            .map(|v| Tensor::from_data(TensorData::new(v.clone(), [v.len()]), &device))
+            .collect();
+        let z = token_logits(&cfg, &params, &batch, &device);
+        let pad = Tensor::<Cpu, 2>::from_data(TensorData::new(batch.pad.clone(), [1, 5]), &device);
+        let p: Vec<f32> = burn_tensor::activation::softmax(z + pad, 1)
+            .into_data()
+            .iter::<f32>()
+            .collect();
+        let host = head.probabilities(&input, &hidden);
+        for (a, b) in p.iter().zip(&host) {
+            assert!((a - b).abs() < 1e-5, "{p:?} {host:?}");
+        }
+        assert_eq!(host[3], 0.0, "padding has no mass");
     }
 }

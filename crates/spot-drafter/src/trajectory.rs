@@ -22,13 +22,13 @@
 //!     n_masked u32 (positions masked before the step, in increasing order), per position:
 //!       position u32, token u32, runner_up u32, confidence f32, entropy f32, tail_mass f32,
 //!       hedge u32, hedge_prob f32, margin f32, top_probs (top_k × f32),
-//!       hidden (hidden_dim × bf16, the target's final hidden state there)
+//!       top_ids (top_k × u32), hidden (hidden_dim × bf16, the target's final hidden state)
 //! checksum u64 (FNV-1a of every byte before it)
 //! ```
 //!
 //! Version 2 added `hedge`, `hedge_prob` and `margin` (the noised runner-up and how far the
-//! choice is ahead of it); version 3 the hidden states (`spot collect --hidden-states`, what
-//! the learned set drafter reads). Version 2 files are read (without hidden states); version
+//! choice is ahead of it); version 3 the top-k ids and the hidden states (`spot collect
+//! --hidden-states`, what the learned set drafter reads). Version 2 files are read (without hidden states); version
 //! 1 files are refused with [`TrajectoryError::Version`].
 //!
 //! Files are written to a temporary name and renamed, so a crash leaves either a whole file or
@@ -130,6 +130,8 @@ pub struct StoredPosition {
     pub margin: f32,
     /// Top-k probabilities, most probable first.
     pub top_probs: Vec<f32>,
+    /// Their token ids (empty in version-2 files).
+    pub top_ids: Vec<TokenId>,
     /// The target's final hidden state there ([`Trajectory::hidden_dim`] values, bf16
     /// precision; empty when the trajectory has none).
     pub hidden: Vec<f32>,
@@ -189,6 +191,7 @@ impl StoredPosition {
             hedge_prob: hedge.map_or(0.0, |h| h.1),
             margin: noised_margin((token, stats.confidence(s)), hedge, position, noise),
             top_probs: probs.to_vec(),
+            top_ids: ids.to_vec(),
             hidden: stats
                 .hidden_at(s)
                 .map(|h| h.iter().map(|&v| bf16_round(v)).collect())
@@ -472,6 +475,9 @@ impl Trajectory {
                     for k in 0..self.top_k {
                         f32_(&mut w, p.top_probs.get(k).copied().unwrap_or(0.0));
                     }
+                    for k in 0..self.top_k {
+                        u32_(&mut w, p.top_ids.get(k).copied().unwrap_or(self.mask_id));
+                    }
                     for k in 0..self.hidden_dim {
                         let v = p.hidden.get(k).copied().unwrap_or(0.0);
                         w.extend_from_slice(&bf16_bits(v).to_le_bytes());
@@ -582,6 +588,13 @@ impl Trajectory {
                         top_probs: (0..top_k)
                             .map(|_| r.f32("top probabilities"))
                             .collect::<Result<Vec<_>>>()?,
+                        top_ids: if version >= 3 {
+                            (0..top_k)
+                                .map(|_| r.u32("top ids"))
+                                .collect::<Result<Vec<_>>>()?
+                        } else {
+                            Vec::new()
+                        },
                         hidden: (0..hidden_dim)
                             .map(|_| r.bf16("hidden state"))
                             .collect::<Result<Vec<_>>>()?,

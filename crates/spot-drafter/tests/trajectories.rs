@@ -189,6 +189,7 @@ fn hidden_states_are_recorded_and_version_two_still_reads() {
         let h = st[0].hidden_at(p.position as usize).unwrap();
         let rounded: Vec<f32> = h.iter().map(|&v| bf16_round(v)).collect();
         assert_eq!(p.hidden, rounded);
+        assert_eq!(p.top_ids, st[0].top(p.position as usize).0);
     }
     assert!(
         traj.blocks
@@ -200,8 +201,19 @@ fn hidden_states_are_recorded_and_version_two_still_reads() {
     let path = std::path::Path::new("h.trj");
     let bytes = traj.to_bytes();
     assert_eq!(Trajectory::from_bytes(&bytes, path).unwrap(), traj);
-    // Version 2: no hidden_dim field, no hidden values.
-    let plain = sample(7, 4, 1.0);
+    // Version 2: no hidden_dim field, no top ids, no hidden values (a top-0 trajectory, so
+    // that its version-3 bytes differ only by the hidden_dim field).
+    let mut plain = sample(7, 4, 1.0);
+    plain.top_k = 0;
+    for p in plain
+        .blocks
+        .iter_mut()
+        .flat_map(|b| &mut b.steps)
+        .flat_map(|s| &mut s.positions)
+    {
+        p.top_probs.clear();
+        p.top_ids.clear();
+    }
     let v3 = plain.to_bytes();
     let mut v2 = v3[..36].to_vec();
     v2[8..12].copy_from_slice(&2u32.to_le_bytes());

@@ -113,6 +113,12 @@ pub struct JoinPrediction {
     /// Per block position: the probability that it writes the hedge instead (the runner-up of
     /// the target's choice rule, [`ScoreContext::hedge_token`]); 0 proposes no hedge.
     pub hedge: Vec<f32>,
+    /// Per block position, optional: the two tokens the drafter expects the target to write
+    /// there, most likely first, replacing the stale choice and the hedge (`token` and
+    /// `hedge` are then their probabilities). Empty, or the mask id in the first slot: the
+    /// stale choice and the hedge. Read only when the model
+    /// [owns its token weights](JoinModel::owns_token_weights).
+    pub choices: Vec<[TokenId; 2]>,
 }
 
 /// Predicts the target's next threshold step at a hypothesised state: the interface a set
@@ -126,6 +132,13 @@ pub trait JoinModel {
     /// forward for them ([`StatsQuery::hidden_states`](spot_core::StatsQuery::hidden_states)).
     /// `false` by default.
     fn wants_hidden_states(&self) -> bool {
+        false
+    }
+
+    /// Whether the drafter's own `token` and `hedge` probabilities weigh the written tokens
+    /// even when the order scorer has token hypotheses of its own (by default the order
+    /// scorer's calibrated hypotheses win).
+    fn owns_token_weights(&self) -> bool {
         false
     }
 
@@ -148,6 +161,9 @@ impl<M: JoinModel + ?Sized> JoinModel for Box<M> {
     }
     fn wants_hidden_states(&self) -> bool {
         (**self).wants_hidden_states()
+    }
+    fn owns_token_weights(&self) -> bool {
+        (**self).owns_token_weights()
     }
     fn predict(
         &mut self,
@@ -542,6 +558,7 @@ impl SetTreeBuilder {
             v.clear();
             v.resize(l, 0.0);
         }
+        self.pred.choices.clear();
         model.predict(ctx, self.out.state(id), steps, tau, &mut self.pred)?;
         self.order_scores.clear();
         self.order_scores.resize(l, 0.0);
@@ -579,16 +596,24 @@ impl SetTreeBuilder {
                     value: q,
                 });
             }
-            let stale = ctx.stale.token(s);
+            let mut stale = ctx.stale.token(s);
+            let mut runner_up = ctx.hedge_token(s, mask).map(|(v, _)| v);
+            let owns = model.owns_token_weights();
+            if let Some(&[first, second]) = self.pred.choices.get(s).filter(|_| owns)
+                && first != mask
+            {
+                stale = first;
+                runner_up = Some(second).filter(|&v| v != mask && v != first);
+            }
             if stale == mask {
                 continue;
             }
-            let runner_up = ctx.hedge_token(s, mask).map(|(v, _)| v);
             // The order scorer's token weights when it has them (SPOT's calibration, keyed
-            // by the noised margin), else the join model's.
+            // by the noised margin) and the join model does not claim them, else the join
+            // model's.
             let (mut t, mut h) = (t, h);
             self.hyps.clear();
-            if order.token_hypotheses(ctx, &batch, 0, s, &mut self.hyps) {
+            if !owns && order.token_hypotheses(ctx, &batch, 0, s, &mut self.hyps) {
                 let weight = |v: Option<TokenId>| {
                     self.hyps
                         .iter()

@@ -1,0 +1,337 @@
+//! The token head of the learned set drafter: which token the target will write at a masked
+//! position of a hypothesised state, among the stale top-`k` candidates.
+//!
+//! The stale choice is often not the token the target writes once other positions are
+//! committed: on the shipped target at `τ = 0.1`, `T = 0`, 40% of the tokens committed by the
+//! step after a round's root are neither the stale choice nor its runner-up, and 59% of those
+//! steps hold at least one such token, so no tree built from the stale top two can reach
+//! them. The head re-ranks the stale candidates with what the stale statistics did not see:
+//!
+//! `z(v) = a · ln p~(v) + g · G(v) + r[rank(v)] + e(v) · (W_h h + Σ_d W_d e(w_d))`
+//!
+//! where `p~` is the stale (tempered) probability, `G` the coupled noise at the position
+//! (0 at `T = 0`), `e` a learned token embedding (initialised from a random projection of the
+//! target's output embeddings), `h` the position's stale hidden state and `w_d` the tokens
+//! committed at offsets `d ∈ {−2, −1, +1, +2}` that the stale statistics did not see. With
+//! `a = g = 1` and everything else 0 (the initialisation) the head is the stale noised
+//! ranking; the probability that the target writes `v` is the softmax of `z` over the
+//! candidates.
+
+use serde::{Deserialize, Serialize};
+use spot_core::{GumbelNoise, TokenId};
+
+use crate::rng::SplitMix;
+use crate::trajectory::StoredPosition;
+
+/// Neighbour offsets whose newly committed tokens the head reads.
+pub const NEAR: [isize; 4] = [-2, -1, 1, 2];
+
+/// Shape of a [`TokenHead`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenHeadConfig {
+    /// Vocabulary size of the target.
+    pub vocab: usize,
+    /// Embedding width.
+    pub dim: usize,
+    /// Candidates per position (the stale top-`k`).
+    pub candidates: usize,
+    /// Width of the target's hidden states.
+    pub hidden_dim: usize,
+}
+
+impl TokenHeadConfig {
+    /// `(name, shape)` of every parameter, in storage order.
+    pub fn params(&self) -> Vec<(&'static str, [usize; 2])> {
+        let (v, e) = (self.vocab, self.dim);
+        vec![
+            ("tok.emb", [v, e]),
+            ("tok.hidden", [self.hidden_dim, e]),
+            ("tok.near", [NEAR.len() * e, e]),
+            ("tok.scale", [1, 2]),
+            ("tok.rank", [1, self.candidates]),
+        ]
+    }
+
+    /// Checks the widths against `max`.
+    pub fn check(&self, max: usize) -> Result<(), String> {
+        for (name, v, hi) in [
+            ("vocab", self.vocab, 1 << 22),
+            ("dim", self.dim, max),
+            ("candidates", self.candidates, 256),
+            ("hidden_dim", self.hidden_dim, max),
+        ] {
+            if v == 0 || v > hi {
+                return Err(format!("token head {name} must be in [1, {hi}], got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The token head's weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenHead {
+    /// The shape.
+    pub cfg: TokenHeadConfig,
+    /// Parameters in [`TokenHeadConfig::params`] order, row-major.
+    pub params: Vec<Vec<f32>>,
+}
+
+/// What the head reads at one masked position.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenInput {
+    /// Candidate ids (the stale top-`k` without the mask; padded with the mask id).
+    pub ids: Vec<TokenId>,
+    /// `ln p~` of each candidate (padding: a large negative number).
+    pub lnp: Vec<f32>,
+    /// The coupled noise of each candidate at the position (0 at `T = 0`).
+    pub noise: Vec<f32>,
+    /// Tokens newly committed at the [`NEAR`] offsets ([`NO_TOKEN`]: none).
+    pub near: [TokenId; 4],
+}
+
+/// No token (a [`TokenInput::near`] slot with nothing newly committed).
+pub const NO_TOKEN: TokenId = TokenId::MAX;
+
+/// The `ln p~` of a padded candidate.
+const PAD_LNP: f32 = -1e4;
+
+impl TokenInput {
+    /// The input at position `s` with stale statistics `p`, `k` candidates, under `noise`
+    /// at absolute position `position`; `near(t)` is the token newly committed at block
+    /// position `t` (unseen by the stale statistics), if any.
+    pub fn new(
+        p: &StoredPosition,
+        k: usize,
+        (noise, position): (Option<GumbelNoise>, u64),
+        mask: TokenId,
+        s: usize,
+        near: &dyn Fn(usize) -> Option<TokenId>,
+    ) -> Self {
+        let mut x = TokenInput::default();
+        for (&id, &pr) in p.top_ids.iter().zip(&p.top_probs) {
+            if x.ids.len() == k {
+                break;
+            }
+            if id == mask || x.ids.contains(&id) {
+                continue;
+            }
+            x.ids.push(id);
+            x.lnp
+                .push(if pr > 0.0 { pr.ln().max(-30.0) } else { -30.0 });
+            x.noise.push(noise.map_or(0.0, |g| g.value(position, id)));
+        }
+        while x.ids.len() < k {
+            x.ids.push(mask);
+            x.lnp.push(PAD_LNP);
+            x.noise.push(0.0);
+        }
+        for (slot, d) in x.near.iter_mut().zip(NEAR) {
+            *slot = s.checked_add_signed(d).and_then(near).unwrap_or(NO_TOKEN);
+        }
+        x
+    }
+}
+
+impl TokenHead {
+    /// A head at its initialisation: the stale noised ranking (`a = g = 1`, the rest 0),
+    /// embeddings from a random projection of `out_emb` (`[vocab, hidden]`, the target's
+    /// output embeddings; `None`: a random table).
+    pub fn init(cfg: TokenHeadConfig, out_emb: Option<&[f32]>, seed: u64) -> Self {
+        let mut rng = SplitMix(seed ^ 0x70ce);
+        let (v, e, h) = (cfg.vocab, cfg.dim, cfg.hidden_dim);
+        let emb = match out_emb.filter(|w| w.len() == v * h) {
+            Some(w) => {
+                let proj: Vec<f32> = (0..h * e)
+                    .map(|_| rng.normal() / (h as f32).sqrt())
+                    .collect();
+                let mut t = vec![0.0f32; v * e];
+                for (row, out) in w.chunks_exact(h).zip(t.chunks_exact_mut(e)) {
+                    for (&x, prow) in row.iter().zip(proj.chunks_exact(e)) {
+                        for (o, &p) in out.iter_mut().zip(prow) {
+                            *o += x * p;
+                        }
+                    }
+                }
+                t
+            }
+            None => (0..v * e).map(|_| rng.normal() * 0.1).collect(),
+        };
+        let params = vec![
+            emb,
+            vec![0.0; h * e],
+            vec![0.0; NEAR.len() * e * e],
+            vec![1.0, 1.0],
+            vec![0.0; cfg.candidates],
+        ];
+        Self { cfg, params }
+    }
+
+    /// Checks the parameter lengths and values.
+    pub fn check(&self, max: usize) -> Result<(), String> {
+        self.cfg.check(max)?;
+        let specs = self.cfg.params();
+        if self.params.len() != specs.len() {
+            return Err(format!(
+                "token head: {} tensors, expected {}",
+                self.params.len(),
+                specs.len()
+            ));
+        }
+        for ((name, [a, b]), p) in specs.iter().zip(&self.params) {
+            if p.len() != a * b {
+                return Err(format!("{name} has {} values, expected {}", p.len(), a * b));
+            }
+            if p.iter().any(|v| !v.is_finite()) {
+                return Err(format!("{name} holds a non-finite value"));
+            }
+        }
+        Ok(())
+    }
+
+    fn emb(&self, id: TokenId) -> Option<&[f32]> {
+        let e = self.cfg.dim;
+        let i = id as usize;
+        self.params[0].get(i * e..(i + 1) * e)
+    }
+
+    /// The probability of each candidate of `x` given the stale hidden state `hidden`
+    /// (padding gets 0).
+    pub fn probabilities(&self, x: &TokenInput, hidden: &[f32]) -> Vec<f32> {
+        let e = self.cfg.dim;
+        let mut c = vec![0.0f32; e];
+        if hidden.len() == self.cfg.hidden_dim {
+            for (&hv, row) in hidden.iter().zip(self.params[1].chunks_exact(e)) {
+                for (o, &w) in c.iter_mut().zip(row) {
+                    *o += hv * w;
+                }
+            }
+        }
+        for (d, &w) in x.near.iter().enumerate() {
+            let Some(ew) = self.emb(w) else { continue };
+            let block = &self.params[2][d * e * e..(d + 1) * e * e];
+            for (&ev, row) in ew.iter().zip(block.chunks_exact(e)) {
+                for (o, &wv) in c.iter_mut().zip(row) {
+                    *o += ev * wv;
+                }
+            }
+        }
+        let (a, g) = (self.params[3][0], self.params[3][1]);
+        let z: Vec<f32> = (0..x.ids.len())
+            .map(|k| {
+                let dot = self
+                    .emb(x.ids[k])
+                    .map_or(0.0, |ev| ev.iter().zip(&c).map(|(p, q)| p * q).sum());
+                a * x.lnp[k] + g * x.noise[k] + self.params[4].get(k).copied().unwrap_or(0.0) + dot
+            })
+            .collect();
+        let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let ex: Vec<f32> = z
+            .iter()
+            .zip(&x.lnp)
+            .map(|(&v, &l)| if l <= PAD_LNP { 0.0 } else { (v - m).exp() })
+            .collect();
+        let sum: f32 = ex.iter().sum();
+        ex.into_iter()
+            .map(|v| if sum > 0.0 { v / sum } else { 0.0 })
+            .collect()
+    }
+}
+
+/// One training example of the head: the input, the stale hidden state and the index of the
+/// token the target wrote among the candidates.
+#[derive(Clone, Debug)]
+pub struct TokenRow<'a> {
+    /// The stale hidden state.
+    pub hidden: &'a [f32],
+    /// The candidates and neighbours.
+    pub input: TokenInput,
+    /// Index of the written token in `input.ids`.
+    pub label: usize,
+}
+
+/// Held-out figures of the head: cross-entropy and how often the written token is among the
+/// two tokens a tree would draft, next to the stale choice and its runner-up (noised).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TokenMetrics {
+    /// Mean cross-entropy (nats) over the candidates.
+    pub loss: f64,
+    /// The written token is the head's first choice.
+    pub top1: f64,
+    /// It is among the head's first two.
+    pub top2: f64,
+    /// It is the stale noised choice.
+    pub stale_top1: f64,
+    /// It is the stale noised choice or its runner-up.
+    pub stale_top2: f64,
+    /// Examples.
+    pub count: u64,
+}
+
+/// The head's figures on `rows`.
+pub fn token_metrics(head: &TokenHead, rows: &[TokenRow<'_>]) -> TokenMetrics {
+    let mut m = TokenMetrics::default();
+    for r in rows {
+        let p = head.probabilities(&r.input, r.hidden);
+        let rank = |score: &dyn Fn(usize) -> f32| {
+            let target = score(r.label);
+            (0..p.len())
+                .filter(|&k| {
+                    let s = score(k);
+                    k != r.label && (s > target || (s == target && k < r.label))
+                })
+                .count()
+        };
+        let head_rank = rank(&|k| p[k]);
+        let stale_rank = rank(&|k| r.input.lnp[k] + r.input.noise[k]);
+        m.loss -= f64::from(p[r.label].max(1e-9)).ln();
+        m.top1 += f64::from(u8::from(head_rank == 0));
+        m.top2 += f64::from(u8::from(head_rank < 2));
+        m.stale_top1 += f64::from(u8::from(stale_rank == 0));
+        m.stale_top2 += f64::from(u8::from(stale_rank < 2));
+        m.count += 1;
+    }
+    let n = m.count.max(1) as f64;
+    for v in [
+        &mut m.loss,
+        &mut m.top1,
+        &mut m.top2,
+        &mut m.stale_top1,
+        &mut m.stale_top2,
+    ] {
+        *v /= n;
+    }
+    m
+}
+
+/// The target's output embeddings `[vocab, hidden]` from `dir/model.safetensors`
+/// (`lm_head.weight`, else the tied `model.embed_tokens.weight`; f32, bf16 or f16), with
+/// the hidden width: what [`TokenHead::init`] projects. Errors name the file.
+pub fn read_output_embeddings(dir: &std::path::Path) -> Result<(Vec<f32>, usize), String> {
+    use safetensors::{Dtype, SafeTensors};
+    let path = dir.join("model.safetensors");
+    let shown = path.display();
+    let bytes = std::fs::read(&path).map_err(|e| format!("{shown}: {e}"))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| format!("{shown}: {e}"))?;
+    let t = ["lm_head.weight", "model.embed_tokens.weight"]
+        .iter()
+        .find_map(|n| st.tensor(n).ok())
+        .ok_or_else(|| format!("{shown}: no lm_head.weight or model.embed_tokens.weight"))?;
+    let [_, cols] = t.shape() else {
+        return Err(format!("{shown}: the output embeddings are not a matrix"));
+    };
+    let data = t.data();
+    let values: Vec<f32> = match t.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+            .collect(),
+        other => return Err(format!("{shown}: output embeddings of type {other:?}")),
+    };
+    Ok((values, *cols))
+}
