@@ -606,6 +606,35 @@ fn spot_method_uses_the_shipped_drafter() {
     );
 }
 
+/// `--method sets-net` loads the shipped learned set drafter (asking the model for its hidden
+/// states) and returns threshold decoding's tokens, at T = 0 and T = 1.
+#[test]
+fn sets_net_uses_the_shipped_set_drafter() {
+    for t in ["0", "1"] {
+        let run = |method: &str| {
+            json(&spot(&[
+                "generate",
+                "--prompt",
+                "def is_prime(n):",
+                "--max-new-tokens",
+                "40",
+                "--no-early-stop",
+                "--temperature",
+                t,
+                "--threshold",
+                "0.1",
+                "--method",
+                method,
+                "--json",
+            ]))
+        };
+        let threshold = run("threshold");
+        let net = run("sets-net");
+        assert_eq!(threshold["tokens"], net["tokens"], "T={t}");
+        assert!(net["nfe"].as_u64() < threshold["nfe"].as_u64(), "T={t}");
+    }
+}
+
 /// `spot bench` runs every exact method on the shipped model (shipped drafter and Spiffy
 /// graph), writes its four outputs, and every speculative decode equals draft-free.
 #[test]
@@ -923,12 +952,35 @@ fn sets_are_calibrated_and_equal_threshold_decoding() {
         args.extend_from_slice(threshold);
         spot(&args)
     };
-    let out = collect(&traj, &["--threshold", "0.3"]);
+    let out = collect(&traj, &["--threshold", "0.3", "--hidden-states"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The learned set drafter on the same trajectories (one epoch, no held-out prompt).
+    let net = dir.path().join("net.json");
+    let out = spot(&[
+        "train-sets",
+        "--trajectories",
+        traj.to_str().unwrap(),
+        "--out",
+        net.to_str().unwrap(),
+        "--epochs",
+        "1",
+        "--steps",
+        "3",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("token head epoch 1") && err.contains("tables"),
+        "{err}"
+    );
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&net).unwrap()).unwrap();
+    assert_eq!(file["config"]["hidden_dim"], 256);
+    assert_eq!(file["token_head"]["config"]["candidates"], 8);
     let sets = dir.path().join("sets.json");
     let out = spot(&[
         "calibrate-sets",
@@ -966,20 +1018,54 @@ fn sets_are_calibrated_and_equal_threshold_decoding() {
             "--tau",
             "0.3",
             "--methods",
-            "sets,sets-stale",
+            "sets,sets-stale,sets-net,sets-max",
             "--sets",
             sets.to_str().unwrap(),
+            "--sets-net",
+            net.to_str().unwrap(),
         ],
         &bench,
     );
     for g in &groups {
         let rows = g["rows"].as_array().unwrap();
         let methods: Vec<&str> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
-        assert_eq!(methods, ["df", "threshold", "sets-stale", "sets"], "{g}");
-        for r in rows.iter().filter(|r| r["method"] != "df") {
+        assert_eq!(
+            methods,
+            [
+                "df",
+                "threshold",
+                "sets-stale",
+                "sets",
+                "sets-max",
+                "sets-net"
+            ],
+            "{g}"
+        );
+        // Every exact method equals threshold decoding; the lossy one is only reported.
+        for r in rows
+            .iter()
+            .filter(|r| r["method"] != "df" && r["method"] != "sets-max")
+        {
             assert_eq!(r["equal"], r["samples"], "{r}");
         }
     }
+    // Trajectories without hidden states are refused naming the flag.
+    let bare = dir.path().join("bare");
+    std::fs::create_dir_all(bare.join("samples")).unwrap();
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(traj.join("manifest.json")).unwrap())
+            .unwrap();
+    manifest.as_object_mut().unwrap().remove("hidden_states");
+    std::fs::write(bare.join("manifest.json"), manifest.to_string()).unwrap();
+    let out = spot(&[
+        "train-sets",
+        "--trajectories",
+        bare.to_str().unwrap(),
+        "--out",
+        dir.path().join("unused-net.json").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--hidden-states"));
 
     // One-commit trajectories have no threshold; the oracles replay one-commit decoding.
     let plain = dir.path().join("plain");
