@@ -564,28 +564,33 @@ fn generate_defaults_to_the_shipped_model() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("sdar-tiny-code"));
 }
 
+/// 40 tokens of the shipped model after `def is_prime(n):` at temperature `t` with `method`
+/// (and `extra` arguments), as JSON.
+fn prime(t: &str, method: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "generate",
+        "--prompt",
+        "def is_prime(n):",
+        "--max-new-tokens",
+        "40",
+        "--no-early-stop",
+        "--temperature",
+        t,
+        "--method",
+        method,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    json(&spot(&args))
+}
+
 /// `--method spot` loads the shipped drafter next to the shipped model and returns the
 /// draft-free tokens, at T = 0 and T = 1.
 #[test]
 fn spot_method_uses_the_shipped_drafter() {
     for t in ["0", "1"] {
-        let run = |method: &str| {
-            json(&spot(&[
-                "generate",
-                "--prompt",
-                "def is_prime(n):",
-                "--max-new-tokens",
-                "40",
-                "--no-early-stop",
-                "--temperature",
-                t,
-                "--method",
-                method,
-                "--json",
-            ]))
-        };
-        let df = run("df");
-        let sp = run("spot");
+        let df = prime(t, "df", &[]);
+        let sp = prime(t, "spot", &[]);
         assert_eq!(df["tokens"], sp["tokens"], "T={t}");
         assert!(sp["nfe"].as_u64() < df["nfe"].as_u64(), "T={t}");
     }
@@ -611,25 +616,8 @@ fn spot_method_uses_the_shipped_drafter() {
 #[test]
 fn sets_net_uses_the_shipped_set_drafter() {
     for t in ["0", "1"] {
-        let run = |method: &str| {
-            json(&spot(&[
-                "generate",
-                "--prompt",
-                "def is_prime(n):",
-                "--max-new-tokens",
-                "40",
-                "--no-early-stop",
-                "--temperature",
-                t,
-                "--threshold",
-                "0.1",
-                "--method",
-                method,
-                "--json",
-            ]))
-        };
-        let threshold = run("threshold");
-        let net = run("sets-net");
+        let threshold = prime(t, "threshold", &["--threshold", "0.1"]);
+        let net = prime(t, "sets-net", &["--threshold", "0.1"]);
         assert_eq!(threshold["tokens"], net["tokens"], "T={t}");
         assert!(net["nfe"].as_u64() < threshold["nfe"].as_u64(), "T={t}");
     }

@@ -210,6 +210,35 @@ pub enum SetsError {
     },
 }
 
+/// Reads the JSON file `path` through `parse`; errors name the file.
+pub(crate) fn load_json<T>(
+    path: &Path,
+    parse: impl FnOnce(&str) -> Result<T, String>,
+) -> Result<T, SetsError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| SetsError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    parse(&text).map_err(|reason| SetsError::Invalid {
+        path: shown,
+        reason,
+    })
+}
+
+/// Writes `text` (or its serialisation error) to `path`; errors name the file.
+pub(crate) fn save_json(path: &Path, text: Result<String, String>) -> Result<(), SetsError> {
+    let shown = path.display().to_string();
+    let text = text.map_err(|reason| SetsError::Invalid {
+        path: shown.clone(),
+        reason,
+    })?;
+    std::fs::write(path, text).map_err(|source| SetsError::Io {
+        path: shown,
+        source,
+    })
+}
+
 /// The file format tag.
 const FORMAT: &str = "spot-sets";
 /// The file format version.
@@ -267,28 +296,12 @@ impl SetsDrafter {
 
     /// Reads `path`; errors name the file.
     pub fn load(path: &Path) -> Result<Self, SetsError> {
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| SetsError::Io {
-            path: shown.clone(),
-            source,
-        })?;
-        Self::from_json(&text).map_err(|reason| SetsError::Invalid {
-            path: shown,
-            reason,
-        })
+        load_json(path, Self::from_json)
     }
 
     /// Writes `path`.
     pub fn save(&self, path: &Path) -> Result<(), SetsError> {
-        let shown = path.display().to_string();
-        let text = self.to_json().map_err(|reason| SetsError::Invalid {
-            path: shown.clone(),
-            reason,
-        })?;
-        std::fs::write(path, text).map_err(|source| SetsError::Io {
-            path: shown,
-            source,
-        })
+        save_json(path, self.to_json())
     }
 
     /// The table for a decode at `temperature` with threshold `tau`: the nearest `τ`, then

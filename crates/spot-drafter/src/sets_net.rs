@@ -33,7 +33,7 @@ use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
 
 use crate::features::MARGIN_CAP;
 use crate::rng::SplitMix;
-use crate::sets::SetsError;
+use crate::sets::{SetsError, load_json, save_json};
 use crate::sets_tokens::{TokenHead, TokenHeadConfig, TokenInput};
 use crate::trajectory::{StepRecord, StoredPosition, Trajectory};
 
@@ -43,8 +43,20 @@ pub const DEFAULT_SETS_NET: &str = "spot-sets-net.json";
 /// Scalar features per position (after the projected hidden state); see [`write_scalars`].
 pub const N_SCALAR: usize = 27;
 
-/// The network's outputs per position, as logits: lead, join, stale token, hedge.
-pub const N_OUT: usize = 4;
+/// The network's outputs per position, as logits: lead, join, stale token, hedge, and
+/// whether the position leads the step (the target is most confident about it).
+pub const N_OUT: usize = 5;
+
+/// How the network's leader output combines with the order scorer's leader distribution.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LeaderMode {
+    /// The order scorer's weight times the network's odds that the position leads.
+    #[default]
+    Product,
+    /// The order scorer alone.
+    Off,
+}
 
 /// The widest hidden state or layer a file may declare.
 const MAX_WIDTH: usize = 1 << 14;
@@ -346,6 +358,8 @@ pub struct SetsNet {
     /// The token head (`None`: the stale choice and the hedge, weighted by the network's
     /// token and hedge outputs).
     tokens: Option<TokenHead>,
+    /// How its leader output is used.
+    leader: LeaderMode,
     /// The thresholds and temperatures of the trajectories it was trained on.
     trained_on: Vec<(f32, f32)>,
 }
@@ -376,6 +390,7 @@ impl SetsNet {
             cfg,
             params,
             tokens: None,
+            leader: LeaderMode::default(),
             trained_on: Vec::new(),
         }
     }
@@ -403,8 +418,19 @@ impl SetsNet {
             cfg,
             params,
             tokens: None,
+            leader: LeaderMode::default(),
             trained_on: Vec::new(),
         })
+    }
+
+    /// How the leader output is used.
+    pub fn leader_mode(&self) -> LeaderMode {
+        self.leader
+    }
+
+    /// Sets how the leader output is used.
+    pub fn set_leader_mode(&mut self, mode: LeaderMode) {
+        self.leader = mode;
     }
 
     /// The token head, if any.
@@ -481,6 +507,7 @@ impl SetsNet {
             version: SETS_NET_VERSION,
             config: self.cfg.clone(),
             trained_on: self.trained_on.clone(),
+            leader: self.leader,
             token_head: self.tokens.as_ref().map(|h| TokenHeadFile {
                 config: h.cfg.clone(),
                 params: h
@@ -518,6 +545,7 @@ impl SetsNet {
         let params = by_name(file.params, &file.config.params())?;
         let mut net = Self::from_params(file.config, params)?;
         net.trained_on = file.trained_on;
+        net.leader = file.leader;
         if let Some(t) = file.token_head {
             t.config.check(MAX_WIDTH)?;
             let params = by_name(t.params, &t.config.params())?;
@@ -531,28 +559,12 @@ impl SetsNet {
 
     /// Reads `path`; errors name the file.
     pub fn load(path: &Path) -> Result<Self, SetsError> {
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| SetsError::Io {
-            path: shown.clone(),
-            source,
-        })?;
-        Self::from_json(&text).map_err(|reason| SetsError::Invalid {
-            path: shown,
-            reason,
-        })
+        load_json(path, Self::from_json)
     }
 
     /// Writes `path`.
     pub fn save(&self, path: &Path) -> Result<(), SetsError> {
-        let shown = path.display().to_string();
-        let text = self.to_json().map_err(|reason| SetsError::Invalid {
-            path: shown.clone(),
-            reason,
-        })?;
-        std::fs::write(path, text).map_err(|source| SetsError::Io {
-            path: shown,
-            source,
-        })
+        save_json(path, self.to_json())
     }
 }
 
@@ -620,6 +632,8 @@ struct SetsNetFile {
     config: SetsNetConfig,
     #[serde(default)]
     trained_on: Vec<(f32, f32)>,
+    #[serde(default)]
+    leader: LeaderMode,
     params: Vec<(String, Vec<f32>)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     token_head: Option<TokenHeadFile>,
@@ -687,6 +701,10 @@ impl JoinModel for SetsNet {
             out.choices.clear();
             out.choices.resize(state.len(), [mask; 2]);
         }
+        out.leader.clear();
+        if self.leader != LeaderMode::Off {
+            out.leader.resize(state.len(), 0.0);
+        }
         for s in (0..state.len()).filter(|&s| state[s] == mask && s < ctx.stale.len()) {
             let p = StoredPosition::from_stats(ctx.stale, s, ctx.block_start, ctx.noise, mask);
             write_scalars(&view, s, &p, &conf, &mut scalars);
@@ -697,6 +715,10 @@ impl JoinModel for SetsNet {
             out.join[s] = sigmoid(z[1]);
             out.token[s] = sigmoid(z[2]);
             out.hedge[s] = sigmoid(z[3]).min(1.0 - out.token[s]).max(0.0);
+            if let Some(w) = out.leader.get_mut(s) {
+                // The odds that it leads, capped so that one position cannot take all mass.
+                *w = z[4].clamp(-30.0, 30.0).exp();
+            }
             if let Some(head) = &self.tokens {
                 let position = (ctx.block_start + s) as u64;
                 let input = TokenInput::new(

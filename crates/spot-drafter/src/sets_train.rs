@@ -24,7 +24,7 @@ use crate::sets_net::{
 };
 use crate::sets_tokens::TokenInput;
 use crate::sets_tokens::{NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics};
-use crate::train::{Adam, Schedule, heldout_by_prompt, scalar};
+use crate::train::{Adam, Schedule, heldout_by_prompt};
 use crate::trajectory::Trajectory;
 use spot_core::GumbelNoise;
 
@@ -86,9 +86,15 @@ pub struct LabelLoss {
 }
 
 impl LabelLoss {
-    /// The sum over the labels (the training objective).
+    /// The sum over the four set labels (lead, join, stale token, hedge), what the tables
+    /// predict too; the leader label is [`LabelLoss::leader`].
     pub fn total(&self) -> f64 {
-        self.per_label.iter().sum()
+        self.per_label[..4].iter().sum()
+    }
+
+    /// The loss of the leader label (whether the position leads the step).
+    pub fn leader(&self) -> f64 {
+        self.per_label[4]
     }
 }
 
@@ -162,8 +168,9 @@ impl<'a> Rows<'a> {
         self.valid.push(valid);
         if let Some(t) = table {
             let (r, k) = (e.row.min(t.join.len() - 1), bin(&t.edges, e.p.confidence));
+            // The tables do not predict the leader: the uninformative 1/2.
             self.table
-                .push([t.lead[r][k], t.join[r][k], t.token[r][k], t.hedge[r][k]]);
+                .push([t.lead[r][k], t.join[r][k], t.token[r][k], t.hedge[r][k], 0.5]);
         }
     }
 
@@ -182,12 +189,14 @@ fn labels(e: &JoinExample<'_, '_>) -> ([f32; N_OUT], [f32; N_OUT]) {
             b(e.commit.is_some() && e.clears),
             b(written == Some(e.p.token)),
             b(written == Some(e.p.hedge) && written != Some(e.p.token)),
+            b(e.leads),
         ],
         [
             b(e.leads),
             b(!e.leads),
             b(written.is_some()),
             b(written.is_some()),
+            1.0,
         ],
     )
 }
@@ -302,15 +311,9 @@ pub fn train_sets<B: AutodiffBackend>(
             };
             let z = forward(&net_cfg, &params, t2(&x, width));
             let loss = bce(z, t2(&y, N_OUT), t2(&m, N_OUT));
-            let value = scalar(loss.clone());
-            if !value.is_finite() {
-                return Err(format!(
-                    "training loss became {value} at epoch {epoch}, step {step}"
-                ));
-            }
-            let grads = loss.backward();
-            adam.lr = schedule.at((epoch - 1) * steps_per_epoch + step);
-            params = adam.step(params, &grads);
+            let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
+            let value;
+            (value, params) = adam.descend(loss, params, lr, (epoch, step))?;
             sum += value * n as f64;
         }
         let host: Vec<Vec<f32>> = params
@@ -397,17 +400,19 @@ fn token_row<'a>(e: &JoinExample<'a, '_>, k: usize) -> Option<TokenRow<'a>> {
 /// One line of the join network's epoch report.
 pub fn epoch_line(r: &SetsEpoch) -> String {
     let f = |l: &[f64; N_OUT]| {
-        l.iter()
+        l[..4]
+            .iter()
             .map(|v| format!("{v:.4}"))
             .collect::<Vec<_>>()
             .join(" / ")
     };
     format!(
-        "epoch {}: train {:.4}; held-out lead/join/token/hedge {} (sum {:.4}); tables {} (sum {:.4}); {:.1} s",
+        "epoch {}: train {:.4}; held-out lead/join/token/hedge {} (sum {:.4}), leader {:.4}; tables {} (sum {:.4}); {:.1} s",
         r.epoch,
         r.train_loss,
         f(&r.heldout.per_label),
         r.heldout.total(),
+        r.heldout.leader(),
         f(&r.table.per_label),
         r.table.total(),
         r.seconds
@@ -633,15 +638,8 @@ pub fn train_token_head<B: AutodiffBackend>(
             let z = token_logits(&tcfg, &params, &batch, device) + f2(&batch.pad);
             let logp = log_softmax(z, 1);
             let loss = (logp * f2(&batch.onehot)).sum().neg().div_scalar(n as f64);
-            let value = scalar(loss.clone());
-            if !value.is_finite() {
-                return Err(format!(
-                    "token loss became {value} at epoch {epoch}, step {step}"
-                ));
-            }
-            let grads = loss.backward();
-            adam.lr = schedule.at((epoch - 1) * steps_per_epoch + step);
-            params = adam.step(params, &grads);
+            let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
+            (_, params) = adam.descend(loss, params, lr, (epoch, step))?;
         }
         let trained = TokenHead {
             cfg: tcfg.clone(),

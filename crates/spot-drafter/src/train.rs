@@ -393,15 +393,9 @@ pub fn train_from<B: AutodiffBackend>(
                 l,
                 device,
             );
-            let value = scalar(loss.clone());
-            if !value.is_finite() {
-                return Err(format!(
-                    "training loss became {value} at epoch {epoch}, step {step}"
-                ));
-            }
-            let grads = loss.backward();
-            adam.lr = schedule.at((epoch - 1) * steps_per_epoch + step);
-            params = adam.step(params, &grads);
+            let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
+            let value;
+            (value, params) = adam.descend(loss, params, lr, (epoch, step))?;
             sum += value * n as f64;
             observer.step(epoch, step, value);
         }
@@ -537,6 +531,26 @@ impl<B: AutodiffBackend> Adam<B> {
             m: params.iter().map(zeros).collect(),
             v: params.iter().map(zeros).collect(),
         }
+    }
+
+    /// One optimiser step on `loss` at learning rate `lr` (epoch `epoch`, batch `step` name
+    /// a non-finite loss in the error); returns the loss and the updated parameters.
+    pub(crate) fn descend(
+        &mut self,
+        loss: Tensor<B, 1>,
+        params: Vec<Tensor<B, 1>>,
+        lr: f64,
+        (epoch, step): (usize, usize),
+    ) -> Result<(f64, Vec<Tensor<B, 1>>), String> {
+        let value = scalar(loss.clone());
+        if !value.is_finite() {
+            return Err(format!(
+                "training loss became {value} at epoch {epoch}, step {step}"
+            ));
+        }
+        let grads = loss.backward();
+        self.lr = lr;
+        Ok((value, self.step(params, &grads)))
     }
 
     pub(crate) fn step(

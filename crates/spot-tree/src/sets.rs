@@ -119,6 +119,10 @@ pub struct JoinPrediction {
     /// stale choice and the hedge. Read only when the model
     /// [owns its token weights](JoinModel::owns_token_weights).
     pub choices: Vec<[TokenId; 2]>,
+    /// Per block position, optional: a non-negative weight the order scorer's leader
+    /// distribution is multiplied by (empty: the order scorer alone), e.g. the odds that the
+    /// position leads; renormalised over the candidates with the rest.
+    pub leader: Vec<f32>,
 }
 
 /// Predicts the target's next threshold step at a hypothesised state: the interface a set
@@ -559,6 +563,7 @@ impl SetTreeBuilder {
             v.resize(l, 0.0);
         }
         self.pred.choices.clear();
+        self.pred.leader.clear();
         model.predict(ctx, self.out.state(id), steps, tau, &mut self.pred)?;
         self.order_scores.clear();
         self.order_scores.resize(l, 0.0);
@@ -587,7 +592,7 @@ impl SetTreeBuilder {
                     });
                 }
             }
-            let q = self.order_scores[s];
+            let q = self.order_scores[s] * self.pred.leader.get(s).copied().unwrap_or(1.0);
             if !(q.is_finite() && q >= 0.0) {
                 return Err(TreeError::InvalidScore {
                     scorer: order.name().to_string(),
