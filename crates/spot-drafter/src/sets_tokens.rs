@@ -101,6 +101,11 @@ impl TokenInput {
     /// The input at position `s` with stale statistics `p`, `k` candidates, under `noise`
     /// at absolute position `position`; `near(t)` is the token newly committed at block
     /// position `t` (unseen by the stale statistics), if any.
+    ///
+    /// The candidates are the stale top-k ids (and the stale choice itself, with its
+    /// confidence as its probability when the list lacks it) ranked by the target's noised
+    /// score `ln p~(v) + G(v)`: by probability at `T = 0`, and at `T > 0` so that the stale
+    /// noised choice and its runner-up come first.
     pub fn new(
         p: &StoredPosition,
         k: usize,
@@ -109,18 +114,25 @@ impl TokenInput {
         s: usize,
         near: &dyn Fn(usize) -> Option<TokenId>,
     ) -> Self {
-        let mut x = TokenInput::default();
+        let lnp = |pr: f32| if pr > 0.0 { pr.ln().max(-30.0) } else { -30.0 };
+        let g = |id: TokenId| noise.map_or(0.0, |g| g.value(position, id));
+        let mut cands: Vec<(TokenId, f32, f32)> = Vec::with_capacity(p.top_ids.len() + 1);
         for (&id, &pr) in p.top_ids.iter().zip(&p.top_probs) {
-            if x.ids.len() == k {
-                break;
+            if id != mask && !cands.iter().any(|c| c.0 == id) {
+                cands.push((id, lnp(pr), g(id)));
             }
-            if id == mask || x.ids.contains(&id) {
-                continue;
-            }
+        }
+        if p.token != mask && !cands.iter().any(|c| c.0 == p.token) {
+            cands.push((p.token, lnp(p.confidence), g(p.token)));
+        }
+        // Stable: ties keep the probability order.
+        cands.sort_by(|a, b| (b.1 + b.2).total_cmp(&(a.1 + a.2)));
+        cands.truncate(k);
+        let mut x = TokenInput::default();
+        for (id, l, n) in cands {
             x.ids.push(id);
-            x.lnp
-                .push(if pr > 0.0 { pr.ln().max(-30.0) } else { -30.0 });
-            x.noise.push(noise.map_or(0.0, |g| g.value(position, id)));
+            x.lnp.push(l);
+            x.noise.push(n);
         }
         while x.ids.len() < k {
             x.ids.push(mask);

@@ -169,8 +169,13 @@ impl<'a> Rows<'a> {
         if let Some(t) = table {
             let (r, k) = (e.row.min(t.join.len() - 1), bin(&t.edges, e.p.confidence));
             // The tables do not predict the leader: the uninformative 1/2.
-            self.table
-                .push([t.lead[r][k], t.join[r][k], t.token[r][k], t.hedge[r][k], 0.5]);
+            self.table.push([
+                t.lead[r][k],
+                t.join[r][k],
+                t.token[r][k],
+                t.hedge[r][k],
+                0.5,
+            ]);
         }
     }
 
