@@ -210,6 +210,22 @@ pub enum SetsError {
     },
 }
 
+/// Checks a file's `(format, version)` against the expected pair.
+pub(crate) fn check_header(
+    (format, version): (&str, u32),
+    (want, want_version): (&str, u32),
+) -> Result<(), String> {
+    if format != want {
+        return Err(format!("format is {format:?}, expected {want:?}"));
+    }
+    if version != want_version {
+        return Err(format!(
+            "version {version} is not supported (this build reads {want_version})"
+        ));
+    }
+    Ok(())
+}
+
 /// Reads the JSON file `path` through `parse`; errors name the file.
 pub(crate) fn load_json<T>(
     path: &Path,
@@ -274,15 +290,7 @@ impl SetsDrafter {
     /// Parses and checks a file's JSON text.
     pub fn from_json(text: &str) -> Result<Self, String> {
         let file: SetsFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        if file.format != FORMAT {
-            return Err(format!("format is {:?}, expected {FORMAT:?}", file.format));
-        }
-        if file.version != SETS_VERSION {
-            return Err(format!(
-                "version {} is not supported (this build reads {SETS_VERSION})",
-                file.version
-            ));
-        }
+        check_header((&file.format, file.version), (FORMAT, SETS_VERSION))?;
         if file.tables.is_empty() {
             return Err("holds no table".into());
         }

@@ -33,7 +33,7 @@ use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
 
 use crate::features::MARGIN_CAP;
 use crate::rng::SplitMix;
-use crate::sets::{SetsError, load_json, save_json};
+use crate::sets::{SetsError, check_header, load_json, save_json};
 use crate::sets_tokens::{TokenHead, TokenHeadConfig, TokenInput};
 use crate::trajectory::{StepRecord, StoredPosition, Trajectory};
 
@@ -532,15 +532,7 @@ impl SetsNet {
     /// Parses and checks a file's JSON text.
     pub fn from_json(text: &str) -> Result<Self, String> {
         let file: SetsNetFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
-        if file.format != FORMAT {
-            return Err(format!("format is {:?}, expected {FORMAT:?}", file.format));
-        }
-        if file.version != SETS_NET_VERSION {
-            return Err(format!(
-                "version {} is not supported (this build reads {SETS_NET_VERSION})",
-                file.version
-            ));
-        }
+        check_header((&file.format, file.version), (FORMAT, SETS_NET_VERSION))?;
         file.config.check()?;
         let params = by_name(file.params, &file.config.params())?;
         let mut net = Self::from_params(file.config, params)?;
