@@ -11,7 +11,7 @@
 # Environment: SPOT (the spot binary; default: cargo run --release -p spot-cli --), N (prompts
 # per temperature and threshold, default 200), TOKENS (128), TAUS ("0.9 0.1"), STEPS (8),
 # OUT (default: models/sdar-tiny-code/spot-sets.json), NET_OUT (default: spot-sets-net.json
-# next to OUT), EPOCHS (20).
+# next to OUT), EPOCHS (10).
 #
 # Prompts come only from the training side (tools/drafter_prompts.py over ../shared/data, as
 # tools/train_drafter.sh): T = 0 decodes the first N, T = 1 the last N.
@@ -25,7 +25,7 @@ TAUS=${TAUS:-0.9 0.1}
 STEPS=${STEPS:-8}
 OUT=${OUT:-models/sdar-tiny-code/spot-sets.json}
 NET_OUT=${NET_OUT:-$(dirname "$OUT")/spot-sets-net.json}
-EPOCHS=${EPOCHS:-20}
+EPOCHS=${EPOCHS:-10}
 mkdir -p "$WORK"
 
 python3 tools/drafter_prompts.py --data ../shared/data --out "$WORK/train.jsonl"
