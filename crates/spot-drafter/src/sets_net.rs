@@ -607,7 +607,8 @@ fn affine_into(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
     }
 }
 
-fn sigmoid(z: f32) -> f32 {
+/// The logistic function.
+pub(crate) fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + (-z).exp())
 }
 

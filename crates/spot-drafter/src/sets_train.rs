@@ -19,8 +19,8 @@ use crate::analysis::bin;
 use crate::rng::SplitMix;
 use crate::sets::JoinTable;
 use crate::sets_net::{
-    JoinExample, N_OUT, N_SCALAR, NodeView, SetsNet, SetsNetConfig, join_examples, write_inputs,
-    write_scalars,
+    JoinExample, N_OUT, N_SCALAR, NodeView, SetsNet, SetsNetConfig, join_examples, sigmoid,
+    write_inputs, write_scalars,
 };
 use crate::sets_tokens::TokenInput;
 use crate::sets_tokens::{NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics};
@@ -432,10 +432,6 @@ pub fn token_line(epoch: usize, m: &TokenMetrics) -> String {
     )
 }
 
-fn sigmoid(z: f32) -> f32 {
-    1.0 / (1.0 + (-z).exp())
-}
-
 /// Mean binary cross-entropy per label of the probabilities `prob(i)` on `rows`.
 fn host_loss(rows: &Rows<'_>, mut prob: impl FnMut(usize) -> [f32; N_OUT]) -> LabelLoss {
     let mut out = LabelLoss::default();
@@ -570,10 +566,20 @@ struct TokenBatch {
 
 impl TokenBatch {
     fn fill(&mut self, cfg: &TokenHeadConfig, rows: &[&TokenRow<'_>]) {
-        *self = TokenBatch {
-            n: rows.len(),
-            ..TokenBatch::default()
-        };
+        // Cleared, not replaced: every batch reuses the buffers.
+        self.n = rows.len();
+        for v in [
+            &mut self.hidden,
+            &mut self.lnp,
+            &mut self.noise,
+            &mut self.near_on,
+            &mut self.pad,
+            &mut self.onehot,
+        ] {
+            v.clear();
+        }
+        self.ids.clear();
+        self.near.clear();
         let e = cfg.dim;
         for r in rows {
             if r.hidden.len() == cfg.hidden_dim {

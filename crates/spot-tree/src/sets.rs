@@ -579,6 +579,7 @@ impl SetTreeBuilder {
         self.options.clear();
         self.flips.clear();
         self.leaders.clear();
+        let owns = model.owns_token_weights();
         for s in (0..l).filter(|&s| state[s] == mask) {
             let p = &self.pred;
             let (lead, join, t, h) = (p.lead[s], p.join[s], p.token[s], p.hedge[s]);
@@ -601,15 +602,14 @@ impl SetTreeBuilder {
                     value: q,
                 });
             }
-            let mut stale = ctx.stale.token(s);
-            let mut runner_up = ctx.hedge_token(s, mask).map(|(v, _)| v);
-            let owns = model.owns_token_weights();
-            if let Some(&[first, second]) = self.pred.choices.get(s).filter(|_| owns)
-                && first != mask
-            {
-                stale = first;
-                runner_up = Some(second).filter(|&v| v != mask && v != first);
-            }
+            // The drafter's own two tokens when it names them, else the stale choice and the
+            // hedge.
+            let (stale, runner_up) = match self.pred.choices.get(s).filter(|_| owns) {
+                Some(&[first, second]) if first != mask => {
+                    (first, Some(second).filter(|&v| v != mask && v != first))
+                }
+                _ => (ctx.stale.token(s), ctx.hedge_token(s, mask).map(|(v, _)| v)),
+            };
             if stale == mask {
                 continue;
             }
