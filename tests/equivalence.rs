@@ -8,8 +8,8 @@ use common::{case, cases, model};
 use proptest::prelude::*;
 use spot_dlm::tree::JoinPrediction;
 use spot_dlm::{
-    DecodeOutput, DraftFreeDecoder, JoinModel, MatchRule, OracleScorer, RandomScorer, ScoreContext,
-    SetTreeConfig, SpotDecoder, StaleConfidenceScorer, StaleThresholdJoin, TokenId,
+    BlockEnds, DecodeOutput, DraftFreeDecoder, JoinModel, MatchRule, OracleScorer, RandomScorer,
+    ScoreContext, SetTreeConfig, SpotDecoder, StaleConfidenceScorer, StaleThresholdJoin, TokenId,
     TokenOracleScorer, Transition, TreeConfig, TreeError,
 };
 
@@ -113,22 +113,30 @@ fn tree_config() -> impl Strategy<Value = TreeConfig> {
         })
 }
 
+/// Look-ahead completions of 0 to 8 positions, draft refresh on or off.
+fn block_ends() -> impl Strategy<Value = BlockEnds> {
+    (0usize..=8, any::<bool>()).prop_map(|(fill, refresh)| BlockEnds { fill, refresh })
+}
+
 fn spot_decoder(scorer: &Scorer, tree: TreeConfig, reference: &DecodeOutput) -> SpotDecoder {
-    spot_decoder_with(scorer, tree, reference, false)
+    spot_decoder_with(scorer, tree, reference, false, BlockEnds::default())
 }
 
 /// [`spot_decoder`], with the adaptive mass floor when `adaptive` (its floor follows measured
-/// forward times, so the trees vary from run to run; the output may not).
+/// forward times, so the trees vary from run to run; the output may not) and the block-end
+/// designs `ends`.
 fn spot_decoder_with(
     scorer: &Scorer,
     tree: TreeConfig,
     reference: &DecodeOutput,
     adaptive: bool,
+    ends: BlockEnds,
 ) -> SpotDecoder {
     let b = SpotDecoder::builder()
         .tree_config(tree)
         .record_trace(true)
-        .adaptive_gamma(adaptive);
+        .adaptive_gamma(adaptive)
+        .block_ends(ends);
     let b = match scorer {
         Scorer::Stale => b.scorer(StaleConfidenceScorer),
         Scorer::Chain => b.chain(),
@@ -192,10 +200,10 @@ proptest! {
     #[test]
     fn speculative_equals_draft_free_any_transition((toy, prompt, cfg) in case(common::transition()),
                                                     scorer in scorer(), tree in tree_config(),
-                                                    adaptive in any::<bool>()) {
+                                                    adaptive in any::<bool>(), ends in block_ends()) {
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
-        let fast = spot_decoder_with(&scorer, tree, &reference, adaptive)
+        let fast = spot_decoder_with(&scorer, tree, &reference, adaptive, ends)
             .decode(&mut m, &prompt, &cfg).unwrap();
         check_invariants(&reference, &fast)?;
     }
@@ -206,12 +214,13 @@ proptest! {
     #[test]
     fn set_trees_equal_draft_free_threshold((toy, prompt, cfg) in case(set_transition()),
                                             drafter in 0..3u8, seed in any::<u64>(),
-                                            sets in set_config(), adaptive in any::<bool>()) {
+                                            sets in set_config(), adaptive in any::<bool>(),
+                                            ends in block_ends()) {
         use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
         use spot_drafter::sets_tokens::{TokenHead, TokenHeadConfig};
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
-        let b = SpotDecoder::builder().record_trace(true).adaptive_gamma(adaptive);
+        let b = SpotDecoder::builder().record_trace(true).adaptive_gamma(adaptive).block_ends(ends);
         let b = match drafter {
             0 => b.sets(StaleThresholdJoin, StaleConfidenceScorer, sets),
             1 => b.sets(RandomJoin(seed), RandomScorer { seed }, sets),
@@ -245,7 +254,9 @@ proptest! {
                                    tree in tree_config()) {
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
-        let fast = spot_decoder(&Scorer::Oracle { with_tokens: true }, tree, &reference)
+        // Look-ahead from complete nodes only: the oracle's are the true block ends.
+        let ends = BlockEnds { fill: 0, refresh: true };
+        let fast = spot_decoder_with(&Scorer::Oracle { with_tokens: true }, tree, &reference, false, ends)
             .decode(&mut m, &prompt, &cfg).unwrap();
         check_invariants(&reference, &fast)?;
         let k = tree.budget.min(tree.max_depth);
@@ -358,5 +369,49 @@ fn lookahead_serves_the_next_blocks_first_forward() {
     assert_eq!(
         fast.stats.block_forwards + fast.stats.prefetched_forwards,
         2 * fast.stats.blocks
+    );
+}
+
+/// Draft refresh: a block whose first forward the look-ahead did not serve drafts it from the
+/// look-ahead's statistics (a round), where it would otherwise take a plain step; guessed
+/// completions (`fill`) make such misses common. The output stays the draft-free one.
+#[test]
+fn refresh_drafts_a_blocks_first_forward() {
+    use spot_dlm::toy::{ToyConfig, ToyModel};
+    use spot_dlm::{BlockDiffusionModel, DecodeConfig};
+    let mut m = ToyModel::new(ToyConfig::default());
+    let cfg = DecodeConfig {
+        block_size: 8,
+        max_new_tokens: 64,
+        early_stop: false,
+        stop_ids: m.info().stop_ids.clone(),
+        ..DecodeConfig::default()
+    };
+    let mut refreshed = [0u64; 2];
+    for p in 0..6u32 {
+        let prompt = [3, 1, 4 + p, 1, 5];
+        let reference = DraftFreeDecoder::new()
+            .decode(&mut m, &prompt, &cfg)
+            .unwrap();
+        for (i, refresh) in [false, true].into_iter().enumerate() {
+            let mut d = SpotDecoder::builder()
+                .budget(6)
+                .block_ends(BlockEnds { fill: 8, refresh })
+                .build()
+                .unwrap();
+            let out = d.decode(&mut m, &prompt, &cfg).unwrap();
+            assert_eq!(out.tokens, reference.tokens);
+            let s = &out.stats;
+            // Plain forwards: the blocks' first forwards that were neither served nor (with
+            // refresh) drafted from a refresh.
+            let used = if refresh { s.refreshed_blocks } else { 0 };
+            let plain = s.blocks - s.prefetched_forwards - used;
+            assert_eq!(s.block_forwards, d.report().rounds + plain, "{s:?}");
+            refreshed[i] += s.refreshed_blocks;
+        }
+    }
+    assert!(
+        refreshed.iter().all(|&r| r > 0),
+        "no look-ahead missed: {refreshed:?}"
     );
 }

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, Transition};
 
 use crate::bench_report::{Cell, Key, Skipped, write_outputs};
-use crate::methods::{self, DraftFiles, Drafters, Method, Settings};
+use crate::methods::{self, BlockEndArgs, DraftFiles, Drafters, Method, Settings};
 use crate::{load, model_dir, prompts};
 
 /// Stopping protocols.
@@ -118,6 +118,8 @@ pub struct BenchArgs {
     /// Mass floor of `spot-gamma`.
     #[arg(long, default_value_t = 0.02)]
     spot_gamma: f32,
+    #[command(flatten)]
+    block_ends: BlockEndArgs,
     /// Output folder: bench.md, bench.json, bench.svg and samples.jsonl (one line per decode).
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -356,6 +358,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                                 budget,
                                 gamma: 0.0,
                                 spot_gamma: a.spot_gamma,
+                                block_ends: a.block_ends.into(),
                             };
                             let r = methods::run(
                                 m,

@@ -38,6 +38,7 @@ pub struct Cell {
     equal: u64,
     nfe: u64,
     prefetched: u64,
+    refreshed: u64,
     positions: u64,
     committed: u64,
     generated: u64,
@@ -61,6 +62,7 @@ impl Cell {
         self.equal += u64::from(equal);
         self.nfe += s.nfe;
         self.prefetched += s.prefetched_forwards;
+        self.refreshed += s.refreshed_blocks;
         self.positions += s.positions_processed;
         self.committed += s.committed;
         self.generated += out.generated.len() as u64;
@@ -71,6 +73,7 @@ impl Cell {
             "positions_processed": s.positions_processed, "committed": s.committed,
             "generated": out.generated.len(), "stopped": out.stopped, "wall_s": wall,
             "prefetched_forwards": s.prefetched_forwards,
+            "refreshed_blocks": s.refreshed_blocks,
         });
         if let (Some(r), Some(obj)) = (report, row.as_object_mut()) {
             self.report.merge(r);
@@ -101,6 +104,7 @@ impl Cell {
             "samples": self.n, "equal": self.equal,
             "mean_nfe": nfe,
             "mean_prefetched_forwards": self.mean(self.prefetched as f64),
+            "mean_refreshed_blocks": self.mean(self.refreshed as f64),
             "nfe_reduction": df_nfe.map(|d| d / nfe.max(f64::MIN_POSITIVE)),
             "mean_positions_processed": self.mean(self.positions as f64),
             "commits_per_forward": self.committed as f64 / self.nfe.max(1) as f64,

@@ -12,7 +12,7 @@ use spot_dlm::{
 };
 use spot_models::{DiffusionModel, Family, StopStrings};
 
-use crate::methods::{self, DraftFiles, Drafters, Method, Settings};
+use crate::methods::{self, BlockEndArgs, DraftFiles, Drafters, Method, Settings};
 use crate::{Backend, load, model_dir, prompts};
 
 /// Arguments of `spot generate`.
@@ -130,6 +130,8 @@ pub struct GenerateArgs {
     /// Mass floor γ of `--method spot-gamma`.
     #[arg(long, default_value_t = 0.02, allow_negative_numbers = true)]
     spot_gamma: f32,
+    #[command(flatten)]
+    block_ends: BlockEndArgs,
     /// Decode all blocks even after a stop id (fixed-length protocol).
     #[arg(long)]
     pub(crate) no_early_stop: bool,
@@ -447,6 +449,7 @@ fn settings(a: &GenerateArgs) -> Settings {
         budget: a.budget,
         gamma: a.gamma,
         spot_gamma: a.spot_gamma,
+        block_ends: a.block_ends.into(),
     }
 }
 

@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use spot_dlm::{
-    BlockDiffusionModel, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace, DraftFreeDecoder,
-    MatchRule, OracleScorer, Request, SetTreeConfig, SpotDecoder, SpotReport,
+    BlockDiffusionModel, BlockEnds, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace,
+    DraftFreeDecoder, MatchRule, OracleScorer, Request, SetTreeConfig, SpotDecoder, SpotReport,
     StaleConfidenceScorer, StaleThresholdJoin, Strategy, TokenOracleScorer, run_request,
 };
 use spot_drafter::sets_net::SetsNet;
@@ -146,6 +146,31 @@ pub struct Settings {
     pub gamma: f32,
     /// Mass floor of `spot-gamma`.
     pub spot_gamma: f32,
+    /// Block-end designs of every speculative method.
+    pub block_ends: BlockEnds,
+}
+
+/// The block-end options of `spot bench` and `spot generate`.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct BlockEndArgs {
+    /// Cross-block drafting: when no tree node completes the block, name the least-masked
+    /// node completed with the stale choices as the look-ahead if it leaves at most this many
+    /// positions masked (0: look ahead only from complete nodes).
+    #[arg(long, default_value_t = BlockEnds::default().fill)]
+    pub lookahead_fill: usize,
+    /// Draft refresh off: take a plain step at a block's first forward even when a
+    /// look-ahead scored it under another end of the block before.
+    #[arg(long)]
+    pub no_refresh: bool,
+}
+
+impl From<BlockEndArgs> for BlockEnds {
+    fn from(a: BlockEndArgs) -> Self {
+        BlockEnds {
+            fill: a.lookahead_fill,
+            refresh: !a.no_refresh,
+        }
+    }
 }
 
 /// Where the drafter files of a model folder are: `--drafter` / `--spiffy` when given, else
@@ -355,7 +380,8 @@ pub fn strategy(
 ) -> Result<Strategy> {
     let b = SpotDecoder::builder()
         .budget(settings.budget)
-        .gamma(settings.gamma);
+        .gamma(settings.gamma)
+        .block_ends(settings.block_ends);
     let sets_cfg = |gamma| SetTreeConfig {
         budget: settings.budget,
         gamma,

@@ -202,6 +202,15 @@ pub trait StepStrategy {
     fn lookahead(&self) -> Option<&BlockState> {
         None
     }
+
+    /// Before the first [`StepStrategy::propose`] of a block: statistics of the block's first
+    /// state that a look-ahead scored under another end of the block before (or that the
+    /// request could not serve as the block's first forward). They are close to the true
+    /// ones, so a speculative strategy may draft the block's first forward from them (the
+    /// verifier still decides every commit). Ignored by default.
+    fn refresh(&mut self, stats: BlockStats) {
+        let _ = stats;
+    }
 }
 
 impl<S: StepStrategy + ?Sized> StepStrategy for &mut S {
@@ -221,6 +230,9 @@ impl<S: StepStrategy + ?Sized> StepStrategy for &mut S {
     }
     fn lookahead(&self) -> Option<&BlockState> {
         (**self).lookahead()
+    }
+    fn refresh(&mut self, stats: BlockStats) {
+        (**self).refresh(stats)
     }
 }
 
@@ -633,27 +645,33 @@ impl<S: StepStrategy> Request<S> {
         if self.block.as_ref().is_some_and(|b| b.state.is_complete()) {
             return self.close_block();
         }
-        self.propose()?;
         // The block's first forward was scored by the previous forward's look-ahead, when the
         // block before ended as it assumed and the strategy proposes that state alone. Not
         // when that step would end this block too: its append would then wait behind the
-        // previous block's, and a forward carries one.
-        let served = self.prefetched.take().filter(|(end, stats)| {
-            let Some(b) = self.block.as_ref() else {
-                return false;
-            };
+        // previous block's, and a forward carries one. Otherwise the look-ahead's statistics
+        // go to the strategy as a refresh.
+        let Some((end, stats)) = self.prefetched.take() else {
+            return self.propose();
+        };
+        let serves = self.block.as_ref().is_some_and(|b| {
             let mut commits = Vec::new();
             let ends = b
                 .transition
-                .commits(b.steps(), &b.state, stats, &mut commits);
+                .commits(b.steps(), &b.state, &stats, &mut commits);
             end.tokens() == self.finished.as_slice()
-                && self.states.len() == 1
-                && self.states[0] == b.state
                 && ends.is_ok_and(|()| commits.len() < b.state.masked_count())
         });
-        match served {
-            Some((_, stats)) => self.absorb(vec![stats], 0, false),
-            None => Ok(()),
+        if !serves {
+            self.stats.refreshed_blocks += 1;
+            self.strategy.refresh(stats);
+            return self.propose();
+        }
+        self.propose()?;
+        match self.block.as_ref() {
+            Some(b) if self.states.len() == 1 && self.states[0] == b.state => {
+                self.absorb(vec![stats], 0, false)
+            }
+            _ => Ok(()),
         }
     }
 

@@ -90,6 +90,32 @@ pub struct SpotDecoderBuilder {
     rule: MatchRule,
     record_trace: bool,
     adaptive_gamma: bool,
+    block_ends: BlockEnds,
+}
+
+/// What a [`SpotDecoder`] does at the end of a block (SPOT-Sets' block-end designs; both on
+/// by default, neither changes the output).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockEnds {
+    /// **Cross-block drafting.** A round whose tree holds complete states of the block names
+    /// the likeliest one as a look-ahead ([`StepStrategy::lookahead`]); the forward also
+    /// scores the next block's first state behind it. When no node is complete but one
+    /// leaves at most this many positions masked, the least-masked node (the heaviest of
+    /// them) completed with the stale choices is named instead. `0`: only complete nodes.
+    pub fill: usize,
+    /// **Draft refresh.** When the block ended otherwise than the look-ahead assumed, draft
+    /// the next block's first forward from the look-ahead's statistics
+    /// ([`StepStrategy::refresh`]) instead of taking a plain step there.
+    pub refresh: bool,
+}
+
+impl Default for BlockEnds {
+    fn default() -> Self {
+        BlockEnds {
+            fill: 8,
+            refresh: true,
+        }
+    }
 }
 
 impl std::fmt::Debug for SpotDecoderBuilder {
@@ -192,6 +218,13 @@ impl SpotDecoderBuilder {
         self
     }
 
+    /// The block-end designs ([`BlockEnds::default`]: look-ahead completions of up to 8
+    /// positions, draft refresh on).
+    pub fn block_ends(mut self, ends: BlockEnds) -> Self {
+        self.block_ends = ends;
+        self
+    }
+
     /// Also return the commit history in [`DecodeOutput::trace`].
     pub fn record_trace(mut self, record: bool) -> Self {
         self.record_trace = record;
@@ -219,6 +252,8 @@ impl SpotDecoderBuilder {
             sent: None,
             report: SpotReport::default(),
             stale: None,
+            refreshed: false,
+            block_ends: self.block_ends,
             drafted: None,
         })
     }
@@ -240,6 +275,10 @@ pub struct SpotDecoder {
     report: SpotReport,
     /// The statistics of the last verified state of the current block.
     stale: Option<BlockStats>,
+    /// `stale` holds a refresh for the block's first state ([`StepStrategy::refresh`]).
+    refreshed: bool,
+    /// The block-end designs.
+    block_ends: BlockEnds,
     /// How long drafting the pending forward's tree took (`None`: the pending forward is a
     /// plain step).
     drafted: Option<std::time::Duration>,
@@ -272,6 +311,7 @@ impl SpotDecoder {
             rule: MatchRule::Coupled,
             record_trace: false,
             adaptive_gamma: false,
+            block_ends: BlockEnds::default(),
         }
     }
 
@@ -329,6 +369,7 @@ impl SpotDecoder {
         self.round = 0;
         self.report = SpotReport::default();
         self.stale = None;
+        self.refreshed = false;
         self.drafted = None;
     }
 }
@@ -337,10 +378,12 @@ impl StepStrategy for SpotDecoder {
     type Error = Error;
 
     fn propose(&mut self, block: &BlockRun, states: &mut Vec<BlockState>) -> Result<(), Error> {
-        // The first forward of a block has no stale distribution: a plain step.
+        // The first forward of a block has no stale distribution (unless refreshed): a plain
+        // step.
         self.lookahead = None;
+        let refreshed = std::mem::take(&mut self.refreshed);
         let stale = match &self.stale {
-            Some(s) if block.forwards() > 0 => s,
+            Some(s) if block.forwards() > 0 || refreshed => s,
             _ => {
                 self.drafted = None;
                 states.push(block.state().clone());
@@ -376,11 +419,7 @@ impl StepStrategy for SpotDecoder {
             _ => self.builder.build_chain(&ctx)?,
         };
         self.verifier.batch(tree, states);
-        // Cross-block look-ahead: the likeliest complete node, if the tree reaches the end.
-        self.lookahead = (1..tree.len())
-            .filter(|&i| tree.is_complete(i))
-            .max_by(|&a, &b| tree.mass(a).total_cmp(&tree.mass(b)).then(b.cmp(&a)))
-            .map(|i| tree.block_state(i));
+        self.lookahead = block_end(tree, stale, self.block_ends.fill);
         self.drafted = Some(t0.elapsed());
         self.sent = Some(Instant::now());
         Ok(())
@@ -388,6 +427,13 @@ impl StepStrategy for SpotDecoder {
 
     fn lookahead(&self) -> Option<&BlockState> {
         self.lookahead.as_ref()
+    }
+
+    fn refresh(&mut self, stats: BlockStats) {
+        if self.block_ends.refresh {
+            self.stale = Some(stats);
+            self.refreshed = true;
+        }
     }
 
     fn round_query(&self, base: &StatsQuery) -> StatsQuery {
@@ -436,6 +482,33 @@ impl StepStrategy for SpotDecoder {
         self.stale = outcome.stale;
         Ok(())
     }
+}
+
+/// The block end a round names for its look-ahead: the likeliest complete node of `tree`;
+/// else, when some node leaves at most `fill` positions masked, the least-masked one (the
+/// heaviest of them) with those positions holding the stale choices.
+fn block_end(tree: &DraftTree, stale: &BlockStats, fill: usize) -> Option<BlockState> {
+    let complete = (1..tree.len())
+        .filter(|&i| tree.is_complete(i))
+        .max_by(|&a, &b| tree.mass(a).total_cmp(&tree.mass(b)).then(b.cmp(&a)));
+    if let Some(i) = complete {
+        return Some(tree.block_state(i));
+    }
+    let i = (0..tree.len())
+        .filter(|&i| tree.masked_count(i) <= fill)
+        .min_by(|&a, &b| {
+            (tree.masked_count(a).cmp(&tree.masked_count(b)))
+                .then(tree.mass(b).total_cmp(&tree.mass(a)))
+                .then(a.cmp(&b))
+        })?;
+    let mask = tree.mask_id();
+    let tokens = tree
+        .state(i)
+        .iter()
+        .enumerate()
+        .map(|(s, &t)| if t == mask { stale.token(s) } else { t })
+        .collect();
+    Some(BlockState::from_tokens(tokens, mask))
 }
 
 /// Either decoder as one [`StepStrategy`] type, so that one [`BatchDriver`] can run
@@ -520,6 +593,13 @@ impl StepStrategy for Strategy {
         match self {
             Strategy::DraftFree(d) => d.lookahead(),
             Strategy::Spot(d) => d.lookahead(),
+        }
+    }
+
+    fn refresh(&mut self, stats: BlockStats) {
+        match self {
+            Strategy::DraftFree(d) => d.refresh(stats),
+            Strategy::Spot(d) => d.refresh(stats),
         }
     }
 }
