@@ -48,6 +48,32 @@ pub trait AutoregressiveModel {
     /// next-token distribution after it: entry `i` predicts absolute position
     /// `cached_len_before + i + 1`, its chosen token uses the noise of that position.
     fn extend(&mut self, tokens: &[TokenId], query: &StatsQuery) -> Result<BlockStats>;
+
+    /// Appends `shared` (kept in the cache, as [`extend`](Self::extend)) and scores every
+    /// branch after it without keeping it: returns the statistics of `shared` and, per branch,
+    /// those of its tokens (entry `i` predicts the position after the branch's token `i`).
+    /// Each branch's statistics must be bit-identical to appending it alone. The default runs
+    /// one [`extend`](Self::extend) per branch and rolls each back; a batched model scores
+    /// them all in one forward.
+    fn extend_branches(
+        &mut self,
+        shared: &[TokenId],
+        branches: &[Vec<TokenId>],
+        query: &StatsQuery,
+    ) -> Result<(BlockStats, Vec<BlockStats>)> {
+        let stats = self.extend(shared, query)?;
+        let base = self.cached_len();
+        let mut out = Vec::with_capacity(branches.len());
+        for b in branches {
+            if b.is_empty() {
+                out.push(BlockStats::new(query.top_k));
+                continue;
+            }
+            out.push(self.extend(b, query)?);
+            self.truncate(base)?;
+        }
+        Ok((stats, out))
+    }
 }
 
 /// Settings of [`decode_autoregressive`].
@@ -95,6 +121,41 @@ pub fn decode_autoregressive(
     cfg: &ArConfig,
 ) -> Result<ArOutput> {
     let info = model.ar_info().clone();
+    check_inputs(&info, prompt, cfg)?;
+    let query = StatsQuery {
+        top_k: 1,
+        ..StatsQuery::new(cfg.temperature, cfg.seed)
+    };
+    query.validate()?;
+    let stops = if cfg.stop_ids.is_empty() {
+        &info.stop_ids
+    } else {
+        &cfg.stop_ids
+    };
+    model.truncate(0)?;
+    let mut stats = model.extend(prompt, &query)?;
+    let mut forwards = 1;
+    let mut tokens = Vec::with_capacity(cfg.max_new_tokens);
+    loop {
+        check_stats(&stats, stats.len().max(1), info.vocab_size)?;
+        let next = stats.token(stats.len() - 1);
+        tokens.push(next);
+        let stopped = cfg.early_stop && stops.contains(&next);
+        if stopped || tokens.len() == cfg.max_new_tokens {
+            return Ok(ArOutput {
+                tokens,
+                stopped,
+                forwards,
+            });
+        }
+        stats = model.extend(&[next], &query)?;
+        forwards += 1;
+    }
+}
+
+/// Checks a decode's inputs against the model: a non-empty prompt inside the vocabulary,
+/// `max_new_tokens` at least 1, and prompt plus generation within the context limit.
+pub fn check_inputs(info: &ArInfo, prompt: &[TokenId], cfg: &ArConfig) -> Result<()> {
     if prompt.is_empty() {
         return Err(Error::EmptyPrompt);
     }
@@ -122,38 +183,12 @@ pub fn decode_autoregressive(
             max_positions: info.max_positions,
         });
     }
-    let query = StatsQuery {
-        top_k: 1,
-        ..StatsQuery::new(cfg.temperature, cfg.seed)
-    };
-    query.validate()?;
-    let stops = if cfg.stop_ids.is_empty() {
-        &info.stop_ids
-    } else {
-        &cfg.stop_ids
-    };
-    model.truncate(0)?;
-    let mut stats = model.extend(prompt, &query)?;
-    let mut forwards = 1;
-    let mut tokens = Vec::with_capacity(cfg.max_new_tokens);
-    loop {
-        check(&stats, stats.len().max(1), info.vocab_size)?;
-        let next = stats.token(stats.len() - 1);
-        tokens.push(next);
-        let stopped = cfg.early_stop && stops.contains(&next);
-        if stopped || tokens.len() == cfg.max_new_tokens {
-            return Ok(ArOutput {
-                tokens,
-                stopped,
-                forwards,
-            });
-        }
-        stats = model.extend(&[next], &query)?;
-        forwards += 1;
-    }
+    StatsQuery::new(cfg.temperature, cfg.seed).validate()
 }
 
-fn check(stats: &BlockStats, expected: usize, vocab: usize) -> Result<()> {
+/// Checks statistics an autoregressive model returned: at least `expected` entries (at
+/// least one), every id inside `vocab`, finite probabilities.
+pub fn check_stats(stats: &BlockStats, expected: usize, vocab: usize) -> Result<()> {
     if stats.is_empty() {
         return Err(Error::ShapeMismatch {
             what: "statistics per appended token",

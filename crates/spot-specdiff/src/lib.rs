@@ -1,0 +1,42 @@
+//! SpecDiff-2 for the SPOT workspace: a masked-diffusion drafter proposes `K` drafts of `γ`
+//! tokens in one denoising step, an autoregressive target scores all of them in one forward,
+//! and the round commits the accepted tokens of one branch plus the target's own next token.
+//!
+//! **Lossless in the strong sense.** Verification is coupled to the target's noise: a
+//! drafted token is accepted iff it equals the target's choice
+//! `argmax_v(logit_v / T + G[p, v])` at its absolute position `p`
+//! ([`spot_core::GumbelNoise`]), so the output is token-identical to
+//! [`spot_core::decode_autoregressive`] with the same seed at every temperature, whatever the
+//! drafter proposes; only the number of target forwards changes.
+//!
+//! - [`drafter`]: the [`DiffusionDrafter`] trait, its per-position [`Marginals`] and the
+//!   `K` drafts sampled from them at the drafter's temperature;
+//! - [`select`]: accepted streaks and the branch a round commits ([`Selection`]:
+//!   SpecDiff-2's self-selection by expected streak, or the longest accepted streak);
+//! - [`SpecDiffDecoder`]: the decode loop;
+//! - [`toy`]: a toy target and drafter for tests and examples.
+//!
+//! ```
+//! use spot_core::{decode_autoregressive, ArConfig};
+//! use spot_specdiff::toy::{ToyCausalModel, ToyDrafter};
+//! use spot_specdiff::{Selection, SpecDiffConfig, SpecDiffDecoder};
+//!
+//! let mut target = ToyCausalModel::new(64, 1);
+//! let mut drafter = ToyDrafter::new(target.clone(), 0.1, 2);
+//! let cfg = ArConfig { max_new_tokens: 64, ..ArConfig::default() };
+//! let sd = SpecDiffConfig { k: 4, gamma: 8, selection: Selection::ExpectedStreak,
+//!     ..SpecDiffConfig::default() };
+//! let out = SpecDiffDecoder::new(sd)?.decode(&mut target, &mut drafter, &[5, 6], &cfg)?;
+//! assert_eq!(out.tokens, decode_autoregressive(&mut target, &[5, 6], &cfg)?.tokens);
+//! println!("{:.2} tokens per target forward", out.report.tokens_per_round());
+//! # Ok::<(), spot_core::Error>(())
+//! ```
+
+pub mod decoder;
+pub mod drafter;
+pub mod select;
+pub mod toy;
+
+pub use decoder::{SpecDiffConfig, SpecDiffDecoder, SpecDiffOutput, SpecDiffReport};
+pub use drafter::{DiffusionDrafter, Marginals, sample_drafts};
+pub use select::{Scored, Selection};

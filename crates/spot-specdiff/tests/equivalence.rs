@@ -1,0 +1,198 @@
+//! SpecDiff-2 is token-identical to plain autoregressive decoding, whatever the drafts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use proptest::prelude::*;
+use spot_core::{ArConfig, Error, Result, TokenId, decode_autoregressive};
+use spot_specdiff::toy::{ToyCausalModel, ToyDrafter};
+use spot_specdiff::{DiffusionDrafter, Marginals, Selection, SpecDiffConfig, SpecDiffDecoder};
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(96)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn specdiff_equals_autoregressive(
+        vocab in 6usize..48, model_seed in any::<u64>(), error in 0.0f32..=1.0,
+        k in 1usize..=8, gamma in 1usize..=24,
+        drafter_t in prop_oneof![Just(0.0f32), Just(0.5), Just(1.5), Just(3.0)],
+        greedy_first in any::<bool>(), expected in any::<bool>(),
+        temperature in prop_oneof![Just(0.0f32), Just(0.7), Just(1.0), Just(2.0)],
+        seed in any::<u64>(), draft_seed in any::<u64>(),
+        prompt in prop::collection::vec(0u32..6, 1..10),
+        max_new in 1usize..80, stop in prop::option::of(0u32..6), early_stop in any::<bool>(),
+    ) {
+        let mut target = ToyCausalModel::new(vocab, model_seed)
+            .with_stop_ids(stop.into_iter().collect());
+        let mut drafter = ToyDrafter::new(target.clone(), error, model_seed ^ 1);
+        let cfg = ArConfig { max_new_tokens: max_new, temperature, seed, early_stop, ..ArConfig::default() };
+        let plain = decode_autoregressive(&mut target, &prompt, &cfg).unwrap();
+        let sd = SpecDiffConfig {
+            k, gamma, drafter_temperature: drafter_t, greedy_first, draft_seed,
+            selection: if expected { Selection::ExpectedStreak } else { Selection::LongestAccepted },
+            ..SpecDiffConfig::default()
+        };
+        let fast = SpecDiffDecoder::new(sd).unwrap().decode(&mut target, &mut drafter, &prompt, &cfg).unwrap();
+        prop_assert_eq!(&fast.tokens, &plain.tokens);
+        prop_assert_eq!(fast.stopped, plain.stopped);
+        prop_assert!(fast.forwards <= plain.forwards);
+        prop_assert_eq!(fast.forwards, fast.report.rounds);
+        let committed: u64 = fast.report.accepted.iter().enumerate().map(|(n, &c)| (n as u64 + 1) * c).sum();
+        // The last round may cut its tokens at a stop id or the length limit.
+        prop_assert!(committed >= fast.tokens.len() as u64);
+    }
+}
+
+/// A good drafter cuts the forwards: with the target's own argmax (error 0) at T = 0 every
+/// drafted token is accepted.
+#[test]
+fn an_exact_drafter_commits_gamma_plus_one_per_round() {
+    let mut target = ToyCausalModel::new(32, 9);
+    let mut drafter = ToyDrafter::new(target.clone(), 0.0, 1);
+    let cfg = ArConfig {
+        max_new_tokens: 64,
+        ..ArConfig::default()
+    };
+    let sd = SpecDiffConfig {
+        k: 1,
+        gamma: 7,
+        drafter_temperature: 0.0,
+        ..SpecDiffConfig::default()
+    };
+    let out = SpecDiffDecoder::new(sd)
+        .unwrap()
+        .decode(&mut target, &mut drafter, &[1, 2], &cfg)
+        .unwrap();
+    assert_eq!(
+        out.tokens,
+        decode_autoregressive(&mut target, &[1, 2], &cfg)
+            .unwrap()
+            .tokens
+    );
+    assert_eq!(out.forwards, 8, "{:?}", out.report);
+    assert_eq!(out.report.accepted[7], 8);
+}
+
+/// More drafts accept more at T = 1: K = 8 needs fewer rounds than K = 1 on the same inputs.
+#[test]
+fn more_branches_accept_more() {
+    let mut target = ToyCausalModel::new(24, 4);
+    let mut drafter = ToyDrafter::new(target.clone(), 0.3, 2);
+    let cfg = ArConfig {
+        max_new_tokens: 200,
+        temperature: 1.0,
+        seed: 5,
+        ..ArConfig::default()
+    };
+    let mut rounds = Vec::new();
+    for k in [1, 8] {
+        let sd = SpecDiffConfig {
+            k,
+            gamma: 8,
+            ..SpecDiffConfig::default()
+        };
+        rounds.push(
+            SpecDiffDecoder::new(sd)
+                .unwrap()
+                .decode(&mut target, &mut drafter, &[3], &cfg)
+                .unwrap()
+                .forwards,
+        );
+    }
+    assert!(rounds[1] < rounds[0], "{rounds:?}");
+}
+
+struct Broken(usize, usize);
+
+impl DiffusionDrafter for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+    fn vocab_size(&self) -> usize {
+        self.0
+    }
+    fn propose(&mut self, _c: &[TokenId], gamma: usize, out: &mut Marginals) -> Result<()> {
+        *out = Marginals::new(1);
+        for _ in 0..gamma.min(self.1) {
+            out.push(&[100], &[1.0])?;
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn bad_drafters_and_settings_are_typed_errors() {
+    let mut target = ToyCausalModel::new(32, 1);
+    let cfg = ArConfig {
+        max_new_tokens: 16,
+        ..ArConfig::default()
+    };
+    let mut d = SpecDiffDecoder::new(SpecDiffConfig::default()).unwrap();
+    let e = d
+        .decode(&mut target, &mut Broken(31, 99), &[1], &cfg)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::ShapeMismatch { what, .. } if what.contains("vocabulary")),
+        "{e}"
+    );
+    let e = d
+        .decode(&mut target, &mut Broken(32, 2), &[1], &cfg)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                what: "drafted positions",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = d
+        .decode(&mut target, &mut Broken(32, 99), &[1], &cfg)
+        .unwrap_err();
+    assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+    for (bad, field) in [
+        (
+            SpecDiffConfig {
+                k: 0,
+                ..SpecDiffConfig::default()
+            },
+            "k",
+        ),
+        (
+            SpecDiffConfig {
+                gamma: 0,
+                ..SpecDiffConfig::default()
+            },
+            "gamma",
+        ),
+        (
+            SpecDiffConfig {
+                drafter_temperature: f32::NAN,
+                ..SpecDiffConfig::default()
+            },
+            "drafter_temperature",
+        ),
+        (
+            SpecDiffConfig {
+                target_top_k: 0,
+                ..SpecDiffConfig::default()
+            },
+            "target_top_k",
+        ),
+    ] {
+        let e = SpecDiffDecoder::new(bad).unwrap_err();
+        assert!(e.to_string().contains(field), "{field}: {e}");
+    }
+    let e = d
+        .decode(&mut target, &mut Broken(32, 99), &[], &cfg)
+        .unwrap_err();
+    assert!(matches!(e, Error::EmptyPrompt), "{e}");
+}
