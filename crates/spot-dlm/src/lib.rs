@@ -253,6 +253,8 @@ impl SpotDecoderBuilder {
             report: SpotReport::default(),
             stale: None,
             refreshed: false,
+            grafted: DraftTree::default(),
+            grafted_round: false,
             block_ends: self.block_ends,
             drafted: None,
         })
@@ -277,6 +279,10 @@ pub struct SpotDecoder {
     stale: Option<BlockStats>,
     /// `stale` holds a refresh for the block's first state ([`StepStrategy::refresh`]).
     refreshed: bool,
+    /// A set tree's refreshed round: its refreshed step, with the round's tree grafted below.
+    grafted: DraftTree,
+    /// The pending forward verifies `grafted`.
+    grafted_round: bool,
     /// The block-end designs.
     block_ends: BlockEnds,
     /// How long drafting the pending forward's tree took (`None`: the pending forward is a
@@ -406,6 +412,7 @@ impl StepStrategy for SpotDecoder {
             }
         }
         let t0 = Instant::now();
+        self.grafted_round = false;
         let tree = match (&mut self.drafter, &mut self.sets) {
             (Drafter::Sets(model, order, _), Some(sets)) => {
                 let tau = match block.transition() {
@@ -413,7 +420,31 @@ impl StepStrategy for SpotDecoder {
                     Transition::Scheduled { tau, .. } => tau.unwrap_or(f32::INFINITY),
                     Transition::Exact | Transition::Timesteps { .. } => f32::INFINITY,
                 };
-                sets.build(&ctx, tau, model.as_mut(), order.as_mut())?
+                // A refreshed round: the statistics are the root's own (nearly), so its step
+                // is drafted as they decide, and the tree grows below it as in a round whose
+                // stale statistics are its parent's.
+                let step = match refreshed {
+                    true => refreshed_step(block, stale, &mut self.scratch)?,
+                    false => None,
+                };
+                let budget = sets.config().budget;
+                match step {
+                    Some(next) if budget > 1 => {
+                        sets.set_budget(budget - 1)?;
+                        let ctx = ScoreContext { root: &next, ..ctx };
+                        let built = sets
+                            .build(&ctx, tau, model.as_mut(), order.as_mut())
+                            .map(|_| ());
+                        sets.set_budget(budget)?;
+                        built?;
+                        self.grafted.reset(block.state());
+                        let first = self.grafted.push_set(0, &self.scratch, 1.0)?;
+                        self.grafted.graft(first, sets.tree())?;
+                        self.grafted_round = true;
+                        &self.grafted
+                    }
+                    _ => sets.build(&ctx, tau, model.as_mut(), order.as_mut())?,
+                }
             }
             (Drafter::Tree(scorer), _) => self.builder.build(&ctx, scorer.as_mut())?,
             _ => self.builder.build_chain(&ctx)?,
@@ -462,6 +493,7 @@ impl StepStrategy for SpotDecoder {
             return Ok(());
         };
         let tree = match &self.sets {
+            _ if self.grafted_round => &self.grafted,
             Some(sets) => sets.tree(),
             None => self.builder.tree(),
         };
@@ -509,6 +541,28 @@ fn block_end(tree: &DraftTree, stale: &BlockStats, fill: usize) -> Option<BlockS
         .map(|(s, &t)| if t == mask { stale.token(s) } else { t })
         .collect();
     Some(BlockState::from_tokens(tokens, mask))
+}
+
+/// The state a refreshed round's root steps to under the block's own transition applied to
+/// the refreshed statistics (its commits left in `commits`), when that step leaves positions
+/// masked.
+fn refreshed_step(
+    block: &BlockRun,
+    stats: &BlockStats,
+    commits: &mut Vec<Commit>,
+) -> Result<Option<BlockState>, Error> {
+    commits.clear();
+    block
+        .transition()
+        .commits(block.steps(), block.state(), stats, commits)?;
+    if commits.is_empty() || commits.len() >= block.state().masked_count() {
+        return Ok(None);
+    }
+    let mut next = block.state().clone();
+    for &c in commits.iter() {
+        next.commit(c)?;
+    }
+    Ok(Some(next))
 }
 
 /// Either decoder as one [`StepStrategy`] type, so that one [`BatchDriver`] can run

@@ -374,6 +374,14 @@ impl SetTreeBuilder {
         Ok(())
     }
 
+    /// Sets the budget `D` of the trees built from now on; refused like
+    /// [`SetTreeConfig::validate`].
+    pub fn set_budget(&mut self, budget: usize) -> Result<(), TreeError> {
+        SetTreeConfig { budget, ..self.cfg }.validate()?;
+        self.cfg.budget = budget;
+        Ok(())
+    }
+
     /// The most recently built tree.
     pub fn tree(&self) -> &DraftTree {
         &self.out

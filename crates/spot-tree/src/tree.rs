@@ -127,6 +127,39 @@ impl DraftTree {
         Ok(self.parent.len() - 1)
     }
 
+    /// Copies every node of `sub` below node `at`, whose state must equal `sub`'s root; each
+    /// copy keeps its edge and its mass times `at`'s. Fails (and leaves the nodes added so far)
+    /// when the roots differ.
+    ///
+    /// ```
+    /// use spot_core::{BlockState, Commit};
+    /// use spot_tree::DraftTree;
+    /// let root = BlockState::from_tokens(vec![9, 9, 9], 9);
+    /// let mut tree = DraftTree::new(&root);
+    /// let a = tree.push(0, Commit::new(0, 1), 0.5)?;
+    /// let mut sub = DraftTree::new(&tree.block_state(a));
+    /// sub.push_set(0, &[Commit::new(1, 2), Commit::new(2, 3)], 0.8)?;
+    /// tree.graft(a, &sub)?;
+    /// assert_eq!(tree.state(2), &[1, 2, 3]);
+    /// assert_eq!(tree.mass(2), 0.4);
+    /// # Ok::<(), spot_core::Error>(())
+    /// ```
+    pub fn graft(&mut self, at: usize, sub: &DraftTree) -> spot_core::Result<()> {
+        if at >= self.len() || sub.is_empty() || self.state(at) != sub.state(0) {
+            return Err(spot_core::Error::ShapeMismatch {
+                what: "grafted tree's root (it must equal the node it is grafted at)",
+                expected: self.len,
+                actual: sub.len,
+            });
+        }
+        let mut map = vec![at];
+        for i in 1..sub.len() {
+            let parent = map[sub.parent[i] as usize];
+            map.push(self.push_set(parent, sub.edge(i), self.mass[at] * sub.mass(i))?);
+        }
+        Ok(())
+    }
+
     /// Block size.
     pub fn block_len(&self) -> usize {
         self.len
