@@ -61,19 +61,30 @@ pub trait AutoregressiveModel {
         branches: &[Vec<TokenId>],
         query: &StatsQuery,
     ) -> Result<(BlockStats, Vec<BlockStats>)> {
-        let stats = self.extend(shared, query)?;
-        let base = self.cached_len();
-        let mut out = Vec::with_capacity(branches.len());
-        for b in branches {
-            if b.is_empty() {
-                out.push(BlockStats::new(query.top_k));
-                continue;
-            }
-            out.push(self.extend(b, query)?);
-            self.truncate(base)?;
-        }
-        Ok((stats, out))
+        extend_each(self, shared, branches, query)
     }
+}
+
+/// [`AutoregressiveModel::extend_branches`] one branch at a time: `shared` appended, then
+/// each branch appended and rolled back.
+pub fn extend_each<M: AutoregressiveModel + ?Sized>(
+    model: &mut M,
+    shared: &[TokenId],
+    branches: &[Vec<TokenId>],
+    query: &StatsQuery,
+) -> Result<(BlockStats, Vec<BlockStats>)> {
+    let stats = model.extend(shared, query)?;
+    let base = model.cached_len();
+    let mut out = Vec::with_capacity(branches.len());
+    for b in branches {
+        if b.is_empty() {
+            out.push(BlockStats::new(query.top_k));
+            continue;
+        }
+        out.push(model.extend(b, query)?);
+        model.truncate(base)?;
+    }
+    Ok((stats, out))
 }
 
 /// Settings of [`decode_autoregressive`].

@@ -66,8 +66,9 @@ pub(crate) fn bidirectional<B: Backend>(
     }
 }
 
-/// Causal attention of one sequence's `len` new positions after `cache` (`q`
-/// `[1, kv, g * len, d]`, `k`/`v` `[1, kv, len, d]`), one position at a time: position `i`
+/// Causal attention of `n` sequences' `len` new positions after one `cache` (`q`
+/// `[n, kv, g * len, d]`, `k`/`v` `[n, kv, len, d]`; each sequence on its own), one position
+/// at a time: position `i`
 /// attends to `[cache ; k[..i]]` and to itself with exactly the products a one-token
 /// forward at that position runs, so appending a run of tokens in one forward gives the
 /// numbers of appending them one by one, bit for bit.
@@ -78,7 +79,18 @@ pub(crate) fn causal<B: Backend>(
     cache: Option<&Kv<B>>,
     scale: f64,
 ) -> Tensor<B, 4> {
-    let [_, kvh, _, d] = k.dims();
+    let [n, kvh, _, d] = k.dims();
+    if n > 1 {
+        // Several sequences after one cache (a verifier's branches): each alone, so each
+        // gets exactly the products of a forward of its own.
+        let outs = (0..n)
+            .map(|b| {
+                let one = |t: &Tensor<B, 4>| t.clone().narrow(0, b, 1);
+                causal(one(&q), &one(k), &one(v), cache, scale)
+            })
+            .collect();
+        return Tensor::cat(outs, 0);
+    }
     let len = k.dims()[2];
     let g = q.dims()[2] / len.max(1);
     let p = cache.map_or(0, |c| c.k.dims()[2]);

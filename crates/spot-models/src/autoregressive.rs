@@ -22,7 +22,7 @@ use crate::frame::{Frame, open};
 use crate::head::RowPlan;
 use crate::logits::Logits;
 use crate::precision::Precision;
-use crate::transformer::Net;
+use crate::transformer::{Net, Segment};
 
 /// A causal language model (`model_type` `"llama"`, `"qwen2"` or `"qwen3"`) on backend `B`.
 ///
@@ -155,5 +155,68 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
             query,
         )?;
         Ok(stats.pop().unwrap_or_default())
+    }
+
+    /// One forward: `shared` (kept in the cache) and the branches after it, each branch's
+    /// attention on its own over `[cache ; shared]`, so its statistics are bit-identical to
+    /// appending it alone. Branches of unequal lengths are scored one by one.
+    fn extend_branches(
+        &mut self,
+        shared: &[TokenId],
+        branches: &[Vec<TokenId>],
+        query: &StatsQuery,
+    ) -> spot_core::Result<(BlockStats, Vec<BlockStats>)> {
+        let len = branches.first().map_or(0, Vec::len);
+        if shared.is_empty() || len == 0 || branches.iter().any(|b| b.len() != len) {
+            return spot_core::autoregressive::extend_each(self, shared, branches, query);
+        }
+        query.validate()?;
+        let (start, n) = (self.len, branches.len());
+        self.frame
+            .check_end(start + shared.len() + len, "sequence")?;
+        let mut ids = Vec::with_capacity(shared.len() + n * len);
+        self.frame.push_ids(shared, &mut ids)?;
+        for b in branches {
+            self.frame.push_ids(b, &mut ids)?;
+        }
+        let segments = [
+            Segment {
+                n: 1,
+                len: shared.len(),
+                start,
+                cache: &self.cache,
+                after: None,
+            },
+            Segment {
+                n,
+                len,
+                start: start + shared.len(),
+                cache: &self.cache,
+                after: Some(0),
+            },
+        ];
+        let (hidden, mut kv) = self.net.run_segments(ids, &segments, Attend::Causal);
+        let kept = std::mem::take(&mut kv[0]);
+        Net::extend_cache(&mut self.cache, kept);
+        self.len += shared.len();
+        let rows = shared.len();
+        let own = hidden.clone().narrow(0, 0, rows);
+        let after = hidden.narrow(0, rows, n * len);
+        let noise = &mut self.noise;
+        let mut first = self.frame.stats(
+            &self.net.head,
+            own,
+            &RowPlan::all(rows),
+            (start + 1, &mut *noise),
+            query,
+        )?;
+        let stats = self.frame.stats(
+            &self.net.head,
+            after,
+            &RowPlan::all_of(n, len),
+            (self.len + 1, noise),
+            query,
+        )?;
+        Ok((first.pop().unwrap_or_default(), stats))
     }
 }

@@ -178,11 +178,16 @@ impl RowPlan {
 
     /// Every row of one sequence of `len` positions.
     pub fn all(len: usize) -> Self {
+        Self::all_of(1, len)
+    }
+
+    /// Every row of `n` sequences of `len` positions each.
+    pub fn all_of(n: usize, len: usize) -> Self {
         Self {
-            n: 1,
+            n,
             len,
-            rows: (0..len).collect(),
-            tokens: vec![0; len],
+            rows: (0..n * len).collect(),
+            tokens: vec![0; n * len],
         }
     }
 

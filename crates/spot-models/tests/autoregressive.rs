@@ -199,3 +199,47 @@ fn sampling_is_seeded_and_reproducible() {
         );
     }
 }
+
+/// SpecDiff-2's verification forward: `K` branches after a shared run, in one forward, give
+/// each branch bit-identical statistics to appending it alone, keep the shared run (and only
+/// it) in the cache, at T = 0 and T = 1.
+#[test]
+fn branches_in_one_forward_equal_each_alone() {
+    for name in AR_FIXTURES {
+        let g = golden(name);
+        let mut m = load(name);
+        let ids = &g
+            .logits_cases
+            .iter()
+            .max_by_key(|c| c.ids.len())
+            .unwrap()
+            .ids;
+        let v = g.vocab_size as u32;
+        let branches: Vec<Vec<u32>> = (0..4u32)
+            .map(|b| {
+                (0..6u32)
+                    .map(|i| (ids[i as usize] + 7 * b + i) % v)
+                    .collect()
+            })
+            .collect();
+        for t in [0.0f32, 1.0] {
+            let q = StatsQuery::new(t, 3);
+            m.truncate(0).unwrap();
+            m.extend(&ids[..5], &q).unwrap();
+            let (shared, together) = m.extend_branches(&ids[5..9], &branches, &q).unwrap();
+            assert_eq!(m.cached_len(), 9, "{name}: only the shared run is kept");
+            m.truncate(5).unwrap();
+            let (alone_shared, alone) =
+                spot_core::autoregressive::extend_each(&mut m, &ids[5..9], &branches, &q).unwrap();
+            assert_eq!(shared, alone_shared, "{name} T {t}");
+            assert_eq!(together, alone, "{name} T {t}");
+            assert_eq!(m.cached_len(), 9);
+            // And the cache holds the shared run as if appended alone.
+            let next = m.extend(&ids[9..11], &q).unwrap();
+            m.truncate(0).unwrap();
+            let plain = m.extend(&ids[..11], &q).unwrap();
+            assert_eq!(next.token(1), plain.token(10), "{name} T {t}");
+            assert_eq!(next.top(1), plain.top(10), "{name} T {t}");
+        }
+    }
+}
