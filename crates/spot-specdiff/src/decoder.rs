@@ -3,7 +3,9 @@
 use std::time::{Duration, Instant};
 
 use spot_core::autoregressive::{check_inputs, check_stats};
-use spot_core::{ArConfig, AutoregressiveModel, Error, Result, StatsQuery, TokenId};
+use spot_core::{
+    ArConfig, ArInfo, AutoregressiveModel, BlockStats, Error, Result, StatsQuery, TokenId,
+};
 
 use crate::drafter::{DiffusionDrafter, Marginals, sample_drafts};
 use crate::select::{Scored, Selection, select};
@@ -121,6 +123,281 @@ pub struct SpecDiffOutput {
     pub report: SpecDiffReport,
 }
 
+/// What a [`SpecDiffRequest`] needs next.
+#[derive(Debug)]
+pub enum ArNeed<'a> {
+    /// The drafter's marginals of the `gamma` positions after `context`; answer with
+    /// [`SpecDiffRequest::drafted`].
+    Draft {
+        /// The accepted text (prompt and generated tokens).
+        context: &'a [TokenId],
+        /// Positions to draft.
+        gamma: usize,
+    },
+    /// One target forward: append `shared` to the request's cache (kept) and score every
+    /// branch after it (not kept), as [`AutoregressiveModel::extend_branches`]; answer with
+    /// [`SpecDiffRequest::scored`]. The first one carries the whole prompt (the cache must be
+    /// empty).
+    Score {
+        /// Tokens committed since the last forward.
+        shared: &'a [TokenId],
+        /// The drafts (possibly none: the round then commits the target's token alone).
+        branches: &'a [Vec<TokenId>],
+        /// The query of every forward of the request.
+        query: &'a StatsQuery,
+    },
+    /// Finished (or failed): take [`SpecDiffRequest::output`].
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Draft,
+    Score,
+    Done,
+}
+
+/// One SpecDiff-2 decode as a state machine, so that a driver can batch the drafter and
+/// target work of many requests: ask [`need`](Self::need), answer it, repeat until
+/// [`ArNeed::Done`]. [`SpecDiffDecoder::decode`] is the one-request driver.
+#[derive(Clone, Debug)]
+pub struct SpecDiffRequest {
+    cfg: SpecDiffConfig,
+    max_new_tokens: usize,
+    early_stop: bool,
+    stops: Vec<TokenId>,
+    vocab: usize,
+    query: StatsQuery,
+    context: Vec<TokenId>,
+    pending: usize,
+    generated: usize,
+    drafts: Vec<Vec<TokenId>>,
+    phase: Phase,
+    stopped: bool,
+    report: SpecDiffReport,
+}
+
+impl SpecDiffRequest {
+    /// A request for `prompt` on a target described by `info`, drafted by a drafter over
+    /// `drafter_vocab` tokens; every input is checked here (typed errors naming the field).
+    pub fn new(
+        prompt: &[TokenId],
+        ar: &ArConfig,
+        cfg: SpecDiffConfig,
+        info: &ArInfo,
+        drafter_vocab: usize,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        check_inputs(info, prompt, ar)?;
+        if drafter_vocab != info.vocab_size {
+            return Err(Error::ShapeMismatch {
+                what: "drafter vocabulary (it must share the target's tokenizer)",
+                expected: info.vocab_size,
+                actual: drafter_vocab,
+            });
+        }
+        let stops = if ar.stop_ids.is_empty() {
+            info.stop_ids.clone()
+        } else {
+            ar.stop_ids.clone()
+        };
+        let mut r = Self {
+            cfg,
+            max_new_tokens: ar.max_new_tokens,
+            early_stop: ar.early_stop,
+            stops,
+            vocab: info.vocab_size,
+            query: StatsQuery {
+                top_k: cfg.target_top_k,
+                ..StatsQuery::new(ar.temperature, ar.seed)
+            },
+            context: prompt.to_vec(),
+            pending: prompt.len(),
+            generated: 0,
+            drafts: Vec::new(),
+            phase: Phase::Draft,
+            stopped: false,
+            report: SpecDiffReport::default(),
+        };
+        r.start_round();
+        Ok(r)
+    }
+
+    /// Drafted positions this round: no more than it can commit (its accepted tokens plus
+    /// the target's own).
+    fn gamma(&self) -> usize {
+        self.cfg.gamma.min(self.max_new_tokens - self.generated - 1)
+    }
+
+    fn start_round(&mut self) {
+        self.drafts.clear();
+        self.phase = if self.gamma() > 0 {
+            Phase::Draft
+        } else {
+            Phase::Score
+        };
+    }
+
+    /// What the request needs next.
+    pub fn need(&self) -> ArNeed<'_> {
+        match self.phase {
+            Phase::Draft => ArNeed::Draft {
+                context: &self.context,
+                gamma: self.gamma(),
+            },
+            Phase::Score => ArNeed::Score {
+                shared: &self.context[self.context.len() - self.pending..],
+                branches: &self.drafts,
+                query: &self.query,
+            },
+            Phase::Done => ArNeed::Done,
+        }
+    }
+
+    /// The answer to [`ArNeed::Draft`]: samples the round's `K` drafts from `m`.
+    pub fn drafted(&mut self, m: &Marginals) -> Result<()> {
+        self.expect(Phase::Draft)?;
+        let gamma = self.gamma();
+        if m.len() != gamma {
+            return self.fail(Error::ShapeMismatch {
+                what: "drafted positions",
+                expected: gamma,
+                actual: m.len(),
+            });
+        }
+        let k = if self.cfg.drafter_temperature > 0.0 {
+            self.cfg.k
+        } else {
+            1
+        };
+        sample_drafts(
+            m,
+            k,
+            self.cfg.drafter_temperature,
+            self.cfg.greedy_first,
+            (self.cfg.draft_seed, self.context.len()),
+            &mut self.drafts,
+        );
+        if let Some(bad) = self
+            .drafts
+            .iter()
+            .flatten()
+            .find(|&&t| t as usize >= self.vocab)
+        {
+            let e = Error::config(
+                "drafter marginals",
+                format!("token {bad} is outside the vocabulary of {}", self.vocab),
+            );
+            return self.fail(e);
+        }
+        self.phase = Phase::Score;
+        Ok(())
+    }
+
+    /// The answer to [`ArNeed::Score`]: the statistics of the shared run and of every branch.
+    pub fn scored(&mut self, first: BlockStats, branches: Vec<BlockStats>) -> Result<()> {
+        self.expect(Phase::Score)?;
+        let out = self.commit(first, branches);
+        if out.is_err() {
+            self.phase = Phase::Done;
+        }
+        out
+    }
+
+    fn commit(&mut self, first: BlockStats, branches: Vec<BlockStats>) -> Result<()> {
+        check_stats(&first, self.pending, self.vocab)?;
+        if branches.len() != self.drafts.len() {
+            return Err(Error::ShapeMismatch {
+                what: "scored branches",
+                expected: self.drafts.len(),
+                actual: branches.len(),
+            });
+        }
+        for (b, d) in branches.iter().zip(&self.drafts) {
+            check_stats(b, d.len(), self.vocab)?;
+        }
+        self.report.positions +=
+            (self.pending + self.drafts.iter().map(Vec::len).sum::<usize>()) as u64;
+        let last = (&first, first.len() - 1);
+        let (pick, accepted) = if self.drafts.is_empty() {
+            (0, vec![0])
+        } else {
+            let scored: Vec<Scored<'_>> = branches
+                .iter()
+                .map(|branch| Scored {
+                    first: last,
+                    branch,
+                })
+                .collect();
+            select(self.cfg.selection, &self.drafts, &scored)
+        };
+        let n = accepted[pick];
+        let mut new: Vec<TokenId> = self.drafts.get(pick).map_or(&[][..], |d| &d[..n]).to_vec();
+        new.push(match (n, branches.get(pick)) {
+            (0, _) | (_, None) => first.token(first.len() - 1),
+            (n, Some(b)) => b.token(n - 1),
+        });
+        let r = &mut self.report;
+        r.rounds += 1;
+        if r.accepted.len() <= n {
+            r.accepted.resize(n + 1, 0);
+        }
+        r.accepted[n] += 1;
+        r.other_branch += u64::from(pick != 0);
+        // Commit up to the first stop id (kept) or the length limit.
+        for &t in &new {
+            self.context.push(t);
+            self.generated += 1;
+            self.stopped = self.early_stop && self.stops.contains(&t);
+            if self.stopped || self.generated == self.max_new_tokens {
+                self.phase = Phase::Done;
+                return Ok(());
+            }
+        }
+        // The committed tokens ride in the next forward as its shared run.
+        self.pending = new.len();
+        self.start_round();
+        Ok(())
+    }
+
+    fn expect(&self, phase: Phase) -> Result<()> {
+        if self.phase == phase {
+            return Ok(());
+        }
+        let name = |p| match p {
+            Phase::Draft => "drafter marginals",
+            Phase::Score => "target statistics",
+            Phase::Done => "nothing (finished)",
+        };
+        Err(Error::RequestState {
+            expected: name(self.phase),
+            got: name(phase),
+        })
+    }
+
+    fn fail(&mut self, e: Error) -> Result<()> {
+        self.phase = Phase::Done;
+        Err(e)
+    }
+
+    /// Rounds, acceptance and counters so far (timing is the driver's).
+    pub fn report(&self) -> &SpecDiffReport {
+        &self.report
+    }
+
+    /// The output, once [`ArNeed::Done`] was reached by finishing (not by an error).
+    pub fn output(&self) -> Option<SpecDiffOutput> {
+        let done =
+            self.phase == Phase::Done && (self.stopped || self.generated == self.max_new_tokens);
+        done.then(|| SpecDiffOutput {
+            tokens: self.context[self.context.len() - self.generated..].to_vec(),
+            stopped: self.stopped,
+            forwards: self.report.rounds,
+            report: self.report.clone(),
+        })
+    }
+}
+
 /// SpecDiff-2 with coupled verification: each round the drafter proposes `K` drafts of `γ`
 /// tokens, the target scores them all in one forward over the shared prefix
 /// ([`AutoregressiveModel::extend_branches`]), and the round commits one branch's accepted
@@ -151,7 +428,6 @@ pub struct SpecDiffOutput {
 pub struct SpecDiffDecoder {
     cfg: SpecDiffConfig,
     marginals: Marginals,
-    drafts: Vec<Vec<TokenId>>,
 }
 
 impl SpecDiffDecoder {
@@ -161,7 +437,6 @@ impl SpecDiffDecoder {
         Ok(Self {
             cfg,
             marginals: Marginals::default(),
-            drafts: Vec::new(),
         })
     }
 
@@ -170,7 +445,8 @@ impl SpecDiffDecoder {
         &self.cfg
     }
 
-    /// Decodes `prompt` with `target`, drafting with `drafter`.
+    /// Decodes `prompt` with `target`, drafting with `drafter`: drives one
+    /// [`SpecDiffRequest`], timing the drafter and the target.
     pub fn decode(
         &mut self,
         target: &mut dyn AutoregressiveModel,
@@ -179,134 +455,35 @@ impl SpecDiffDecoder {
         cfg: &ArConfig,
     ) -> Result<SpecDiffOutput> {
         let info = target.ar_info().clone();
-        check_inputs(&info, prompt, cfg)?;
-        if drafter.vocab_size() != info.vocab_size {
-            return Err(Error::ShapeMismatch {
-                what: "drafter vocabulary (it must share the target's tokenizer)",
-                expected: info.vocab_size,
-                actual: drafter.vocab_size(),
-            });
-        }
-        let query = StatsQuery {
-            top_k: self.cfg.target_top_k,
-            ..StatsQuery::new(cfg.temperature, cfg.seed)
-        };
-        let stops = if cfg.stop_ids.is_empty() {
-            &info.stop_ids
-        } else {
-            &cfg.stop_ids
-        };
+        let mut req = SpecDiffRequest::new(prompt, cfg, self.cfg, &info, drafter.vocab_size())?;
         target.truncate(0)?;
-        let mut context = prompt.to_vec();
-        let mut pending = prompt.len();
-        let mut report = SpecDiffReport::default();
-        let mut tokens = Vec::with_capacity(cfg.max_new_tokens);
+        let (mut draft_time, mut target_time) = (Duration::ZERO, Duration::ZERO);
         loop {
-            // Draft no more than the round can commit: its accepted tokens plus the target's.
-            let left = cfg.max_new_tokens - tokens.len();
-            let gamma = self.cfg.gamma.min(left - 1);
             let t0 = Instant::now();
-            self.drafts.clear();
-            if gamma > 0 {
-                drafter.propose(&context, gamma, &mut self.marginals)?;
-                if self.marginals.len() != gamma {
-                    return Err(Error::ShapeMismatch {
-                        what: "drafted positions",
-                        expected: gamma,
-                        actual: self.marginals.len(),
-                    });
+            match req.need() {
+                ArNeed::Draft { context, gamma } => {
+                    drafter.propose(context, gamma, &mut self.marginals)?;
+                    req.drafted(&self.marginals)?;
+                    draft_time += t0.elapsed();
                 }
-                let k = if self.cfg.drafter_temperature > 0.0 {
-                    self.cfg.k
-                } else {
-                    1
-                };
-                sample_drafts(
-                    &self.marginals,
-                    k,
-                    self.cfg.drafter_temperature,
-                    self.cfg.greedy_first,
-                    (self.cfg.draft_seed, context.len()),
-                    &mut self.drafts,
-                );
-                if let Some(bad) = self
-                    .drafts
-                    .iter()
-                    .flatten()
-                    .find(|&&t| t as usize >= info.vocab_size)
-                {
-                    return Err(Error::config(
-                        "drafter marginals",
-                        format!(
-                            "token {bad} is outside the vocabulary of {}",
-                            info.vocab_size
-                        ),
-                    ));
+                ArNeed::Score {
+                    shared,
+                    branches,
+                    query,
+                } => {
+                    let (first, scored) = target.extend_branches(shared, branches, query)?;
+                    target_time += t0.elapsed();
+                    req.scored(first, scored)?;
                 }
+                ArNeed::Done => break,
             }
-            let t1 = Instant::now();
-            let shared = &context[context.len() - pending..];
-            let (first, branches) = target.extend_branches(shared, &self.drafts, &query)?;
-            report.target_time += t1.elapsed();
-            report.draft_time += t1 - t0;
-            report.positions +=
-                (shared.len() + self.drafts.iter().map(Vec::len).sum::<usize>()) as u64;
-            check_stats(&first, shared.len(), info.vocab_size)?;
-            for (b, d) in branches.iter().zip(&self.drafts) {
-                check_stats(b, d.len(), info.vocab_size)?;
-            }
-            if branches.len() != self.drafts.len() {
-                return Err(Error::ShapeMismatch {
-                    what: "scored branches",
-                    expected: self.drafts.len(),
-                    actual: branches.len(),
-                });
-            }
-            let last = (&first, first.len() - 1);
-            let (pick, accepted) = if self.drafts.is_empty() {
-                (0, vec![0])
-            } else {
-                let scored: Vec<Scored<'_>> = branches
-                    .iter()
-                    .map(|branch| Scored {
-                        first: last,
-                        branch,
-                    })
-                    .collect();
-                select(self.cfg.selection, &self.drafts, &scored)
-            };
-            let n = accepted[pick];
-            let mut new: Vec<TokenId> = self.drafts.get(pick).map_or(&[][..], |d| &d[..n]).to_vec();
-            new.push(match (n, branches.get(pick)) {
-                (0, _) | (_, None) => first.token(first.len() - 1),
-                (n, Some(b)) => b.token(n - 1),
-            });
-            report.rounds += 1;
-            if report.accepted.len() <= n {
-                report.accepted.resize(n + 1, 0);
-            }
-            report.accepted[n] += 1;
-            report.other_branch += u64::from(pick != 0);
-            // Commit up to the first stop id (kept) or the length limit.
-            let mut stopped = false;
-            for t in new.iter().copied() {
-                tokens.push(t);
-                context.push(t);
-                stopped = cfg.early_stop && stops.contains(&t);
-                if stopped || tokens.len() == cfg.max_new_tokens {
-                    break;
-                }
-            }
-            if stopped || tokens.len() == cfg.max_new_tokens {
-                return Ok(SpecDiffOutput {
-                    tokens,
-                    stopped,
-                    forwards: report.rounds,
-                    report,
-                });
-            }
-            // The committed tokens ride in the next forward as its shared part.
-            pending = new.len();
         }
+        let mut out = req.output().ok_or(Error::RequestState {
+            expected: "a finished request",
+            got: "a failed one",
+        })?;
+        out.report.draft_time = draft_time;
+        out.report.target_time = target_time;
+        Ok(out)
     }
 }

@@ -13,7 +13,8 @@
 //!   `K` drafts sampled from them at the drafter's temperature;
 //! - [`select`]: accepted streaks and the branch a round commits ([`Selection`]:
 //!   SpecDiff-2's self-selection by expected streak, or the longest accepted streak);
-//! - [`SpecDiffDecoder`]: the decode loop;
+//! - [`SpecDiffRequest`]: one decode as a state machine (what it needs next: the drafter's
+//!   marginals or one target forward), and [`SpecDiffDecoder`], its one-request driver;
 //! - [`toy`]: a toy target and drafter for tests and examples.
 //!
 //! ```
@@ -37,6 +38,8 @@ pub mod drafter;
 pub mod select;
 pub mod toy;
 
-pub use decoder::{SpecDiffConfig, SpecDiffDecoder, SpecDiffOutput, SpecDiffReport};
+pub use decoder::{
+    ArNeed, SpecDiffConfig, SpecDiffDecoder, SpecDiffOutput, SpecDiffReport, SpecDiffRequest,
+};
 pub use drafter::{DiffusionDrafter, Marginals, sample_drafts};
 pub use select::{Scored, Selection};

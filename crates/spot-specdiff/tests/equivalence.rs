@@ -196,3 +196,67 @@ fn bad_drafters_and_settings_are_typed_errors() {
         .unwrap_err();
     assert!(matches!(e, Error::EmptyPrompt), "{e}");
 }
+
+/// The step-wise form: two requests driven in turns (each with its own cache) give what each
+/// gives alone, and an answer out of turn is a typed error.
+#[test]
+fn requests_interleave_and_refuse_answers_out_of_turn() {
+    use spot_specdiff::{ArNeed, SpecDiffRequest};
+    let base = ToyCausalModel::new(40, 3);
+    let mut drafter = ToyDrafter::new(base.clone(), 0.2, 4);
+    let cfg = ArConfig {
+        max_new_tokens: 50,
+        temperature: 1.0,
+        seed: 2,
+        ..ArConfig::default()
+    };
+    let sd = SpecDiffConfig {
+        k: 3,
+        gamma: 6,
+        ..SpecDiffConfig::default()
+    };
+    let prompts = [vec![1u32, 2], vec![7u32, 8, 9]];
+    let info = spot_core::AutoregressiveModel::ar_info(&base).clone();
+    let mut reqs: Vec<_> = prompts
+        .iter()
+        .map(|p| SpecDiffRequest::new(p, &cfg, sd, &info, 40).unwrap())
+        .collect();
+    let mut targets = [base.clone(), base.clone()];
+    let mut m = Marginals::default();
+    let e = reqs[0].scored(Default::default(), Vec::new()).unwrap_err();
+    assert!(matches!(e, Error::RequestState { .. }), "{e}");
+    let mut live = true;
+    while live {
+        live = false;
+        for (r, t) in reqs.iter_mut().zip(&mut targets) {
+            match r.need() {
+                ArNeed::Draft { context, gamma } => {
+                    drafter.propose(context, gamma, &mut m).unwrap();
+                    r.drafted(&m).unwrap();
+                }
+                ArNeed::Score {
+                    shared,
+                    branches,
+                    query,
+                } => {
+                    let (f, b) =
+                        spot_core::AutoregressiveModel::extend_branches(t, shared, branches, query)
+                            .unwrap();
+                    r.scored(f, b).unwrap();
+                }
+                ArNeed::Done => continue,
+            }
+            live = true;
+        }
+    }
+    for (r, p) in reqs.iter().zip(&prompts) {
+        let mut alone = base.clone();
+        let want = SpecDiffDecoder::new(sd)
+            .unwrap()
+            .decode(&mut alone, &mut drafter, p, &cfg)
+            .unwrap();
+        let got = r.output().unwrap();
+        assert_eq!(got.tokens, want.tokens);
+        assert_eq!(got.forwards, want.forwards);
+    }
+}
