@@ -15,6 +15,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use spot_core::{ArConfig, AutoregressiveModel, decode_autoregressive};
 use spot_models::{CausalLm, CpuBackend};
+use spot_specdiff::{LookupDrafter, SpecDiffConfig, SpecDiffDecoder};
 
 /// Largest accepted |ours - PyTorch| for a logit or a logsumexp. Float32 implementations of
 /// this model differ by up to about 1e-4 (the reference records its float32-vs-float64 noise
@@ -330,6 +331,29 @@ fn smollm2_matches_pytorch() {
         assert_eq!(&out.tokens, g, "{name}: greedy tokens");
         assert_eq!(out.stopped, case.stopped, "{name}: stopped");
         assert_eq!(text, case.greedy_text_skip_special, "{name}: greedy text");
+
+        // SpecDiff-2 on the real target (batched branches, coupled acceptance) returns these
+        // tokens, and at T = 1 the sampled ones: a training-free lookup drafter, K = 4.
+        let sd = SpecDiffConfig {
+            k: 4,
+            gamma: 6,
+            ..SpecDiffConfig::default()
+        };
+        let mut drafter = LookupDrafter::new(vocab, 3, 4);
+        for t in [0.0f32, 1.0] {
+            let cfg = ArConfig {
+                temperature: t,
+                seed: 11,
+                ..cfg.clone()
+            };
+            let want = decode_autoregressive(&mut m, &case.prompt_ids, &cfg).unwrap();
+            let fast = SpecDiffDecoder::new(sd)
+                .unwrap()
+                .decode(&mut m, &mut drafter, &case.prompt_ids, &cfg)
+                .unwrap();
+            assert_eq!(fast.tokens, want.tokens, "{name}: SpecDiff-2 at T = {t}");
+            assert!(fast.forwards <= want.forwards, "{name}: T = {t}");
+        }
     }
     // Straight to stderr: shown even when the harness captures output.
     writeln!(

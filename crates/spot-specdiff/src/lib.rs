@@ -15,6 +15,7 @@
 //!   SpecDiff-2's self-selection by expected streak, or the longest accepted streak);
 //! - [`SpecDiffRequest`]: one decode as a state machine (what it needs next: the drafter's
 //!   marginals or one target forward), and [`SpecDiffDecoder`], its one-request driver;
+//! - [`lookup`]: a training-free drafter (prompt lookup) that needs no weights;
 //! - [`toy`]: a toy target and drafter for tests and examples.
 //!
 //! ```
@@ -35,6 +36,7 @@
 
 pub mod decoder;
 pub mod drafter;
+pub mod lookup;
 pub mod select;
 pub mod toy;
 
@@ -42,4 +44,5 @@ pub use decoder::{
     ArNeed, SpecDiffConfig, SpecDiffDecoder, SpecDiffOutput, SpecDiffReport, SpecDiffRequest,
 };
 pub use drafter::{DiffusionDrafter, Marginals, sample_drafts};
+pub use lookup::LookupDrafter;
 pub use select::{Scored, Selection};
