@@ -105,9 +105,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 8)]
     budget: usize,
     /// Drafter checkpoint for `--method spot` (default: `spot-drafter.safetensors` in the
-    /// model folder).
+    /// model folder); for `--method specdiff`, `lookup` (the default: the training-free
+    /// prompt-lookup drafter).
     #[arg(long)]
-    drafter: Option<PathBuf>,
+    pub(crate) drafter: Option<PathBuf>,
     /// Spiffy graph for `--method spiffy` (default: `spiffy-graph.json` in the model folder).
     #[arg(long)]
     spiffy: Option<PathBuf>,
@@ -132,6 +133,8 @@ pub struct GenerateArgs {
     spot_gamma: f32,
     #[command(flatten)]
     block_ends: BlockEndArgs,
+    #[command(flatten)]
+    pub(crate) specdiff: crate::generate_ar::SpecDiffArgs,
     /// Decode all blocks even after a stop id (fixed-length protocol).
     #[arg(long)]
     pub(crate) no_early_stop: bool,

@@ -1,5 +1,6 @@
 //! `spot generate` on an autoregressive folder (Llama, Qwen2): token-by-token decoding with a
-//! KV cache, greedy or sampled with the coupled noise.
+//! KV cache, greedy or sampled with the coupled noise, or SpecDiff-2 (`--method specdiff`),
+//! which returns the same tokens in fewer forwards.
 
 use std::path::Path;
 use std::time::Instant;
@@ -7,17 +8,79 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use spot_dlm::{ArConfig, ArOutput, AutoregressiveModel, decode_autoregressive};
 use spot_models::CausalLm;
+use spot_specdiff::{LookupDrafter, Selection, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport};
 
 use crate::Backend;
 use crate::generate::GenerateArgs;
 use crate::methods::Method;
 
+/// SpecDiff-2's settings on the command line.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SpecDiffArgs {
+    /// `--method specdiff`: drafts per round (K).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=8))]
+    k: u64,
+    /// `--method specdiff`: drafted tokens per round (the paper's γ; `--gamma` is the mass
+    /// floor of the SPOT methods).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=32))]
+    draft_tokens: u64,
+    /// `--method specdiff`: the drafter's sampling temperature (draft 0 is its argmax).
+    #[arg(long, default_value_t = 1.5)]
+    drafter_temperature: f32,
+    /// `--method specdiff`: which branch a round commits: `longest` (the longest accepted
+    /// streak, exact under coupled verification) or `expected-streak` (self-selection).
+    #[arg(long, value_enum, default_value_t = SelectionArg::Longest)]
+    selection: SelectionArg,
+}
+
+/// [`Selection`] on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SelectionArg {
+    /// The longest accepted streak.
+    Longest,
+    /// The highest expected streak under the target (SpecDiff-2's self-selection).
+    ExpectedStreak,
+}
+
+impl SpecDiffArgs {
+    fn config(&self, seed: u64) -> Result<SpecDiffConfig> {
+        let cfg = SpecDiffConfig {
+            k: self.k as usize,
+            gamma: self.draft_tokens as usize,
+            drafter_temperature: self.drafter_temperature,
+            selection: match self.selection {
+                SelectionArg::Longest => Selection::LongestAccepted,
+                SelectionArg::ExpectedStreak => Selection::ExpectedStreak,
+            },
+            draft_seed: seed,
+            ..SpecDiffConfig::default()
+        };
+        cfg.validate()
+            .context("--k / --draft-tokens / --drafter-temperature")?;
+        Ok(cfg)
+    }
+}
+
+/// The drafter of `--method specdiff`: `--drafter lookup` (the default) is the only kind so
+/// far.
+fn drafter(a: &GenerateArgs, vocab: usize) -> Result<LookupDrafter> {
+    match a.drafter.as_deref() {
+        None => Ok(LookupDrafter::new(vocab, 3, 4)),
+        Some(p) if p == Path::new("lookup") => Ok(LookupDrafter::new(vocab, 3, 4)),
+        Some(p) => bail!(
+            "--drafter {}: --method specdiff takes `lookup` (the training-free prompt-lookup \
+             drafter); trained diffusion drafters are not supported yet",
+            p.display()
+        ),
+    }
+}
+
 /// Decodes the prompt(s) of `a` with the autoregressive model in `dir`.
 pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
-    if a.method != Method::Df {
+    if !matches!(a.method, Method::Df | Method::Specdiff) {
         bail!(
-            "{} is an autoregressive model: it decodes token by token (--method df); --method {} \
-             needs a block-diffusion model",
+            "{} is an autoregressive model: it decodes token by token (--method df) or with \
+             SpecDiff-2 (--method specdiff); --method {} needs a block-diffusion model",
             dir.display(),
             a.method.name()
         );
@@ -36,21 +99,56 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
         Some(path) => a.file_prompts(dir, model.tokenizer(), path)?,
         None => vec![(String::new(), a.single_prompt(dir, model.tokenizer())?)],
     };
+    let specdiff = match a.method {
+        Method::Specdiff => Some((
+            SpecDiffDecoder::new(a.specdiff.config(a.seed)?)?,
+            drafter(a, model.ar_info().vocab_size)?,
+        )),
+        _ => None,
+    };
+    let mut specdiff = specdiff;
     for (id, ids) in &prompts {
         let start = Instant::now();
-        let out =
-            decode_autoregressive(&mut model, ids, &cfg).with_context(|| format!("prompt {id}"))?;
+        let (out, report) = match specdiff.as_mut() {
+            Some((d, drafter)) => {
+                let o = d
+                    .decode(&mut model, drafter, ids, &cfg)
+                    .with_context(|| format!("prompt {id}"))?;
+                let out = ArOutput {
+                    tokens: o.tokens,
+                    stopped: o.stopped,
+                    forwards: o.forwards,
+                };
+                (out, Some(o.report))
+            }
+            None => (
+                decode_autoregressive(&mut model, ids, &cfg)
+                    .with_context(|| format!("prompt {id}"))?,
+                None,
+            ),
+        };
         let wall = start.elapsed().as_secs_f64();
         let text = match model.tokenizer() {
             Some(t) => t.decode(&out.tokens)?,
             None => format!("{:?}", out.tokens),
         };
         if a.json || a.prompts.is_some() {
-            println!("{}", result_json(id, ids.len(), &out, &text, wall));
+            println!(
+                "{}",
+                result_json(id, ids.len(), &out, &text, wall, report.as_ref())
+            );
         } else {
             println!("{text}");
+            let how = match &report {
+                Some(r) => format!(
+                    "SpecDiff-2: {:.2} tokens per forward, drafter {:.1}% of the time",
+                    out.tokens.len() as f64 / out.forwards.max(1) as f64,
+                    100.0 * r.draft_share()
+                ),
+                None => "autoregressive".to_string(),
+            };
             eprintln!(
-                "[{} tokens, {} NFE (autoregressive), {:.2} s]",
+                "[{} tokens, {} NFE ({how}), {:.2} s]",
                 out.tokens.len(),
                 out.forwards,
                 wall
@@ -66,9 +164,10 @@ fn result_json(
     out: &ArOutput,
     text: &str,
     wall: f64,
+    report: Option<&SpecDiffReport>,
 ) -> serde_json::Value {
     let mut j = serde_json::json!({
-        "method": "ar",
+        "method": if report.is_some() { "specdiff" } else { "ar" },
         "prompt_tokens": prompt_tokens,
         "tokens": out.tokens,
         "text": text,
@@ -76,8 +175,15 @@ fn result_json(
         "nfe": out.forwards,
         "wall_s": wall,
     });
-    if let (false, Some(obj)) = (id.is_empty(), j.as_object_mut()) {
-        obj.insert("id".into(), id.into());
+    if let Some(obj) = j.as_object_mut() {
+        if !id.is_empty() {
+            obj.insert("id".into(), id.into());
+        }
+        if let Some(r) = report {
+            obj.insert("rounds".into(), r.rounds.into());
+            obj.insert("accepted_histogram".into(), r.accepted.clone().into());
+            obj.insert("draft_share".into(), r.draft_share().into());
+        }
     }
     j
 }

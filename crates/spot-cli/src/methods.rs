@@ -79,6 +79,10 @@ pub enum Method {
     /// node that commits the most. Its output differs from threshold decoding; `spot bench`
     /// reports how often it agrees (the `equal` column) instead of failing.
     SetsMax,
+    /// SpecDiff-2, for autoregressive models only: `K` drafts of a drafter (`--drafter
+    /// lookup`, the training-free prompt-lookup drafter, until a trained diffusion drafter
+    /// exists) verified in one forward per round; the output equals `df`'s.
+    Specdiff,
 }
 
 impl Method {
@@ -102,6 +106,7 @@ impl Method {
             Method::SetsStale => "sets-stale",
             Method::SetsNet => "sets-net",
             Method::SetsMax => "sets-max",
+            Method::Specdiff => "specdiff",
         }
     }
 
@@ -389,6 +394,7 @@ pub fn strategy(
     };
     let b = match method {
         Method::Df | Method::Threshold => return Ok(Strategy::draft_free()),
+        Method::Specdiff => bail!("--method specdiff needs an autoregressive model"),
         Method::SetsStale => b.sets(
             StaleThresholdJoin,
             StaleConfidenceScorer,

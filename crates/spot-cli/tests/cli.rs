@@ -207,7 +207,8 @@ fn generate_reproduces_dreams_own_sampler() {
 }
 
 /// Autoregressive folders (Llama, Qwen2) decode token by token through `spot generate` with
-/// the oracle's greedy tokens; speculative methods are refused with a message.
+/// the oracle's greedy tokens, and so does SpecDiff-2; block-diffusion methods are refused
+/// with a message.
 #[test]
 fn generate_autoregressive_matches_the_oracle() {
     for name in ["llama-tiny", "qwen2-tiny"] {
@@ -231,7 +232,27 @@ fn generate_autoregressive_matches_the_oracle() {
             let j = json(&spot(&args));
             assert_eq!(j["tokens"], case["tokens"], "{name} prompt {ids}");
             assert_eq!(j["stopped"], case["stopped"], "{name} prompt {ids}");
+            // SpecDiff-2 returns the same tokens in no more forwards.
+            args[8] = "specdiff";
+            args.extend(["--k", "3", "--draft-tokens", "4"]);
+            let s = json(&spot(&args));
+            assert_eq!(s["method"], "specdiff");
+            assert_eq!(s["tokens"], case["tokens"], "{name} prompt {ids}: specdiff");
+            assert!(s["nfe"].as_u64() <= j["nfe"].as_u64(), "{s}");
         }
+        let out = spot(&[
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            "5,6",
+            "--method",
+            "specdiff",
+            "--drafter",
+            "no-such-drafter",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("lookup"), "{err}");
         let out = spot(&[
             "generate",
             "--model",
