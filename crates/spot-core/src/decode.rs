@@ -179,7 +179,7 @@ pub struct DecodeStats {
     pub prefetched_forwards: u64,
     /// Blocks whose first forward was proposed from a look-ahead's statistics that assumed
     /// another end of the block before (or whose served step would have ended the block):
-    /// handed to the strategy by [`StepStrategy::refresh`](crate::StepStrategy::refresh),
+    /// handed to the strategy by [`StepStrategy::refresh`],
     /// which may draft that forward from them instead of taking a plain step.
     pub refreshed_blocks: u64,
 }

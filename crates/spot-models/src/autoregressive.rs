@@ -37,12 +37,12 @@ use crate::transformer::{Net, Segment};
 /// ```
 pub struct CausalLm<B: Backend> {
     cfg: DecoderConfig,
-    net: Net<B>,
-    frame: Frame<B>,
+    pub(crate) net: Net<B>,
+    pub(crate) frame: Frame<B>,
     info: ArInfo,
-    cache: Vec<Kv<B>>,
-    len: usize,
-    noise: crate::frame::NoiseCache<B>,
+    pub(crate) cache: Vec<Kv<B>>,
+    pub(crate) len: usize,
+    pub(crate) noise: crate::frame::NoiseCache<B>,
 }
 
 impl<B: Backend> std::fmt::Debug for CausalLm<B> {
@@ -100,7 +100,7 @@ impl<B: Backend> CausalLm<B> {
         Ok(self.net.head.logits_host(hidden))
     }
 
-    fn append(&mut self, tokens: &[TokenId]) -> Result<Tensor<B, 2>> {
+    pub(crate) fn append(&mut self, tokens: &[TokenId]) -> Result<Tensor<B, 2>> {
         if tokens.is_empty() {
             return Err(ModelError::Request("no tokens to append".to_string()));
         }
