@@ -105,8 +105,9 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 8)]
     budget: usize,
     /// Drafter checkpoint for `--method spot` (default: `spot-drafter.safetensors` in the
-    /// model folder); for `--method specdiff`, `lookup` (the default: the training-free
-    /// prompt-lookup drafter).
+    /// model folder); for `--method specdiff`, a drafter folder (`specdiff-drafter.json`;
+    /// default: `specdiff-drafter/` in the model folder, else `lookup`) or `lookup` (the
+    /// training-free prompt-lookup drafter).
     #[arg(long)]
     pub(crate) drafter: Option<PathBuf>,
     /// Spiffy graph for `--method spiffy` (default: `spiffy-graph.json` in the model folder).

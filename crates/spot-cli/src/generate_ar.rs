@@ -7,8 +7,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use spot_dlm::{ArConfig, ArOutput, AutoregressiveModel, decode_autoregressive};
-use spot_models::CausalLm;
-use spot_specdiff::{LookupDrafter, Selection, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport};
+use spot_models::{CausalLm, MaskedDrafter};
+use spot_specdiff::{
+    DiffusionDrafter, LookupDrafter, Selection, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport,
+};
 
 use crate::Backend;
 use crate::generate::GenerateArgs;
@@ -61,18 +63,33 @@ impl SpecDiffArgs {
     }
 }
 
-/// The drafter of `--method specdiff`: `--drafter lookup` (the default) is the only kind so
-/// far.
-fn drafter(a: &GenerateArgs, vocab: usize) -> Result<LookupDrafter> {
-    match a.drafter.as_deref() {
-        None => Ok(LookupDrafter::new(vocab, 3, 4)),
-        Some(p) if p == Path::new("lookup") => Ok(LookupDrafter::new(vocab, 3, 4)),
-        Some(p) => bail!(
-            "--drafter {}: --method specdiff takes `lookup` (the training-free prompt-lookup \
-             drafter); trained diffusion drafters are not supported yet",
-            p.display()
-        ),
-    }
+/// The default drafter folder of a target: `specdiff-drafter/` inside its folder.
+pub const DEFAULT_SPECDIFF_DRAFTER: &str = "specdiff-drafter";
+
+/// The drafter of `--method specdiff`: `--drafter lookup` (prompt lookup, training-free), a
+/// drafter folder (`spot_models::MaskedDrafter`), or by default `DIR/specdiff-drafter/` when
+/// it exists, else the lookup drafter.
+fn drafter(a: &GenerateArgs, dir: &Path, vocab: usize) -> Result<Box<dyn DiffusionDrafter>> {
+    let lookup = || -> Box<dyn DiffusionDrafter> { Box::new(LookupDrafter::new(vocab, 3, 4)) };
+    let folder = match a.drafter.as_deref() {
+        Some(p) if p == Path::new("lookup") => return Ok(lookup()),
+        Some(p) => p.to_path_buf(),
+        None => {
+            let d = dir.join(DEFAULT_SPECDIFF_DRAFTER);
+            if !d.join(spot_models::DRAFTER_FILE).is_file() {
+                eprintln!(
+                    "drafter: lookup (training-free; no {} in {})",
+                    DEFAULT_SPECDIFF_DRAFTER,
+                    dir.display()
+                );
+                return Ok(lookup());
+            }
+            d
+        }
+    };
+    let d = MaskedDrafter::<Backend>::load(&folder, &crate::backend::device()?)
+        .with_context(|| format!("loading the SpecDiff-2 drafter {}", folder.display()))?;
+    Ok(Box::new(d))
 }
 
 /// Decodes the prompt(s) of `a` with the autoregressive model in `dir`.
@@ -102,7 +119,7 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
     let specdiff = match a.method {
         Method::Specdiff => Some((
             SpecDiffDecoder::new(a.specdiff.config(a.seed)?)?,
-            drafter(a, model.ar_info().vocab_size)?,
+            drafter(a, dir, model.ar_info().vocab_size)?,
         )),
         _ => None,
     };
@@ -112,7 +129,7 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
         let (out, report) = match specdiff.as_mut() {
             Some((d, drafter)) => {
                 let o = d
-                    .decode(&mut model, drafter, ids, &cfg)
+                    .decode(&mut model, drafter.as_mut(), ids, &cfg)
                     .with_context(|| format!("prompt {id}"))?;
                 let out = ArOutput {
                     tokens: o.tokens,

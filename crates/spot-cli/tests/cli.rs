@@ -252,7 +252,10 @@ fn generate_autoregressive_matches_the_oracle() {
             "no-such-drafter",
         ]);
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains("lookup"), "{err}");
+        assert!(
+            !out.status.success() && err.contains("no-such-drafter"),
+            "{err}"
+        );
         let out = spot(&[
             "generate",
             "--model",
@@ -1105,4 +1108,55 @@ fn sets_are_calibrated_and_equal_threshold_decoding() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("oracle"));
+}
+
+/// `--method specdiff --drafter DIR` drafts with a drafter folder (here the `llama-tiny`
+/// fixture itself with a mask token) and returns `df`'s tokens; `DIR/specdiff-drafter/` is
+/// the default.
+#[test]
+fn generate_specdiff_with_a_drafter_folder() {
+    let target = tempfile::tempdir().unwrap();
+    let drafter = target.path().join("specdiff-drafter");
+    std::fs::create_dir(&drafter).unwrap();
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ] {
+        std::fs::copy(fixture("llama-tiny").join(f), target.path().join(f)).unwrap();
+        std::fs::copy(fixture("llama-tiny").join(f), drafter.join(f)).unwrap();
+    }
+    std::fs::write(
+        drafter.join("specdiff-drafter.json"),
+        r#"{"format": "spot-specdiff-drafter", "version": 1, "mask_token_id": 3}"#,
+    )
+    .unwrap();
+    let t = target.path().to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            t,
+            "--prompt-ids",
+            "5,6,7",
+            "--max-new-tokens",
+            "20",
+            "--no-early-stop",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&spot(&args))
+    };
+    let df = run(&["--method", "df"]);
+    let d = drafter.to_str().unwrap();
+    for extra in [
+        &["--method", "specdiff", "--drafter", d][..],
+        &["--method", "specdiff"][..],
+    ] {
+        let s = run(extra);
+        assert_eq!(s["tokens"], df["tokens"], "{extra:?}");
+        // The drafter has the target's weights: its first drafted token is always right.
+        assert!(s["nfe"].as_u64() < df["nfe"].as_u64(), "{s}");
+    }
 }
