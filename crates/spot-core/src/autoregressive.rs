@@ -50,8 +50,10 @@ pub trait AutoregressiveModel {
     fn extend(&mut self, tokens: &[TokenId], query: &StatsQuery) -> Result<BlockStats>;
 
     /// Appends `shared` (kept in the cache, as [`extend`](Self::extend)) and scores every
-    /// branch after it without keeping it: returns the statistics of `shared` and, per branch,
-    /// those of its tokens (entry `i` predicts the position after the branch's token `i`).
+    /// branch after it without keeping it: returns the statistics of `shared` (at least the
+    /// entry of its last token, which predicts the branches' first position; a model may
+    /// return that entry alone) and, per branch, those of its tokens (entry `i` predicts the
+    /// position after the branch's token `i`).
     /// Each branch's statistics must be bit-identical to appending it alone. The default runs
     /// one [`extend`](Self::extend) per branch and rolls each back; a batched model scores
     /// them all in one forward.
@@ -200,11 +202,11 @@ pub fn check_inputs(info: &ArInfo, prompt: &[TokenId], cfg: &ArConfig) -> Result
 /// Checks statistics an autoregressive model returned: at least `expected` entries (at
 /// least one), every id inside `vocab`, finite probabilities.
 pub fn check_stats(stats: &BlockStats, expected: usize, vocab: usize) -> Result<()> {
-    if stats.is_empty() {
+    if stats.is_empty() || stats.len() < expected {
         return Err(Error::ShapeMismatch {
             what: "statistics per appended token",
-            expected,
-            actual: 0,
+            expected: expected.max(1),
+            actual: stats.len(),
         });
     }
     // No mask token in an autoregressive vocabulary: `vocab` is out of range for every id.

@@ -80,30 +80,23 @@ pub(crate) fn causal<B: Backend>(
     scale: f64,
 ) -> Tensor<B, 4> {
     let [n, kvh, _, d] = k.dims();
-    if n > 1 {
-        // Several sequences after one cache (a verifier's branches): each alone, so each
-        // gets exactly the products of a forward of its own.
-        let outs = (0..n)
-            .map(|b| {
-                let one = |t: &Tensor<B, 4>| t.clone().narrow(0, b, 1);
-                causal(one(&q), &one(k), &one(v), cache, scale)
-            })
-            .collect();
-        return Tensor::cat(outs, 0);
-    }
     let len = k.dims()[2];
     let g = q.dims()[2] / len.max(1);
     let p = cache.map_or(0, |c| c.k.dims()[2]);
-    let q = q.reshape([1, kvh, g, len, d]);
-    // `[cache ; new]` once; position `i` reads the first `p + i` rows of it.
+    let q = q.reshape([n, kvh, g, len, d]);
+    // `[cache ; new]` once per sequence (the cache repeated for several sequences, the
+    // branches of a verifier); position `i` reads the first `p + i` rows of it. Every product
+    // below is batched over the sequences only, each sequence's slice the product a forward
+    // of that sequence alone runs.
     let all = |own: &Tensor<B, 4>, cached: Option<&Tensor<B, 4>>| match cached {
+        Some(c) if n > 1 => Tensor::cat(vec![c.clone().repeat_dim(0, n), own.clone()], 2),
         Some(c) => Tensor::cat(vec![c.clone(), own.clone()], 2),
         None => own.clone(),
     };
     let (all_k, all_v) = (all(k, cache.map(|c| &c.k)), all(v, cache.map(|c| &c.v)));
     let outs = (0..len)
         .map(|i| {
-            let qi = q.clone().narrow(3, i, 1).reshape([1, kvh, g, d]);
+            let qi = q.clone().narrow(3, i, 1).reshape([n, kvh, g, d]);
             let (ki, vi) = (k.clone().narrow(2, i, 1), v.clone().narrow(2, i, 1));
             let s_self = qi.clone().matmul(ki.swap_dims(2, 3)).mul_scalar(scale);
             let o = if p + i == 0 {
@@ -115,10 +108,10 @@ pub(crate) fn causal<B: Backend>(
                 let w = softmax_f32(Tensor::cat(vec![s_pre, s_self], 3));
                 w.clone().narrow(3, 0, p + i).matmul(pre_v) + w.narrow(3, p + i, 1).matmul(vi)
             };
-            o.reshape([1, kvh, g, 1, d])
+            o.reshape([n, kvh, g, 1, d])
         })
         .collect();
-    Tensor::cat(outs, 3).reshape([1, kvh, g * len, d])
+    Tensor::cat(outs, 3).reshape([n, kvh, g * len, d])
 }
 
 /// Softmax over the last dimension in f32, returned in the scores' type (a no-op cast in f32).

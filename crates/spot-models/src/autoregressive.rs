@@ -159,7 +159,8 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
 
     /// One forward: `shared` (kept in the cache) and the branches after it, each branch's
     /// attention on its own over `[cache ; shared]`, so its statistics are bit-identical to
-    /// appending it alone. Branches of unequal lengths are scored one by one.
+    /// appending it alone. Only the shared run's last row is reduced (one entry). Branches
+    /// of unequal lengths are scored one by one.
     fn extend_branches(
         &mut self,
         shared: &[TokenId],
@@ -199,15 +200,16 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
         let kept = std::mem::take(&mut kv[0]);
         Net::extend_cache(&mut self.cache, kept);
         self.len += shared.len();
+        // Only the shared run's last row is read (it predicts the first drafted position).
         let rows = shared.len();
-        let own = hidden.clone().narrow(0, 0, rows);
+        let own = hidden.clone().narrow(0, rows - 1, 1);
         let after = hidden.narrow(0, rows, n * len);
         let noise = &mut self.noise;
         let mut first = self.frame.stats(
             &self.net.head,
             own,
-            &RowPlan::all(rows),
-            (start + 1, &mut *noise),
+            &RowPlan::all(1),
+            (start + rows, &mut *noise),
             query,
         )?;
         let stats = self.frame.stats(
