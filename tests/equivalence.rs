@@ -334,21 +334,29 @@ fn ablations_diverge_at_positive_temperature() {
 /// The cross-block look-ahead fires: with the full oracle on stable toy logits the tree
 /// reaches every block's end, so each following block's first forward comes from the
 /// look-ahead of the forward before; the decode is the draft-free one in fewer forwards.
-#[test]
-fn lookahead_serves_the_next_blocks_first_forward() {
-    use spot_dlm::toy::{ToyConfig, ToyModel};
-    use spot_dlm::{BlockDiffusionModel, DecodeConfig};
-    let mut m = ToyModel::new(ToyConfig {
-        stability: 1.0,
-        ..ToyConfig::default()
-    });
-    let cfg = DecodeConfig {
+/// A toy model and a fixed-length decode of 8 blocks of 8: the block-end tests' setting.
+fn block_end_case(
+    toy: spot_dlm::toy::ToyConfig,
+) -> (spot_dlm::toy::ToyModel, spot_dlm::DecodeConfig) {
+    use spot_dlm::BlockDiffusionModel;
+    let m = spot_dlm::toy::ToyModel::new(toy);
+    let cfg = spot_dlm::DecodeConfig {
         block_size: 8,
         max_new_tokens: 64,
         early_stop: false,
         stop_ids: m.info().stop_ids.clone(),
-        ..DecodeConfig::default()
+        ..spot_dlm::DecodeConfig::default()
     };
+    (m, cfg)
+}
+
+#[test]
+fn lookahead_serves_the_next_blocks_first_forward() {
+    use spot_dlm::toy::ToyConfig;
+    let (mut m, cfg) = block_end_case(ToyConfig {
+        stability: 1.0,
+        ..ToyConfig::default()
+    });
     let prompt = [3, 1, 4, 1, 5];
     let reference = DraftFreeDecoder::new()
         .with_trace(true)
@@ -377,16 +385,8 @@ fn lookahead_serves_the_next_blocks_first_forward() {
 /// completions (`fill`) make such misses common. The output stays the draft-free one.
 #[test]
 fn refresh_drafts_a_blocks_first_forward() {
-    use spot_dlm::toy::{ToyConfig, ToyModel};
-    use spot_dlm::{BlockDiffusionModel, DecodeConfig};
-    let mut m = ToyModel::new(ToyConfig::default());
-    let cfg = DecodeConfig {
-        block_size: 8,
-        max_new_tokens: 64,
-        early_stop: false,
-        stop_ids: m.info().stop_ids.clone(),
-        ..DecodeConfig::default()
-    };
+    use spot_dlm::toy::ToyConfig;
+    let (mut m, cfg) = block_end_case(ToyConfig::default());
     let mut refreshed = [0u64; 2];
     for p in 0..6u32 {
         let prompt = [3, 1, 4 + p, 1, 5];

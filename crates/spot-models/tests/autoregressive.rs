@@ -42,6 +42,15 @@ fn golden(name: &str) -> ArGolden {
     serde_json::from_str(&text).unwrap()
 }
 
+/// The token ids of the fixture's longest logits case.
+fn longest_ids(g: &ArGolden) -> &[u32] {
+    &g.logits_cases
+        .iter()
+        .max_by_key(|c| c.ids.len())
+        .unwrap()
+        .ids
+}
+
 fn load(name: &str) -> CausalLm<CpuBackend> {
     CausalLm::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
 }
@@ -130,12 +139,7 @@ fn one_forward_equals_token_by_token() {
     for name in AR_FIXTURES {
         let g = golden(name);
         let mut m = load(name);
-        let ids = &g
-            .logits_cases
-            .iter()
-            .max_by_key(|c| c.ids.len())
-            .unwrap()
-            .ids;
+        let ids = longest_ids(&g);
         for t in [0.0f32, 1.0] {
             let q = StatsQuery::new(t, 5);
             for (start, end) in [(0usize, 9usize), (4, 12), (11, 30)] {
@@ -208,12 +212,7 @@ fn branches_in_one_forward_equal_each_alone() {
     for name in AR_FIXTURES {
         let g = golden(name);
         let mut m = load(name);
-        let ids = &g
-            .logits_cases
-            .iter()
-            .max_by_key(|c| c.ids.len())
-            .unwrap()
-            .ids;
+        let ids = longest_ids(&g);
         let v = g.vocab_size as u32;
         let branches: Vec<Vec<u32>> = (0..4u32)
             .map(|b| {
