@@ -333,7 +333,11 @@ fn smollm2_matches_pytorch() {
         assert_eq!(text, case.greedy_text_skip_special, "{name}: greedy text");
 
         // SpecDiff-2 on the real target (batched branches, coupled acceptance) returns these
-        // tokens, and at T = 1 the sampled ones: a training-free lookup drafter, K = 4.
+        // tokens, and at T = 1 the sampled ones: a training-free lookup drafter, K = 4 (on
+        // the first case only, to keep the test's time).
+        if case.name != r.cases[0].name {
+            continue;
+        }
         let sd = SpecDiffConfig {
             k: 4,
             gamma: 6,
