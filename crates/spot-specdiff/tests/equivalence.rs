@@ -260,3 +260,60 @@ fn requests_interleave_and_refuse_answers_out_of_turn() {
         assert_eq!(got.forwards, want.forwards);
     }
 }
+
+/// A target whose branch statistics are short (a broken batched implementation) is a typed
+/// error, not a panic.
+#[test]
+fn short_branch_statistics_are_typed_errors() {
+    use spot_core::{ArInfo, AutoregressiveModel, BlockStats, StatsQuery};
+    struct Short(ToyCausalModel);
+    impl AutoregressiveModel for Short {
+        fn ar_info(&self) -> &ArInfo {
+            self.0.ar_info()
+        }
+        fn cached_len(&self) -> usize {
+            self.0.cached_len()
+        }
+        fn truncate(&mut self, len: usize) -> Result<()> {
+            self.0.truncate(len)
+        }
+        fn extend(&mut self, tokens: &[TokenId], q: &StatsQuery) -> Result<BlockStats> {
+            self.0.extend(tokens, q)
+        }
+        fn extend_branches(
+            &mut self,
+            shared: &[TokenId],
+            branches: &[Vec<TokenId>],
+            q: &StatsQuery,
+        ) -> Result<(BlockStats, Vec<BlockStats>)> {
+            // Statistics of each branch's first token only.
+            let first: Vec<Vec<TokenId>> = branches.iter().map(|b| b[..1].to_vec()).collect();
+            spot_core::autoregressive::extend_each(&mut self.0, shared, &first, q)
+        }
+    }
+    let base = ToyCausalModel::new(32, 1);
+    let mut drafter = ToyDrafter::new(base.clone(), 0.0, 1);
+    let cfg = ArConfig {
+        max_new_tokens: 16,
+        ..ArConfig::default()
+    };
+    let sd = SpecDiffConfig {
+        k: 2,
+        gamma: 4,
+        ..SpecDiffConfig::default()
+    };
+    let e = SpecDiffDecoder::new(sd)
+        .unwrap()
+        .decode(&mut Short(base), &mut drafter, &[1], &cfg)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShapeMismatch {
+                what: "statistics per appended token",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
