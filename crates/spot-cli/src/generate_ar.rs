@@ -45,8 +45,8 @@ pub enum SelectionArg {
 }
 
 impl SpecDiffArgs {
-    fn config(&self, seed: u64) -> Result<SpecDiffConfig> {
-        let cfg = SpecDiffConfig {
+    fn config(&self, seed: u64) -> SpecDiffConfig {
+        SpecDiffConfig {
             k: self.k as usize,
             gamma: self.draft_tokens as usize,
             drafter_temperature: self.drafter_temperature,
@@ -56,10 +56,7 @@ impl SpecDiffArgs {
             },
             draft_seed: seed,
             ..SpecDiffConfig::default()
-        };
-        cfg.validate()
-            .context("--k / --draft-tokens / --drafter-temperature")?;
-        Ok(cfg)
+        }
     }
 }
 
@@ -116,14 +113,14 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
         Some(path) => a.file_prompts(dir, model.tokenizer(), path)?,
         None => vec![(String::new(), a.single_prompt(dir, model.tokenizer())?)],
     };
-    let specdiff = match a.method {
+    let mut specdiff = match a.method {
         Method::Specdiff => Some((
-            SpecDiffDecoder::new(a.specdiff.config(a.seed)?)?,
+            SpecDiffDecoder::new(a.specdiff.config(a.seed))
+                .context("--k / --draft-tokens / --drafter-temperature")?,
             drafter(a, dir, model.ar_info().vocab_size)?,
         )),
         _ => None,
     };
-    let mut specdiff = specdiff;
     for (id, ids) in &prompts {
         let start = Instant::now();
         let (out, report) = match specdiff.as_mut() {

@@ -79,9 +79,9 @@ pub enum Method {
     /// node that commits the most. Its output differs from threshold decoding; `spot bench`
     /// reports how often it agrees (the `equal` column) instead of failing.
     SetsMax,
-    /// SpecDiff-2, for autoregressive models only: `K` drafts of a drafter (`--drafter
-    /// lookup`, the training-free prompt-lookup drafter, until a trained diffusion drafter
-    /// exists) verified in one forward per round; the output equals `df`'s.
+    /// SpecDiff-2, for autoregressive models only: `K` drafts of a drafter (`--drafter DIR`,
+    /// a masked-diffusion drafter folder, or `lookup`, training-free prompt lookup) verified
+    /// in one forward per round; the output equals `df`'s.
     Specdiff,
 }
 

@@ -297,11 +297,7 @@ impl SpecDiffRequest {
     /// The answer to [`ArNeed::Score`]: the statistics of the shared run and of every branch.
     pub fn scored(&mut self, first: BlockStats, branches: Vec<BlockStats>) -> Result<()> {
         self.expect(Phase::Score)?;
-        let out = self.commit(first, branches);
-        if out.is_err() {
-            self.phase = Phase::Done;
-        }
-        out
+        self.commit(first, branches).or_else(|e| self.fail(e))
     }
 
     fn commit(&mut self, first: BlockStats, branches: Vec<BlockStats>) -> Result<()> {
@@ -320,24 +316,23 @@ impl SpecDiffRequest {
         self.report.positions +=
             (self.pending + self.drafts.iter().map(Vec::len).sum::<usize>()) as u64;
         let last = (&first, first.len() - 1);
-        let (pick, accepted) = if self.drafts.is_empty() {
-            (0, vec![0])
+        let scored: Vec<Scored<'_>> = branches
+            .iter()
+            .map(|branch| Scored {
+                first: last,
+                branch,
+            })
+            .collect();
+        // The chosen branch's accepted tokens, then the target's own token after them.
+        let (pick, n, next) = if scored.is_empty() {
+            (0, 0, first.token(last.1))
         } else {
-            let scored: Vec<Scored<'_>> = branches
-                .iter()
-                .map(|branch| Scored {
-                    first: last,
-                    branch,
-                })
-                .collect();
-            select(self.cfg.selection, &self.drafts, &scored)
+            let (pick, accepted) = select(self.cfg.selection, &self.drafts, &scored);
+            let n = accepted[pick];
+            (pick, n, scored[pick].choice(n))
         };
-        let n = accepted[pick];
         let mut new: Vec<TokenId> = self.drafts.get(pick).map_or(&[][..], |d| &d[..n]).to_vec();
-        new.push(match (n, branches.get(pick)) {
-            (0, _) | (_, None) => first.token(first.len() - 1),
-            (n, Some(b)) => b.token(n - 1),
-        });
+        new.push(next);
         let r = &mut self.report;
         r.rounds += 1;
         if r.accepted.len() <= n {
