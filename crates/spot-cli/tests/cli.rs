@@ -833,6 +833,8 @@ fn sample_top_k_is_exact_across_methods() {
 /// `spot calibrate-tokens` refits a copy of the shipped drafter's token calibration from
 /// freshly collected trajectories: one table for the one temperature collected, the weights
 /// byte for byte unchanged; a trajectory directory of another block size is refused naming it.
+/// `spot train-drafter` continues the shipped drafter (`--init`) on the same trajectories and
+/// writes a checkpoint that `--method spot` decodes with, equal to draft-free.
 #[test]
 fn calibrate_tokens_refits_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
@@ -886,6 +888,30 @@ fn calibrate_tokens_refits_a_checkpoint() {
         std::fs::read(&weights).unwrap(),
         std::fs::read(shipped.join("spot-drafter.safetensors")).unwrap()
     );
+    let trained = dir.path().join("trained.safetensors");
+    let out = spot(&[
+        "train-drafter",
+        "--trajectories",
+        traj.to_str().unwrap(),
+        "--out",
+        trained.to_str().unwrap(),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--max-examples",
+        "64",
+        "--init",
+        shipped.join("spot-drafter.safetensors").to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && err.contains("keeping epoch 1"),
+        "{err}"
+    );
+    let df = prime("1", "df", &[]);
+    let sp = prime("1", "spot", &["--drafter", trained.to_str().unwrap()]);
+    assert_eq!(df["tokens"], sp["tokens"]);
     // The SDAR fixture decodes in blocks of another size than the drafter's 32.
     let small = dir.path().join("small");
     let out = collect(&fixture("sdar-tiny"), &small);

@@ -1,18 +1,70 @@
-//! Drafter checkpoints: `NAME.safetensors` (f32 weights by name) plus `NAME.json` (the
+//! Drafter checkpoints: `NAME.safetensors` (f32 weights named by the burn module tree, written
+//! and read through burn-store's [`SafetensorsStore`]) plus `NAME.json` (the
 //! [`OrderModelConfig`], which records the features version and block size).
 //!
+//! The weights file's only metadata entry names its layout: `spot_drafter_version` =
+//! [`CHECKPOINT_VERSION`] (2: burn module names such as `encoder.layers.0.mha.query.weight`;
+//! one entry, so that the same weights always give the same bytes). Version-1 files
+//! (`format` = `spot-drafter` and no version entry; the flat names of the hand-written
+//! network, `layers.0.q.weight`, `layers.0.ln1.weight`, ...) still load,
+//! their names mapped onto the module; a later version is refused as
+//! [`DrafterError::Version`].
+//!
 //! Loading checks everything a mismatched or damaged checkpoint could get wrong — the JSON
-//! fields, the features version, every tensor's presence, dtype and shape, non-finite values —
-//! and reports it as a [`DrafterError`] naming the file and the field or tensor.
+//! fields, the features version, the layout version, every tensor's presence, dtype and shape,
+//! tensors the network does not have, non-finite values — and reports it as a
+//! [`DrafterError`] naming the file and the field or tensor.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use burn_core::config::Config;
+use burn_store::{ApplyError, ModuleSnapshot, SafetensorsStore};
 use burn_tensor::backend::Backend;
-use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::network::{OrderModel, OrderModelConfig};
+
+/// The checkpoint layout this build writes (see the module documentation).
+pub const CHECKPOINT_VERSION: u32 = 2;
+
+/// Metadata key of the layout version.
+const VERSION_KEY: &str = "spot_drafter_version";
+
+/// Version-1 names (the flat parameter list of the hand-written network) to module paths,
+/// as `(regex, replacement)`. In a pre-norm burn encoder layer `norm_2` precedes attention
+/// and `norm_1` the feed-forward.
+const VERSION_1_NAMES: [(&str, &str); 12] = [
+    (
+        r"^layers\.(\d+)\.ln1\.weight$",
+        "encoder.layers.$1.norm_2.gamma",
+    ),
+    (
+        r"^layers\.(\d+)\.ln1\.bias$",
+        "encoder.layers.$1.norm_2.beta",
+    ),
+    (
+        r"^layers\.(\d+)\.ln2\.weight$",
+        "encoder.layers.$1.norm_1.gamma",
+    ),
+    (
+        r"^layers\.(\d+)\.ln2\.bias$",
+        "encoder.layers.$1.norm_1.beta",
+    ),
+    (r"^layers\.(\d+)\.q\.", "encoder.layers.$1.mha.query."),
+    (r"^layers\.(\d+)\.k\.", "encoder.layers.$1.mha.key."),
+    (r"^layers\.(\d+)\.v\.", "encoder.layers.$1.mha.value."),
+    (r"^layers\.(\d+)\.o\.", "encoder.layers.$1.mha.output."),
+    (
+        r"^layers\.(\d+)\.ffn1\.",
+        "encoder.layers.$1.pwff.linear_inner.",
+    ),
+    (
+        r"^layers\.(\d+)\.ffn2\.",
+        "encoder.layers.$1.pwff.linear_outer.",
+    ),
+    (r"^final_ln\.weight$", "final_ln.gamma"),
+    (r"^final_ln\.bias$", "final_ln.beta"),
+];
 
 /// Why a drafter checkpoint could not be saved or loaded.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +101,7 @@ pub enum DrafterError {
         /// Tensor name.
         name: String,
     },
-    /// A tensor has the wrong shape, dtype or values.
+    /// A tensor has the wrong shape, dtype or values, or the network has no such tensor.
     #[error("{path}: tensor `{name}`: {reason}")]
     BadTensor {
         /// The weights file.
@@ -59,6 +111,16 @@ pub enum DrafterError {
         /// What is wrong (expected vs found).
         reason: String,
     },
+    /// The weights file declares a layout this build does not read.
+    #[error(
+        "{path}: drafter checkpoint layout version {found}; this build reads versions 1 to {CHECKPOINT_VERSION}"
+    )]
+    Version {
+        /// The weights file.
+        path: PathBuf,
+        /// The version the file declares.
+        found: String,
+    },
 }
 
 /// The JSON file that accompanies `weights` (same stem, `.json`).
@@ -66,38 +128,29 @@ pub fn config_path(weights: &Path) -> PathBuf {
     weights.with_extension("json")
 }
 
-/// Writes `model` to `weights` and its config to [`config_path`]`(weights)`.
+/// Writes `model` to `weights` (layout [`CHECKPOINT_VERSION`]) and its config to
+/// [`config_path`]`(weights)`, replacing both if they exist.
 pub fn save<B: Backend>(model: &OrderModel<B>, weights: &Path) -> Result<(), DrafterError> {
-    let host = model.to_host();
-    let bytes: Vec<Vec<u8>> = host
-        .iter()
-        .map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect())
-        .collect();
-    let mut views = Vec::with_capacity(host.len());
-    for ((name, shape), b) in model.names().iter().zip(model.shapes()).zip(&bytes) {
-        let view =
-            TensorView::new(Dtype::F32, shape.clone(), b).map_err(|e| DrafterError::Weights {
-                path: weights.to_path_buf(),
-                reason: e.to_string(),
-            })?;
-        views.push((name.clone(), view));
-    }
-    let meta = HashMap::from([("format".to_string(), "spot-drafter".to_string())]);
-    let data = safetensors::serialize(views, Some(meta)).map_err(|e| DrafterError::Weights {
-        path: weights.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| DrafterError::Io { path, source }
-    };
-    std::fs::write(weights, data).map_err(io(weights))?;
+    // One metadata entry: burn-store keeps metadata in a hash map, and a single entry makes the
+    // file's bytes a function of the weights alone.
+    let mut store = SafetensorsStore::from_file(weights)
+        .clear_metadata()
+        .metadata(VERSION_KEY, CHECKPOINT_VERSION.to_string())
+        .overwrite(true);
+    model
+        .save_into(&mut store)
+        .map_err(|e| DrafterError::Weights {
+            path: weights.to_path_buf(),
+            reason: e.to_string(),
+        })?;
     let cpath = config_path(weights);
-    let json = serde_json::to_string_pretty(model.config()).map_err(|e| DrafterError::Config {
-        path: cpath.clone(),
-        reason: e.to_string(),
-    })?;
-    std::fs::write(&cpath, json + "\n").map_err(io(&cpath))
+    model
+        .config()
+        .save(&cpath)
+        .map_err(|source| DrafterError::Io {
+            path: cpath,
+            source,
+        })
 }
 
 /// Reads and checks the JSON config of the checkpoint `weights` (`NAME.json` next to it)
@@ -112,51 +165,117 @@ pub fn load_config(weights: &Path) -> Result<OrderModelConfig, DrafterError> {
         path: cpath.clone(),
         reason: e.to_string(),
     })?;
-    cfg.check().map_err(|reason| DrafterError::Config {
+    cfg.check().map_err(|e| DrafterError::Config {
         path: cpath,
-        reason,
+        reason: e.to_string(),
     })?;
     Ok(cfg)
 }
 
-/// Reads a checkpoint written by [`save`].
+/// Reads a checkpoint written by [`save`] (or a version-1 one).
 pub fn load<B: Backend>(weights: &Path, device: &B::Device) -> Result<OrderModel<B>, DrafterError> {
     let cfg = load_config(weights)?;
     let bytes = std::fs::read(weights).map_err(|source| DrafterError::Io {
         path: weights.to_path_buf(),
         source,
     })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| DrafterError::Weights {
+    let version = check_weights(weights, &bytes)?;
+    let mut store = SafetensorsStore::from_bytes(Some(bytes))
+        .allow_partial(true)
+        .validate(false);
+    if version == 1 {
+        for (from, to) in VERSION_1_NAMES {
+            store = store.with_key_remapping(from, to);
+        }
+    }
+    let mut model = OrderModel::<B>::init(cfg, 0, device);
+    let result = model
+        .load_from(&mut store)
+        .map_err(|e| DrafterError::Weights {
+            path: weights.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    let bad = |name: &str, reason: String| DrafterError::BadTensor {
         path: weights.to_path_buf(),
-        reason: e.to_string(),
-    })?;
-    let specs = cfg.params();
-    let mut host = Vec::with_capacity(specs.len());
-    for (name, shape, _) in &specs {
+        name: name.to_string(),
+        reason,
+    };
+    if let Some(e) = result.errors.first() {
+        return Err(match e {
+            ApplyError::ShapeMismatch {
+                path,
+                expected,
+                found,
+            } => bad(
+                path,
+                format!(
+                    "shape {:?}, expected {:?}",
+                    found.as_slice(),
+                    expected.as_slice()
+                ),
+            ),
+            ApplyError::DTypeMismatch { path, .. }
+            | ApplyError::AdapterError { path, .. }
+            | ApplyError::LoadError { path, .. } => bad(path, e.to_string()),
+        });
+    }
+    if let Some((name, _)) = result.missing.first() {
+        return Err(DrafterError::MissingTensor {
+            path: weights.to_path_buf(),
+            name: name.clone(),
+        });
+    }
+    if let Some(name) = result.unused.first() {
+        return Err(bad(name, "not a parameter of this network".into()));
+    }
+    Ok(model)
+}
+
+/// Checks what burn-store does not: the file's layout version (returned), and that
+/// every tensor is finite f32.
+fn check_weights(weights: &Path, bytes: &[u8]) -> Result<u32, DrafterError> {
+    let invalid = |reason: String| DrafterError::Weights {
+        path: weights.to_path_buf(),
+        reason,
+    };
+    let (_, meta) = SafeTensors::read_metadata(bytes).map_err(|e| invalid(e.to_string()))?;
+    let entries = meta.metadata().clone().unwrap_or_default();
+    let version = match (entries.get(VERSION_KEY), entries.get("format")) {
+        (Some(v), _) => match v.parse::<u32>() {
+            Ok(n) if (1..=CHECKPOINT_VERSION).contains(&n) => n,
+            _ => {
+                return Err(DrafterError::Version {
+                    path: weights.to_path_buf(),
+                    found: v.clone(),
+                });
+            }
+        },
+        (None, Some(f)) if f == "spot-drafter" => 1,
+        (None, format) => {
+            return Err(invalid(format!(
+                "no `{VERSION_KEY}` metadata entry (format {format:?}): not a drafter checkpoint"
+            )));
+        }
+    };
+    let st = SafeTensors::deserialize(bytes).map_err(|e| invalid(e.to_string()))?;
+    for (name, t) in st.tensors() {
         let bad = |reason: String| DrafterError::BadTensor {
             path: weights.to_path_buf(),
             name: name.clone(),
             reason,
         };
-        let t = st.tensor(name).map_err(|_| DrafterError::MissingTensor {
-            path: weights.to_path_buf(),
-            name: name.clone(),
-        })?;
         if t.dtype() != Dtype::F32 {
             return Err(bad(format!("dtype {:?}, expected F32", t.dtype())));
         }
-        if t.shape() != shape.as_slice() {
-            return Err(bad(format!("shape {:?}, expected {:?}", t.shape(), shape)));
-        }
-        let v: Vec<f32> = t
+        let non_finite = t
             .data()
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-            return Err(bad(format!("non-finite value {} at index {i}", v[i])));
+            .enumerate()
+            .find(|(_, x)| !x.is_finite());
+        if let Some((i, x)) = non_finite {
+            return Err(bad(format!("non-finite value {x} at index {i}")));
         }
-        host.push(v);
     }
-    Ok(OrderModel::from_host(cfg, host, device))
+    Ok(version)
 }

@@ -11,11 +11,14 @@
 //! - [`trajectory`]: draft-free decoding trajectories (per step, the stale statistics and the
 //!   commit that followed) in a versioned binary format, recorded by a draft-free decoder;
 //! - [`collect`]: a resumable directory of trajectories with a manifest;
-//! - [`network`]: the order network `q_φ(s | y)` in burn (0.61M parameters by default);
+//! - [`network`]: the order network `q_φ(s | y)`, a burn `Module` (0.61M parameters by
+//!   default);
 //! - [`scorer`]: the network as the tree builder's [`OrderScorer`](spot_tree::OrderScorer),
 //!   one batched call per tree depth;
-//! - [`train`](mod@train): Algorithm 1 (burn autodiff, Adam, held-out accuracy by depth);
-//! - [`checkpoint`]: safetensors weights plus a JSON config, validated on load.
+//! - [`train`](mod@train): Algorithm 1 (burn autodiff, burn-optim's Adam, held-out accuracy
+//!   by depth);
+//! - [`checkpoint`]: safetensors weights (through burn-store) plus a JSON config, validated
+//!   on load; older layouts load or are refused naming their version.
 
 /// The examples of the crate's README (`README.md`), run as doctests.
 #[cfg(doctest)]
@@ -44,11 +47,11 @@ pub use features::{
     FEATURES_VERSION, LiveStale, N_FEATURES, PositionStale, StaleSource, TOP_K, noised_margin,
     write_features,
 };
-pub use network::{OrderModel, OrderModelConfig};
+pub use network::{ConfigError, OrderModel, OrderModelConfig};
 pub use scorer::{Calibrated, LearnedScorer};
 pub use sets::{JoinTable, SetsDrafter, SetsError};
 pub use spiffy::{SpiffyGraph, SpiffyScorer};
 pub use train::{
-    Accuracy, EpochReport, TrainConfig, TrainObserver, evaluate_on, train, train_from,
+    Accuracy, EpochReport, TrainConfig, TrainError, TrainObserver, evaluate_on, train, train_from,
 };
 pub use trajectory::{Trajectory, TrajectoryError, examples, record};

@@ -1,11 +1,11 @@
 //! The order network `q_φ(s | y)`: a 3-layer transformer encoder over the block's positions.
 //!
 //! Input `[N, L, 78]` features ([`crate::features`]); a linear embedding to `d_model` plus a
-//! learned position embedding; `layers` pre-norm encoder layers (multi-head self-attention over
-//! all `L` positions, GELU feed-forward); a final LayerNorm and a linear head to one score per
-//! position. Scores of positions committed in `y` are excluded by the caller (softmax over the
-//! masked positions). Default shape (d_model 128, 8 heads, FFN 512, 3 layers, L = 32):
-//! 609,410 parameters.
+//! learned position embedding; burn's pre-norm [`TransformerEncoder`] (`layers` layers of
+//! multi-head self-attention over all `L` positions and a GELU feed-forward, no dropout); a
+//! final [`LayerNorm`] and a linear head to one score per position. Scores of positions
+//! committed in `y` are excluded by the caller (softmax over the masked positions). Default
+//! shape (d_model 128, 8 heads, FFN 512, 3 layers, L = 32): 609,410 parameters.
 //!
 //! **Residual on stale confidence (features version 3).** The score of position `s` is
 //! `β · ln c_s + f(x)_s`, where `c_s` is the stale confidence (feature 74), `β` a learned scalar
@@ -14,10 +14,17 @@
 //! to beat, and training learns only the correction. Version-2 checkpoints (74 features, no
 //! residual) still load and score as before.
 //!
-//! Parameters are kept as a flat list of named 1-D tensors, reshaped in the forward; that keeps
-//! checkpoint I/O ([`crate::checkpoint`]) and the optimiser ([`crate::train`](mod@crate::train)) one loop each.
+//! The network is a burn [`Module`] (`#[derive(Module)]`): its parameters are named by the
+//! module tree (`embed.weight`, `encoder.layers.0.mha.query.weight`, ...), checkpoints go
+//! through burn-store ([`crate::checkpoint`]) and training through burn-optim's Adam
+//! ([`crate::train`](mod@crate::train)).
 
-use burn_tensor::activation::{gelu, softmax};
+use burn_core as burn;
+
+use burn::module::{Initializer, Module, ModuleMapper, Param};
+use burn_nn::transformer::{TransformerEncoder, TransformerEncoderConfig, TransformerEncoderInput};
+use burn_nn::{LayerNorm, LayerNormConfig, Linear, LinearConfig};
+use burn_tensor::activation::softmax;
 use burn_tensor::backend::Backend;
 use burn_tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
@@ -26,7 +33,11 @@ use crate::analysis::{TokenCalibration, nearest_calibration};
 use crate::features::{FEATURES_VERSION, FEATURES_VERSION_2, N_FEATURES, N_FEATURES_V2};
 use crate::rng::SplitMix;
 
-/// Shape of the order network (stored next to every checkpoint).
+/// Shape of the order network, stored as the JSON file next to every checkpoint.
+///
+/// burn's [`Config`](burn_core::config::Config) is implemented (`save`, `load`), not derived:
+/// the derive's deserialiser ignores unknown fields, and a checkpoint whose config holds a
+/// field this build does not know must be refused, not half-read.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OrderModelConfig {
@@ -56,6 +67,8 @@ pub struct OrderModelConfig {
     pub token_calibration_by_temperature: Vec<TokenCalibration>,
 }
 
+impl burn::config::Config for OrderModelConfig {}
+
 impl Default for OrderModelConfig {
     fn default() -> Self {
         Self {
@@ -72,53 +85,57 @@ impl Default for OrderModelConfig {
     }
 }
 
-/// How a parameter is initialised.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Init {
-    Normal(f32),
-    Zeros,
-    Ones,
+/// Why an [`OrderModelConfig`] describes no usable network.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// A feature definition this build does not compute.
+    #[error(
+        "features version {version} with {n_features} features; this build reads version {FEATURES_VERSION} with {N_FEATURES} and version {FEATURES_VERSION_2} with {N_FEATURES_V2}"
+    )]
+    FeaturesVersion {
+        /// `features_version` in the config.
+        version: u32,
+        /// `n_features` in the config.
+        n_features: usize,
+    },
+    /// A size is zero.
+    #[error("`{field}` must be positive")]
+    Zero {
+        /// The field.
+        field: &'static str,
+    },
+    /// A size exceeds what a checkpoint may declare (checked before anything is allocated).
+    #[error("`{field}` {value} exceeds {max}")]
+    TooLarge {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: usize,
+        /// The largest accepted.
+        max: usize,
+    },
+    /// The network would have more parameters than a checkpoint may declare.
+    #[error("{count} parameters exceed the limit of {max}")]
+    TooManyParameters {
+        /// Parameters the shape implies.
+        count: u128,
+        /// The limit.
+        max: u128,
+    },
+    /// Attention heads do not divide the width.
+    #[error("d_model {d_model} is not a multiple of heads {heads}")]
+    Heads {
+        /// Model width.
+        d_model: usize,
+        /// Heads.
+        heads: usize,
+    },
+    /// A token calibration table is malformed.
+    #[error("token calibration: {0}")]
+    Calibration(String),
 }
 
 impl OrderModelConfig {
-    /// Names, shapes and initialisers of every parameter, in storage order.
-    pub(crate) fn params(&self) -> Vec<(String, Vec<usize>, Init)> {
-        let (d, f) = (self.d_model, self.ffn);
-        let w = Init::Normal(0.02);
-        let mut v = vec![
-            ("embed.weight".into(), vec![self.n_features, d], w),
-            ("embed.bias".into(), vec![d], Init::Zeros),
-            ("position".into(), vec![self.block_size, d], w),
-        ];
-        for l in 0..self.layers {
-            let p = |n: &str| format!("layers.{l}.{n}");
-            v.push((p("ln1.weight"), vec![d], Init::Ones));
-            v.push((p("ln1.bias"), vec![d], Init::Zeros));
-            for m in ["q", "k", "v", "o"] {
-                v.push((p(&format!("{m}.weight")), vec![d, d], w));
-                v.push((p(&format!("{m}.bias")), vec![d], Init::Zeros));
-            }
-            v.push((p("ln2.weight"), vec![d], Init::Ones));
-            v.push((p("ln2.bias"), vec![d], Init::Zeros));
-            v.push((p("ffn1.weight"), vec![d, f], w));
-            v.push((p("ffn1.bias"), vec![f], Init::Zeros));
-            v.push((p("ffn2.weight"), vec![f, d], w));
-            v.push((p("ffn2.bias"), vec![d], Init::Zeros));
-        }
-        v.push(("final_ln.weight".into(), vec![d], Init::Ones));
-        v.push(("final_ln.bias".into(), vec![d], Init::Zeros));
-        if self.residual() {
-            // Zero head: an untrained network is the stale-confidence ranking.
-            v.push(("head.weight".into(), vec![d, 1], Init::Zeros));
-            v.push(("head.bias".into(), vec![1], Init::Zeros));
-            v.push(("base_scale".into(), vec![1], Init::Ones));
-        } else {
-            v.push(("head.weight".into(), vec![d, 1], w));
-            v.push(("head.bias".into(), vec![1], Init::Zeros));
-        }
-        v
-    }
-
     /// Whether scores are residual on the log stale confidence (features version 3 and later).
     pub fn residual(&self) -> bool {
         self.features_version >= FEATURES_VERSION
@@ -146,136 +163,149 @@ impl OrderModelConfig {
             .or(self.token_calibration.as_ref())
     }
 
-    /// Number of parameters.
+    /// Number of parameters of the network this shape builds (no allocation; the same count
+    /// as burn's `Module::num_params` of [`OrderModelConfig::init`]'s network).
     ///
     /// ```
     /// assert_eq!(spot_drafter::OrderModelConfig::default().parameter_count(), 609_410);
     /// ```
     pub fn parameter_count(&self) -> usize {
-        self.params()
-            .iter()
-            .map(|(_, s, _)| s.iter().product::<usize>())
-            .sum()
+        usize::try_from(self.parameters_u128()).unwrap_or(usize::MAX)
     }
 
-    /// Whether the shape is usable (positive sizes, heads divide d_model, current features).
-    pub fn check(&self) -> Result<(), String> {
+    /// [`OrderModelConfig::parameter_count`] without overflow, for sizes read from a file.
+    fn parameters_u128(&self) -> u128 {
+        let (d, f) = (self.d_model as u128, self.ffn as u128);
+        // Two norms, four attention projections, the two feed-forward layers.
+        let per_layer = 4 * d + 4 * (d * d + d) + 2 * d * f + f + d;
+        let embed = self.n_features as u128 * d + d + self.block_size as u128 * d;
+        let head = 2 * d + d + 1 + u128::from(self.residual());
+        embed + self.layers as u128 * per_layer + head
+    }
+
+    /// Whether the shape is usable (known features, positive and bounded sizes, heads divide
+    /// `d_model`, well-formed calibrations).
+    ///
+    /// ```
+    /// use spot_drafter::{network::ConfigError, OrderModelConfig};
+    /// let cfg = OrderModelConfig { heads: 3, ..OrderModelConfig::default() };
+    /// assert_eq!(cfg.check(), Err(ConfigError::Heads { d_model: 128, heads: 3 }));
+    /// ```
+    pub fn check(&self) -> Result<(), ConfigError> {
         let known = [
             (FEATURES_VERSION, N_FEATURES),
             (FEATURES_VERSION_2, N_FEATURES_V2),
         ];
         if !known.contains(&(self.features_version, self.n_features)) {
-            return Err(format!(
-                "features version {} with {} features; this build reads version {FEATURES_VERSION} with {N_FEATURES} and version {FEATURES_VERSION_2} with {N_FEATURES_V2}",
-                self.features_version, self.n_features
-            ));
-        }
-        if [
-            self.block_size,
-            self.d_model,
-            self.heads,
-            self.ffn,
-            self.layers,
-        ]
-        .contains(&0)
-        {
-            return Err("block_size, d_model, heads, ffn and layers must be positive".into());
+            return Err(ConfigError::FeaturesVersion {
+                version: self.features_version,
+                n_features: self.n_features,
+            });
         }
         // Sizes come from a file: bound them before anything is allocated from them.
-        for (name, v, max) in [
+        for (field, value, max) in [
             ("block_size", self.block_size, 4096),
             ("d_model", self.d_model, 8192),
             ("heads", self.heads, 256),
             ("ffn", self.ffn, 65_536),
             ("layers", self.layers, 64),
         ] {
-            if v > max {
-                return Err(format!("{name} {v} exceeds {max}"));
+            if value == 0 {
+                return Err(ConfigError::Zero { field });
+            }
+            if value > max {
+                return Err(ConfigError::TooLarge { field, value, max });
             }
         }
-        let (d, f) = (self.d_model as u128, self.ffn as u128);
-        let per_layer = 4 * d + 4 * (d * d + d) + 2 * d * f + f + d;
-        let total = (self.n_features as u128 + 1 + self.block_size as u128) * d
-            + self.layers as u128 * per_layer
-            + 3 * d
-            + 2;
-        if total > MAX_PARAMETERS {
-            return Err(format!(
-                "{total} parameters exceed the limit of {MAX_PARAMETERS}"
-            ));
+        let count = self.parameters_u128();
+        if count > MAX_PARAMETERS {
+            return Err(ConfigError::TooManyParameters {
+                count,
+                max: MAX_PARAMETERS,
+            });
         }
         for c in self
             .token_calibration
             .iter()
             .chain(&self.token_calibration_by_temperature)
         {
-            c.check()?;
+            c.check().map_err(ConfigError::Calibration)?;
         }
         if !self.d_model.is_multiple_of(self.heads) {
-            return Err(format!(
-                "d_model {} is not a multiple of heads {}",
-                self.d_model, self.heads
-            ));
+            return Err(ConfigError::Heads {
+                d_model: self.d_model,
+                heads: self.heads,
+            });
         }
         Ok(())
+    }
+
+    /// A freshly initialised network on `device` (burn's config-to-module idiom; the same as
+    /// [`OrderModel::init`] with seed 0). The shape must pass [`OrderModelConfig::check`].
+    pub fn init<B: Backend>(&self, device: &B::Device) -> OrderModel<B> {
+        OrderModel::init(self.clone(), 0, device)
+    }
+
+    /// The network's modules with every parameter zero (norm scales one); [`OrderModel::init`]
+    /// then draws the weights from its seed.
+    fn modules<B: Backend>(&self, device: &B::Device) -> OrderModel<B> {
+        let (d, l) = (self.d_model, self.block_size);
+        let linear = |i: usize, o: usize| {
+            LinearConfig::new(i, o)
+                .with_initializer(Initializer::Zeros)
+                .init(device)
+        };
+        let encoder = TransformerEncoderConfig::new(d, self.ffn, self.heads, self.layers)
+            .with_dropout(0.0)
+            .with_norm_first(true)
+            .with_initializer(Initializer::Zeros)
+            .init(device);
+        OrderModel {
+            embed: linear(self.n_features, d),
+            position: Param::from_tensor(Tensor::zeros([l, d], device)),
+            encoder,
+            final_ln: LayerNormConfig::new(d).init(device),
+            head: linear(d, 1),
+            base_scale: self
+                .residual()
+                .then(|| Param::from_tensor(Tensor::ones([1], device))),
+            cfg: self.clone(),
+        }
     }
 }
 
 /// The order network on backend `B`.
-#[derive(Clone, Debug)]
+#[derive(Module, Debug)]
 pub struct OrderModel<B: Backend> {
+    /// Features to `d_model`.
+    embed: Linear<B>,
+    /// Learned position embedding `[block_size, d_model]`.
+    position: Param<Tensor<B, 2>>,
+    /// Pre-norm transformer encoder.
+    encoder: TransformerEncoder<B>,
+    /// Final norm.
+    final_ln: LayerNorm<B>,
+    /// `d_model` to one score per position.
+    head: Linear<B>,
+    /// `β`, the weight of `ln` stale confidence (residual networks only).
+    base_scale: Option<Param<Tensor<B, 1>>>,
+    /// The shape and calibrations.
+    #[module(skip)]
     cfg: OrderModelConfig,
-    names: Vec<String>,
-    shapes: Vec<Vec<usize>>,
-    params: Vec<Tensor<B, 1>>,
-    device: B::Device,
 }
 
 impl<B: Backend> OrderModel<B> {
-    /// A freshly initialised network (normal(0, 0.02) weights, zero biases, unit norms),
-    /// deterministic in `seed`.
+    /// A freshly initialised network, deterministic in `seed` on every backend and thread:
+    /// weights normal(0, 0.02) from a seeded host generator, zero biases, unit norms; in a
+    /// residual network the head starts at zero and `β` at one. The shape must pass
+    /// [`OrderModelConfig::check`].
     pub fn init(cfg: OrderModelConfig, seed: u64, device: &B::Device) -> Self {
-        let mut rng = SplitMix(seed);
-        let specs = cfg.params();
-        let mut host = Vec::with_capacity(specs.len());
-        for (_, shape, init) in &specs {
-            let n: usize = shape.iter().product();
-            host.push(match init {
-                Init::Zeros => vec![0.0; n],
-                Init::Ones => vec![1.0; n],
-                Init::Normal(std) => (0..n).map(|_| rng.normal() * std).collect(),
-            });
-        }
-        Self::from_host(cfg, host, device)
-    }
-
-    /// A network from host values in storage order (see [`OrderModel::names`] and
-    /// [`OrderModel::shapes`]; each vector holds its tensor row-major).
-    pub fn from_host(cfg: OrderModelConfig, host: Vec<Vec<f32>>, device: &B::Device) -> Self {
-        let params = host
-            .into_iter()
-            .map(|v| {
-                let n = v.len();
-                Tensor::<B, 1>::from_data(TensorData::new(v, [n]), device)
-            })
-            .collect();
-        Self::from_params(cfg, params, device)
-    }
-
-    /// A network holding `params` (storage order, flat).
-    pub(crate) fn from_params(
-        cfg: OrderModelConfig,
-        params: Vec<Tensor<B, 1>>,
-        device: &B::Device,
-    ) -> Self {
-        let specs = cfg.params();
-        Self {
-            names: specs.iter().map(|(n, _, _)| n.clone()).collect(),
-            shapes: specs.iter().map(|(_, s, _)| s.clone()).collect(),
-            cfg,
-            params,
-            device: device.clone(),
-        }
+        let residual = cfg.residual();
+        cfg.modules(device).map(&mut SeededInit {
+            rng: SplitMix(seed),
+            path: Vec::new(),
+            residual,
+        })
     }
 
     /// The configuration.
@@ -284,23 +314,8 @@ impl<B: Backend> OrderModel<B> {
     }
 
     /// The device.
-    pub fn device(&self) -> &B::Device {
-        &self.device
-    }
-
-    /// Parameter names, in storage order.
-    pub fn names(&self) -> &[String] {
-        &self.names
-    }
-
-    /// Parameter shapes, in storage order.
-    pub fn shapes(&self) -> &[Vec<usize>] {
-        &self.shapes
-    }
-
-    /// The flat parameter tensors, in storage order.
-    pub fn params(&self) -> &[Tensor<B, 1>] {
-        &self.params
+    pub fn device(&self) -> B::Device {
+        self.position.device()
     }
 
     /// Attaches (or removes) the token calibration stored with the checkpoint.
@@ -313,82 +328,20 @@ impl<B: Backend> OrderModel<B> {
         self.cfg.token_calibration_by_temperature = c;
     }
 
-    /// Replaces the parameters (same count and lengths, e.g. after an optimiser step).
-    pub(crate) fn set_params(&mut self, params: Vec<Tensor<B, 1>>) {
-        debug_assert_eq!(params.len(), self.params.len());
-        self.params = params;
-    }
-
-    /// Every parameter copied to the host.
-    pub fn to_host(&self) -> Vec<Vec<f32>> {
-        self.params
-            .iter()
-            .map(|p| p.to_data().iter::<f32>().collect())
-            .collect()
-    }
-
-    fn p1(&self, i: usize) -> Tensor<B, 1> {
-        self.params[i].clone()
-    }
-
-    fn p2(&self, i: usize) -> Tensor<B, 2> {
-        let s = &self.shapes[i];
-        self.params[i].clone().reshape([s[0], s[1]])
-    }
-
     /// Scores `[N, L]` of features `[N, L, n_features]` (unnormalised, every position).
     pub fn scores(&self, features: Tensor<B, 3>) -> Tensor<B, 2> {
-        let [n, l, f] = features.dims();
-        let c = &self.cfg;
-        let (d, h) = (c.d_model, c.heads);
-        let dh = d / h;
-        let mut i = 0usize;
-        let mut next = || {
-            i += 1;
-            i - 1
-        };
-        let (we, be, pos) = (next(), next(), next());
-        let pos = self.p2(pos).narrow(0, 0, l).reshape([1, l, d]);
-        let x =
-            features.clone().reshape([n * l, f]).matmul(self.p2(we)) + self.p1(be).unsqueeze::<2>();
-        let mut x = (x.reshape([n, l, d]) + pos).reshape([n * l, d]);
-        let scale = 1.0 / (dh as f64).sqrt();
-        for _ in 0..c.layers {
-            let (g1, b1) = (next(), next());
-            let (wq, bq, wk, bk, wv, bv, wo, bo) = (
-                next(),
-                next(),
-                next(),
-                next(),
-                next(),
-                next(),
-                next(),
-                next(),
-            );
-            let (g2, b2) = (next(), next());
-            let (w1, c1, w2, c2) = (next(), next(), next(), next());
-            let a = layer_norm(x.clone(), self.p1(g1), self.p1(b1));
-            let proj = |w: usize, b: usize| {
-                (a.clone().matmul(self.p2(w)) + self.p1(b).unsqueeze::<2>())
-                    .reshape([n, l, h, dh])
-                    .swap_dims(1, 2)
-            };
-            let (q, k, v) = (proj(wq, bq), proj(wk, bk), proj(wv, bv));
-            let att = softmax(q.matmul(k.swap_dims(2, 3)).mul_scalar(scale), 3);
-            let o = att.matmul(v).swap_dims(1, 2).reshape([n * l, d]);
-            x = x + o.matmul(self.p2(wo)) + self.p1(bo).unsqueeze::<2>();
-            let a = layer_norm(x.clone(), self.p1(g2), self.p1(b2));
-            let hid = gelu(a.matmul(self.p2(w1)) + self.p1(c1).unsqueeze::<2>());
-            x = x + hid.matmul(self.p2(w2)) + self.p1(c2).unsqueeze::<2>();
+        let [n, l, _] = features.dims();
+        let position = self.position.val().narrow(0, 0, l).unsqueeze::<3>();
+        let x = self.embed.forward(features.clone()) + position;
+        let x = self.encoder.forward(TransformerEncoderInput::new(x));
+        let out = self.head.forward(self.final_ln.forward(x)).reshape([n, l]);
+        match &self.base_scale {
+            None => out,
+            Some(beta) => {
+                let base = features.narrow(2, BASE_FEATURE, 1).reshape([n, l]);
+                out + base * beta.val().reshape([1, 1])
+            }
         }
-        let (gf, bf, wh, bh) = (next(), next(), next(), next());
-        let x = layer_norm(x, self.p1(gf), self.p1(bf));
-        let out = (x.matmul(self.p2(wh)) + self.p1(bh).unsqueeze::<2>()).reshape([n, l]);
-        if !c.residual() {
-            return out;
-        }
-        let base = features.narrow(2, BASE_FEATURE, 1).reshape([n, l]);
-        out + base * self.p1(next()).reshape([1, 1])
     }
 
     /// `q(s | y)` for a batch: softmax of the scores over the positions where `valid` is 1.0
@@ -397,13 +350,13 @@ impl<B: Backend> OrderModel<B> {
     pub fn probabilities(&self, features: &[f32], valid: &[f32], n: usize) -> Vec<f32> {
         let l = self.cfg.block_size;
         let f = self.cfg.n_features;
-        let x =
-            Tensor::<B, 3>::from_data(TensorData::new(features.to_vec(), [n, l, f]), &self.device);
+        let device = self.device();
+        let x = Tensor::<B, 3>::from_data(TensorData::new(features.to_vec(), [n, l, f]), &device);
         let bias: Vec<f32> = valid
             .iter()
             .map(|&v| if v > 0.0 { 0.0 } else { -1e9 })
             .collect();
-        let bias = Tensor::<B, 2>::from_data(TensorData::new(bias, [n, l]), &self.device);
+        let bias = Tensor::<B, 2>::from_data(TensorData::new(bias, [n, l]), &device);
         let p = softmax(self.scores(x) + bias, 1);
         p.to_data()
             .iter::<f32>()
@@ -413,15 +366,48 @@ impl<B: Backend> OrderModel<B> {
     }
 }
 
+/// Draws a network's initial weights from a seeded host generator, by parameter path: every
+/// `weight` and the position embedding normal(0, 0.02), except a residual network's head
+/// (kept at zero); biases, norm offsets, norm scales and `β` keep their constant start.
+/// Host-side so that a seed gives the same network on every backend and under parallel tests
+/// (burn's backend generators are process-global).
+struct SeededInit {
+    rng: SplitMix,
+    path: Vec<String>,
+    residual: bool,
+}
+
+impl<B: Backend> ModuleMapper<B> for SeededInit {
+    fn enter_module(&mut self, name: &str, _container: &str) {
+        self.path.push(name.to_string());
+    }
+
+    fn exit_module(&mut self, _name: &str, _container: &str) {
+        self.path.pop();
+    }
+
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let last = self.path.last().map(String::as_str);
+        let head = self.path.first().is_some_and(|p| p == "head");
+        let drawn = matches!(last, Some("weight" | "position")) && !(head && self.residual);
+        let (id, value, mapper) = param.consume();
+        if !drawn {
+            return Param::from_mapped_value(id, value, mapper);
+        }
+        let shape = value.shape();
+        let values: Vec<f32> = (0..shape.num_elements())
+            .map(|_| self.rng.normal() * 0.02)
+            .collect();
+        let mut fresh = Tensor::<B, D>::from_data(TensorData::new(values, shape), &value.device());
+        if value.is_require_grad() {
+            fresh = fresh.require_grad();
+        }
+        Param::from_mapped_value(id, fresh, mapper)
+    }
+}
+
 /// The most parameters a checkpoint may declare (1 GiB of f32).
 const MAX_PARAMETERS: u128 = 1 << 28;
 
 /// The feature a residual network adds its output to: `ln` stale confidence.
 const BASE_FEATURE: usize = 74;
-
-fn layer_norm<B: Backend>(x: Tensor<B, 2>, g: Tensor<B, 1>, b: Tensor<B, 1>) -> Tensor<B, 2> {
-    let mean = x.clone().mean_dim(1);
-    let xc = x - mean;
-    let var = xc.clone().powi_scalar(2).mean_dim(1);
-    xc / var.add_scalar(1e-5).sqrt() * g.unsqueeze::<2>() + b.unsqueeze::<2>()
-}

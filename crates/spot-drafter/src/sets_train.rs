@@ -6,11 +6,15 @@
 //! binary labels: whether it cleared `τ` when it led the step, whether it joined a step
 //! another position led, and, where the step committed it, whether the written token was the
 //! stale choice or the hedge. The loss is the mean binary cross-entropy of each label over
-//! the examples that have it, summed over the four. Adam with a warm-up and cosine schedule;
+//! the examples that have it, summed over the four. burn-optim's Adam with a warm-up and cosine schedule;
 //! whole prompts are held out; each epoch reports the held-out loss of the network next to
 //! the calibrated tables fitted on the same training trajectories, and the epoch with the
 //! lowest held-out loss is kept.
 
+use burn_core as burn;
+
+use burn::module::{Module, Param};
+use burn_optim::{AdamConfig, GradientsParams, Optimizer};
 use burn_tensor::activation::{log_softmax, relu};
 use burn_tensor::backend::{AutodiffBackend, Backend};
 use burn_tensor::{Int, Tensor, TensorData};
@@ -24,7 +28,7 @@ use crate::sets_net::{
 };
 use crate::sets_tokens::TokenInput;
 use crate::sets_tokens::{NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics};
-use crate::train::{Adam, Schedule, heldout_by_prompt};
+use crate::train::{Schedule, heldout_by_prompt, scalar};
 use crate::trajectory::Trajectory;
 use spot_core::GumbelNoise;
 
@@ -287,13 +291,8 @@ pub fn train_sets<B: AutodiffBackend>(
     let steps_per_epoch = per_epoch.div_ceil(cfg.batch_size);
     let schedule = Schedule::new(cfg.lr, steps_per_epoch * cfg.epochs);
     let init = SetsNet::init(net_cfg.clone(), cfg.seed);
-    let mut params: Vec<Tensor<B, 1>> = init
-        .params()
-        .iter()
-        .map(|v| Tensor::<B, 1>::from_data(TensorData::new(v.clone(), [v.len()]), device))
-        .map(Tensor::require_grad)
-        .collect();
-    let mut adam = Adam::<B>::new(&params, cfg.lr);
+    let mut params = Tensors::<B>::new(init.params(), device);
+    let mut optim = adam::<B>();
     let width = net_cfg.hidden_dim + N_SCALAR;
     let (mut x, mut y, mut m) = (Vec::new(), Vec::new(), Vec::new());
     let mut best: Option<(f64, SetsNet)> = None;
@@ -314,18 +313,14 @@ pub fn train_sets<B: AutodiffBackend>(
             let t2 = |v: &Vec<f32>, w: usize| {
                 Tensor::<B, 2>::from_data(TensorData::new(v.clone(), [n, w]), device)
             };
-            let z = forward(&net_cfg, &params, t2(&x, width));
+            let z = forward(&net_cfg, &params.values(), t2(&x, width));
             let loss = bce(z, t2(&y, N_OUT), t2(&m, N_OUT));
             let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
             let value;
-            (value, params) = adam.descend(loss, params, lr, (epoch, step))?;
+            (value, params) = descend(&mut optim, params, loss, lr, (epoch, step))?;
             sum += value * n as f64;
         }
-        let host: Vec<Vec<f32>> = params
-            .iter()
-            .map(|p| p.clone().inner().into_data().iter::<f32>().collect())
-            .collect();
-        let mut net = SetsNet::from_params(net_cfg.clone(), host)?;
+        let mut net = SetsNet::from_params(net_cfg.clone(), params.host())?;
         net.set_trained_on(pairs.clone());
         let mut row = Vec::with_capacity(width);
         let heldout_loss = host_loss(&heldout, |i| {
@@ -484,6 +479,62 @@ fn bce<B: Backend>(z: Tensor<B, 2>, y: Tensor<B, 2>, m: Tensor<B, 2>) -> Tensor<
     ((per * m).sum_dim(0) / counts).sum()
 }
 
+/// The named tensors of a host-stored network ([`SetsNet`], [`TokenHead`]) as a burn module,
+/// so that burn-optim's Adam trains them; inference keeps the host layout (plain loops, one
+/// position at a time, no tensor round trip per round).
+#[derive(Module, Debug)]
+struct Tensors<B: Backend> {
+    list: Vec<Param<Tensor<B, 1>>>,
+}
+
+impl<B: AutodiffBackend> Tensors<B> {
+    /// Trainable copies of `host` on `device`.
+    fn new(host: &[Vec<f32>], device: &B::Device) -> Self {
+        let list = host
+            .iter()
+            .map(|v| Param::from_data(TensorData::new(v.clone(), [v.len()]), device))
+            .collect();
+        Self { list }
+    }
+
+    /// The current values, in order.
+    fn values(&self) -> Vec<Tensor<B, 1>> {
+        self.list.iter().map(Param::val).collect()
+    }
+
+    /// The current values on the host, in order.
+    fn host(&self) -> Vec<Vec<f32>> {
+        self.list
+            .iter()
+            .map(|p| p.val().inner().into_data().iter::<f32>().collect())
+            .collect()
+    }
+}
+
+/// burn-optim's Adam (β 0.9 / 0.999, ε 1e-8) for [`Tensors`].
+fn adam<B: AutodiffBackend>() -> impl Optimizer<Tensors<B>, B> {
+    AdamConfig::new().with_epsilon(1e-8).init::<B, Tensors<B>>()
+}
+
+/// One optimiser step on `loss` at learning rate `lr` (epoch `epoch`, batch `step` name a
+/// non-finite loss in the error); returns the loss and the updated tensors.
+fn descend<B: AutodiffBackend>(
+    optim: &mut impl Optimizer<Tensors<B>, B>,
+    tensors: Tensors<B>,
+    loss: Tensor<B, 1>,
+    lr: f64,
+    (epoch, step): (usize, usize),
+) -> Result<(f64, Tensors<B>), String> {
+    let value = scalar(loss.clone());
+    if !value.is_finite() {
+        return Err(format!(
+            "training loss became {value} at epoch {epoch}, step {step}"
+        ));
+    }
+    let grads = GradientsParams::from_grads(loss.backward(), &tensors);
+    Ok((value, optim.step(lr, tensors, grads)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -621,13 +672,8 @@ pub fn train_token_head<B: AutodiffBackend>(
         return Err("no token examples".into());
     }
     let tcfg = head.cfg.clone();
-    let mut params: Vec<Tensor<B, 1>> = head
-        .params
-        .iter()
-        .map(|v| Tensor::<B, 1>::from_data(TensorData::new(v.clone(), [v.len()]), device))
-        .map(Tensor::require_grad)
-        .collect();
-    let mut adam = Adam::<B>::new(&params, cfg.lr);
+    let mut params = Tensors::<B>::new(&head.params, device);
+    let mut optim = adam::<B>();
     let mut order: Vec<usize> = (0..train.len()).collect();
     let mut rng = SplitMix(cfg.seed ^ 0x70ce_7a1e);
     let steps_per_epoch = train.len().div_ceil(cfg.batch_size);
@@ -646,18 +692,15 @@ pub fn train_token_head<B: AutodiffBackend>(
             let k = tcfg.candidates;
             let f2 =
                 |v: &[f32]| Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), [n, k]), device);
-            let z = token_logits(&tcfg, &params, &batch, device) + f2(&batch.pad);
+            let z = token_logits(&tcfg, &params.values(), &batch, device) + f2(&batch.pad);
             let logp = log_softmax(z, 1);
             let loss = (logp * f2(&batch.onehot)).sum().neg().div_scalar(n as f64);
             let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
-            (_, params) = adam.descend(loss, params, lr, (epoch, step))?;
+            (_, params) = descend(&mut optim, params, loss, lr, (epoch, step))?;
         }
         let trained = TokenHead {
             cfg: tcfg.clone(),
-            params: params
-                .iter()
-                .map(|p| p.clone().inner().into_data().iter::<f32>().collect())
-                .collect(),
+            params: params.host(),
         };
         let m = token_metrics(&trained, heldout);
         observer(epoch, &m);

@@ -7,13 +7,15 @@
 //! held-out split by prompt, and per-epoch next-commit accuracy by depth next to the
 //! stale-confidence ranking baseline.
 
+use burn_core::module::AutodiffModule;
+use burn_optim::{AdamConfig, GradientsParams, Optimizer};
 use burn_tensor::activation::log_softmax;
 use burn_tensor::backend::{AutodiffBackend, Backend};
 use burn_tensor::{Tensor, TensorData};
 
 use crate::analysis::TokenCalibration;
 use crate::features::{StaleSource, write_features};
-use crate::network::{OrderModel, OrderModelConfig};
+use crate::network::{ConfigError, OrderModel, OrderModelConfig};
 use std::collections::HashMap;
 
 use crate::rng::SplitMix;
@@ -253,12 +255,13 @@ fn evaluate<B: Backend>(
     let (l, nf) = (model.config().block_size, model.config().n_features);
     let mut acc = Accuracy::new(depths);
     let mut total = 0.0;
+    let device = model.device();
     for chunk in refs.chunks(batch_size.max(1)) {
         batch.fill(trajs, chunk, l, nf);
         let n = chunk.len();
         let x = Tensor::<B, 3>::from_data(
             TensorData::new(batch.features[..n * l * nf].to_vec(), [n, l, nf]),
-            model.device(),
+            &device,
         );
         let scores = model.scores(x);
         let host: Vec<f32> = scores.clone().to_data().iter::<f32>().collect();
@@ -267,7 +270,7 @@ fn evaluate<B: Backend>(
             &batch.valid[..n * l],
             &batch.target,
             l,
-            model.device(),
+            &device,
         )) * n as f64;
         for i in 0..n {
             let row = &host[i * l..(i + 1) * l];
@@ -288,19 +291,100 @@ fn evaluate<B: Backend>(
     acc
 }
 
+/// Why [`train`] could not run.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum TrainError {
+    /// The requested network shape is unusable.
+    #[error("drafter shape: {0}")]
+    Config(#[from] ConfigError),
+    /// The initial checkpoint's shape differs from the requested one.
+    #[error("the initial checkpoint's shape {init} differs from the requested {requested}")]
+    InitShape {
+        /// The checkpoint's `(block_size, d_model, heads, ffn, layers)`.
+        init: String,
+        /// The requested shape, the same way.
+        requested: String,
+    },
+    /// No trajectories were given.
+    #[error("no trajectories")]
+    NoTrajectories,
+    /// A trajectory's block size differs from the network's.
+    #[error("trajectory `{id}` has block size {found}, the drafter {expected}")]
+    BlockSize {
+        /// The trajectory.
+        id: String,
+        /// Its block size.
+        found: usize,
+        /// The network's.
+        expected: usize,
+    },
+    /// A training setting is out of range.
+    #[error("`{field}` is {value}; it must be {expected}")]
+    Setting {
+        /// The [`TrainConfig`] field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
+    /// The training split holds no example.
+    #[error("the trajectories hold no training examples")]
+    NoExamples,
+    /// The loss stopped being finite.
+    #[error("training loss became {value} at epoch {epoch}, step {step}")]
+    NonFiniteLoss {
+        /// The loss.
+        value: f64,
+        /// 1-based epoch.
+        epoch: usize,
+        /// 0-based step within it.
+        step: usize,
+    },
+}
+
+impl TrainConfig {
+    /// Whether the settings are usable (positive epochs, batch size and finite learning
+    /// rate; holdout in `[0, 1)`).
+    pub fn check(&self) -> Result<(), TrainError> {
+        let setting = |field, value: String, expected| {
+            Err(TrainError::Setting {
+                field,
+                value,
+                expected,
+            })
+        };
+        if self.epochs == 0 {
+            return setting("epochs", "0".into(), "positive");
+        }
+        if self.batch_size == 0 {
+            return setting("batch_size", "0".into(), "positive");
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return setting("lr", self.lr.to_string(), "positive and finite");
+        }
+        if !(0.0..1.0).contains(&self.holdout) {
+            return setting("holdout", self.holdout.to_string(), "in [0, 1)");
+        }
+        Ok(())
+    }
+}
+
 /// Trains an order network on `trajs` (Algorithm 1) and returns it with one report per epoch.
 ///
 /// A `holdout` share of the trajectories, spread evenly over the list (at least one when there
 /// are two or more), is never trained on; the returned network is the epoch with the lowest
 /// held-out loss (the last epoch when nothing is held out), carrying one [`TokenCalibration`]
-/// per decoding temperature fitted on the training trajectories. `trajs` must share one block size and mask id.
+/// per decoding temperature fitted on the training trajectories. `trajs` must share one block
+/// size and mask id. The optimiser is burn-optim's Adam (β 0.9 / 0.999, ε 1e-8) under the
+/// warm-up and cosine schedule of [`TrainConfig::lr`].
 pub fn train<B: AutodiffBackend>(
     trajs: &[Trajectory],
     model_cfg: OrderModelConfig,
     cfg: &TrainConfig,
     device: &B::Device,
     observer: &mut dyn TrainObserver,
-) -> Result<(OrderModel<B::InnerBackend>, Vec<EpochReport>), String> {
+) -> Result<(OrderModel<B::InnerBackend>, Vec<EpochReport>), TrainError> {
     train_from::<B>(trajs, None, model_cfg, cfg, device, observer)
 }
 
@@ -313,32 +397,37 @@ pub fn train_from<B: AutodiffBackend>(
     cfg: &TrainConfig,
     device: &B::Device,
     observer: &mut dyn TrainObserver,
-) -> Result<(OrderModel<B::InnerBackend>, Vec<EpochReport>), String> {
+) -> Result<(OrderModel<B::InnerBackend>, Vec<EpochReport>), TrainError> {
     model_cfg.check()?;
-    if let Some(m) = init {
-        let (a, b) = (m.config(), &model_cfg);
-        if (a.block_size, a.d_model, a.heads, a.ffn, a.layers)
-            != (b.block_size, b.d_model, b.heads, b.ffn, b.layers)
-        {
-            return Err(format!(
-                "the initial checkpoint's shape {a:?} differs from the requested {b:?}"
-            ));
-        }
+    cfg.check()?;
+    let shape = |c: &OrderModelConfig| {
+        format!(
+            "{:?}",
+            (
+                c.block_size,
+                c.d_model,
+                c.heads,
+                c.ffn,
+                c.layers,
+                c.n_features
+            )
+        )
+    };
+    if let Some(m) = init.filter(|m| shape(m.config()) != shape(&model_cfg)) {
+        return Err(TrainError::InitShape {
+            init: shape(m.config()),
+            requested: shape(&model_cfg),
+        });
     }
     if trajs.is_empty() {
-        return Err("no trajectories".into());
+        return Err(TrainError::NoTrajectories);
     }
     if let Some(t) = trajs.iter().find(|t| t.block_size != model_cfg.block_size) {
-        return Err(format!(
-            "trajectory `{}` has block size {}, the drafter {}",
-            t.id, t.block_size, model_cfg.block_size
-        ));
-    }
-    if cfg.batch_size == 0 || cfg.epochs == 0 || !(cfg.lr > 0.0 && cfg.lr.is_finite()) {
-        return Err("epochs, batch size and lr must be positive".into());
-    }
-    if !(0.0..1.0).contains(&cfg.holdout) {
-        return Err(format!("holdout {} is not in [0, 1)", cfg.holdout));
+        return Err(TrainError::BlockSize {
+            id: t.id.clone(),
+            found: t.block_size,
+            expected: model_cfg.block_size,
+        });
     }
     let held = heldout_by_prompt(trajs.iter().map(|t| t.id.as_str()), cfg.holdout);
     let n_held = held.iter().filter(|&&h| h).count();
@@ -347,7 +436,7 @@ pub fn train_from<B: AutodiffBackend>(
     let mut train_refs = example_refs(trajs, &train_ids, cfg.max_depth);
     let mut held_refs = example_refs(trajs, &held_ids, cfg.max_depth);
     if train_refs.is_empty() {
-        return Err("the trajectories hold no training examples".into());
+        return Err(TrainError::NoExamples);
     }
     let (l, nf) = (model_cfg.block_size, model_cfg.n_features);
     let depths = cfg.max_depth + 1;
@@ -362,15 +451,12 @@ pub fn train_from<B: AutodiffBackend>(
     observer.start(per_epoch, held_refs.len(), steps_per_epoch);
 
     let mut model = match init {
-        Some(m) => OrderModel::<B>::from_host(model_cfg, m.to_host(), device),
+        Some(m) => OrderModel::<B>::from_inner(m.clone()),
         None => OrderModel::<B>::init(model_cfg, cfg.seed, device),
     };
-    let mut params: Vec<Tensor<B, 1>> = model
-        .params()
-        .iter()
-        .map(|p| p.clone().require_grad())
-        .collect();
-    let mut adam = Adam::new(&params, cfg.lr);
+    let mut optim = AdamConfig::new()
+        .with_epsilon(1e-8)
+        .init::<B, OrderModel<B>>();
     let mut batch = Batch::default();
     let mut reports = Vec::new();
     let mut best: Option<(f64, OrderModel<B::InnerBackend>)> = None;
@@ -381,7 +467,6 @@ pub fn train_from<B: AutodiffBackend>(
         for (step, chunk) in train_refs[..per_epoch].chunks(cfg.batch_size).enumerate() {
             batch.fill(trajs, chunk, l, nf);
             let n = chunk.len();
-            model.set_params(params.clone());
             let x = Tensor::<B, 3>::from_data(
                 TensorData::new(batch.features[..n * l * nf].to_vec(), [n, l, nf]),
                 device,
@@ -393,14 +478,17 @@ pub fn train_from<B: AutodiffBackend>(
                 l,
                 device,
             );
+            let value = scalar(loss.clone());
+            if !value.is_finite() {
+                return Err(TrainError::NonFiniteLoss { value, epoch, step });
+            }
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
             let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
-            let value;
-            (value, params) = adam.descend(loss, params, lr, (epoch, step))?;
+            model = optim.step(lr, model, grads);
             sum += value * n as f64;
             observer.step(epoch, step, value);
         }
-        model.set_params(params.clone());
-        let inner = inner_model(&model);
+        let inner = model.valid();
         let heldout = evaluate(&inner, trajs, &held_refs, depths, 1024, &mut batch);
         let report = EpochReport {
             epoch,
@@ -420,7 +508,7 @@ pub fn train_from<B: AutodiffBackend>(
     }
     let mut out = match best {
         Some((_, m)) => m,
-        None => inner_model(&model),
+        None => model.valid(),
     };
     let train_part: Vec<&Trajectory> = train_ids.iter().map(|&i| &trajs[i]).collect();
     out.set_token_calibration(None);
@@ -502,84 +590,11 @@ pub fn evaluate_on<B: Backend>(
     evaluate(model, trajs, &refs, max_depth + 1, 1024, &mut batch)
 }
 
-fn inner_model<B: AutodiffBackend>(m: &OrderModel<B>) -> OrderModel<B::InnerBackend> {
-    let params = m.params().iter().map(|p| p.clone().inner()).collect();
-    OrderModel::from_params(m.config().clone(), params, m.device())
-}
-
 pub(crate) fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
     t.into_data()
         .iter::<f32>()
         .next()
         .map_or(f64::NAN, f64::from)
-}
-
-/// Adam (β 0.9 / 0.999, ε 1e-8) over flat parameters, state on the inner backend.
-pub(crate) struct Adam<B: AutodiffBackend> {
-    pub(crate) lr: f64,
-    t: i32,
-    m: Vec<Tensor<B::InnerBackend, 1>>,
-    v: Vec<Tensor<B::InnerBackend, 1>>,
-}
-
-impl<B: AutodiffBackend> Adam<B> {
-    pub(crate) fn new(params: &[Tensor<B, 1>], lr: f64) -> Self {
-        let zeros = |p: &Tensor<B, 1>| p.clone().inner().zeros_like();
-        Self {
-            lr,
-            t: 0,
-            m: params.iter().map(zeros).collect(),
-            v: params.iter().map(zeros).collect(),
-        }
-    }
-
-    /// One optimiser step on `loss` at learning rate `lr` (epoch `epoch`, batch `step` name
-    /// a non-finite loss in the error); returns the loss and the updated parameters.
-    pub(crate) fn descend(
-        &mut self,
-        loss: Tensor<B, 1>,
-        params: Vec<Tensor<B, 1>>,
-        lr: f64,
-        (epoch, step): (usize, usize),
-    ) -> Result<(f64, Vec<Tensor<B, 1>>), String> {
-        let value = scalar(loss.clone());
-        if !value.is_finite() {
-            return Err(format!(
-                "training loss became {value} at epoch {epoch}, step {step}"
-            ));
-        }
-        let grads = loss.backward();
-        self.lr = lr;
-        Ok((value, self.step(params, &grads)))
-    }
-
-    pub(crate) fn step(
-        &mut self,
-        params: Vec<Tensor<B, 1>>,
-        grads: &B::Gradients,
-    ) -> Vec<Tensor<B, 1>> {
-        const B1: f64 = 0.9;
-        const B2: f64 = 0.999;
-        self.t += 1;
-        let c1 = 1.0 - B1.powi(self.t);
-        let c2 = 1.0 - B2.powi(self.t);
-        params
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let inner = p.clone().inner();
-                let Some(g) = p.grad(grads) else {
-                    return Tensor::from_inner(inner).require_grad();
-                };
-                self.m[i] = self.m[i].clone().mul_scalar(B1) + g.clone().mul_scalar(1.0 - B1);
-                self.v[i] =
-                    self.v[i].clone().mul_scalar(B2) + g.powi_scalar(2).mul_scalar(1.0 - B2);
-                let update = self.m[i].clone().div_scalar(c1)
-                    / (self.v[i].clone().div_scalar(c2).sqrt().add_scalar(1e-8));
-                Tensor::from_inner(inner - update.mul_scalar(self.lr)).require_grad()
-            })
-            .collect()
-    }
 }
 
 #[cfg(test)]

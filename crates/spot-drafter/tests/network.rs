@@ -1,6 +1,8 @@
 //! The order network: training on toy trajectories, checkpoints and their bad input.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::HashMap;
+
 use burn_autodiff::Autodiff;
 use burn_flex::Flex;
 use spot_core::DecodeConfig;
@@ -8,11 +10,17 @@ use spot_core::toy::{ToyConfig, ToyModel};
 use spot_drafter::checkpoint::{self, config_path};
 use spot_drafter::{
     DrafterError, FEATURES_VERSION, N_FEATURES, OrderModel, OrderModelConfig, TrainConfig,
-    Trajectory, record, train,
+    TrainError, Trajectory, record, train,
 };
 
 type B = Flex<f32>;
 type AB = Autodiff<Flex<f32>>;
+
+/// A safetensors entry held by value: name, dtype, shape, bytes.
+type RawTensor = (String, safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// A change to a weights file's tensors and metadata.
+type FileEdit = dyn Fn(&mut Vec<RawTensor>, &mut HashMap<String, String>);
 
 fn small() -> OrderModelConfig {
     OrderModelConfig {
@@ -195,14 +203,37 @@ fn bad_training_input_is_an_error() {
     let trajs = trajectories(2, 8);
     let d = Default::default();
     let e = train::<AB>(&trajs, small(), &TrainConfig::default(), &d, &mut ()).unwrap_err();
-    assert!(e.contains("block size 8"), "{e}");
+    assert!(
+        matches!(
+            &e,
+            TrainError::BlockSize {
+                found: 8,
+                expected: 16,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = train::<AB>(&[], small(), &TrainConfig::default(), &d, &mut ()).unwrap_err();
-    assert!(e.contains("no trajectories"), "{e}");
+    assert_eq!(e, TrainError::NoTrajectories);
     let bad = TrainConfig {
         lr: f64::NAN,
         ..TrainConfig::default()
     };
-    assert!(train::<AB>(&trajectories(2, 16), small(), &bad, &d, &mut ()).is_err());
+    let e = train::<AB>(&trajectories(2, 16), small(), &bad, &d, &mut ()).unwrap_err();
+    assert!(matches!(e, TrainError::Setting { field: "lr", .. }), "{e}");
+    let heads = OrderModelConfig {
+        heads: 5,
+        ..small()
+    };
+    let e = train::<AB>(
+        &trajectories(2, 16),
+        heads,
+        &TrainConfig::default(),
+        &d,
+        &mut (),
+    );
+    assert!(matches!(e, Err(TrainError::Config(_))), "{e:?}");
 }
 
 #[test]
@@ -262,13 +293,13 @@ fn checkpoint_round_trip_and_bad_files() {
     .unwrap();
     let e = load(&w);
     assert!(
-        matches!(&e, DrafterError::MissingTensor { name, .. } if name == "layers.2.ln1.weight"),
+        matches!(&e, DrafterError::MissingTensor { name, .. } if name.starts_with("encoder.layers.2.")),
         "{e}"
     );
     std::fs::write(config_path(&w), json.replace("\"ffn\": 64", "\"ffn\": 65")).unwrap();
     let e = load(&w);
     assert!(
-        matches!(&e, DrafterError::BadTensor { name, .. } if name == "layers.0.ffn1.weight"),
+        matches!(&e, DrafterError::BadTensor { name, .. } if name == "encoder.layers.0.pwff.linear_inner.weight"),
         "{e}"
     );
     assert!(e.to_string().contains("[32, 64]"), "{e}");
@@ -282,14 +313,139 @@ fn checkpoint_round_trip_and_bad_files() {
             "cut {cut}"
         );
     }
-    // A NaN weight.
-    let mut host = m.to_host();
-    host[0][3] = f32::NAN;
-    let nan = OrderModel::<B>::from_host(small(), host, &Default::default());
-    checkpoint::save(&nan, &w).unwrap();
-    let e = load(&w);
+    // A NaN weight, a tensor in f64, a tensor the network lacks, a later layout version.
+    checkpoint::save(&m, &w).unwrap();
+    let bytes = std::fs::read(&w).unwrap();
+    let edit = |f: &FileEdit| {
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        let mut meta = meta.metadata().clone().unwrap();
+        let mut ts: Vec<_> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+            .collect();
+        f(&mut ts, &mut meta);
+        let views: Vec<_> = ts
+            .iter()
+            .map(|(n, d, s, b)| {
+                (
+                    n.clone(),
+                    safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+                )
+            })
+            .collect();
+        std::fs::write(&w, safetensors::serialize(views, Some(meta)).unwrap()).unwrap();
+        load(&w)
+    };
+    let e = edit(&|ts, _| {
+        let t = ts.iter_mut().find(|t| t.0 == "embed.weight").unwrap();
+        t.3[12..16].copy_from_slice(&f32::NAN.to_le_bytes());
+    });
     assert!(
-        e.to_string().contains("non-finite") && e.to_string().contains("embed.weight"),
+        matches!(&e, DrafterError::BadTensor { name, reason, .. } if name == "embed.weight" && reason.contains("non-finite value NaN at index 3")),
         "{e}"
     );
+    let e = edit(&|ts, _| {
+        let t = ts.iter_mut().find(|t| t.0 == "position").unwrap();
+        t.1 = safetensors::Dtype::F64;
+        t.2 = vec![8, 32];
+    });
+    assert!(e.to_string().contains("dtype F64, expected F32"), "{e}");
+    let e = edit(&|ts, _| {
+        ts.push((
+            "extra.weight".into(),
+            safetensors::Dtype::F32,
+            vec![1],
+            vec![0; 4],
+        ))
+    });
+    assert!(
+        matches!(&e, DrafterError::BadTensor { name, .. } if name == "extra.weight"),
+        "{e}"
+    );
+    let e = edit(&|_, meta| {
+        meta.insert("spot_drafter_version".into(), "3".into());
+    });
+    assert!(
+        matches!(&e, DrafterError::Version { found, .. } if found == "3")
+            && e.to_string().contains("version 3"),
+        "{e}"
+    );
+    let e = edit(&|_, meta| {
+        meta.clear();
+        meta.insert("format".into(), "pytorch".into());
+    });
+    assert!(
+        matches!(e, DrafterError::Weights { .. }) && e.to_string().contains("pytorch"),
+        "{e}"
+    );
+    // Saving is deterministic: the same weights give the same bytes.
+    let again = dir.path().join("again.safetensors");
+    checkpoint::save(&m, &again).unwrap();
+    checkpoint::save(&m, &w).unwrap();
+    assert_eq!(std::fs::read(&w).unwrap(), std::fs::read(&again).unwrap());
+}
+
+/// Probabilities of `m` on a fixed probe of three states.
+fn fixed_probe(m: &OrderModel<B>) -> Vec<f32> {
+    let (n, l, f) = (3usize, m.config().block_size, m.config().n_features);
+    let feats: Vec<f32> = (0..n * l * f)
+        .map(|i| ((i * 7919) % 113) as f32 / 113.0 - 0.5)
+        .collect();
+    let valid: Vec<f32> = (0..n * l).map(|i| ((i % 3) != 0) as u8 as f32).collect();
+    m.probabilities(&feats, &valid, n)
+}
+
+fn assert_close(got: &[f32], want_file: &std::path::Path) {
+    let want: Vec<f32> =
+        serde_json::from_str(&std::fs::read_to_string(want_file).unwrap()).unwrap();
+    assert_eq!(got.len(), want.len());
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst < 1e-5,
+        "{}: largest difference {worst}",
+        want_file.display()
+    );
+    assert!(want.iter().filter(|&&p| p > 0.02).count() >= want.len() / 4);
+}
+
+/// Checkpoints of the hand-written network (layout version 1: flat names such as
+/// `layers.0.q.weight`, no version entry) load onto the burn module and score as the network
+/// that wrote them did: `drafter-v1.safetensors` is a small perturbed network saved by
+/// 5c84faa with its probe probabilities; the shipped drafter was converted from version 1 and
+/// still gives the probabilities 5c84faa computed from the version-1 file. A version-2 copy
+/// scores the same bit for bit.
+#[test]
+fn older_checkpoints_load_and_score_as_before() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let data = root.join("tests/data");
+    let v1 =
+        checkpoint::load::<B>(&data.join("drafter-v1.safetensors"), &Default::default()).unwrap();
+    assert_close(&fixed_probe(&v1), &data.join("drafter-v1-probe.json"));
+    let shipped = root.join("../../models/sdar-tiny-code/spot-drafter.safetensors");
+    let m = checkpoint::load::<B>(&shipped, &Default::default()).unwrap();
+    assert_close(&fixed_probe(&m), &data.join("shipped-drafter-probe.json"));
+    let dir = tempfile::tempdir().unwrap();
+    for m in [v1, m] {
+        let w = dir.path().join("v2.safetensors");
+        checkpoint::save(&m, &w).unwrap();
+        let back = checkpoint::load::<B>(&w, &Default::default()).unwrap();
+        assert_eq!(fixed_probe(&back), fixed_probe(&m));
+        assert_eq!(back.config(), m.config());
+    }
+}
+
+/// The analytic parameter count is burn's count of the built module.
+#[test]
+fn parameter_count_is_the_modules() {
+    use burn_core::module::Module;
+    for cfg in [OrderModelConfig::default(), small(), small_v2()] {
+        let m = cfg.init::<B>(&Default::default());
+        assert_eq!(m.num_params(), cfg.parameter_count(), "{cfg:?}");
+    }
 }
