@@ -13,6 +13,7 @@ use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, 
 use crate::bench_report::{Cell, Key, Skipped, write_outputs};
 use crate::methods::{self, BlockEndArgs, DraftFiles, Drafters, Method, Settings};
 use crate::{load, model_dir, prompts};
+use spot_models::Family;
 
 /// Stopping protocols.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
@@ -48,27 +49,27 @@ pub enum Reference {
 pub struct BenchArgs {
     /// Hugging Face model folder (default: `SPOT_MODEL`, else the shipped target).
     #[arg(long)]
-    model: Option<PathBuf>,
+    pub(crate) model: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) dtype: crate::DtypeArg,
     /// JSONL prompt sets (repeat the flag or separate with commas); each is reported apart.
     #[arg(long, required = true, value_delimiter = ',', num_args = 1..)]
-    prompts: Vec<PathBuf>,
+    pub(crate) prompts: Vec<PathBuf>,
     /// Field holding the prompt (default: prompt, question, text, input or problem).
     #[arg(long)]
-    field: Option<String>,
+    pub(crate) field: Option<String>,
     /// First N prompts of each set.
     #[arg(long)]
-    limit: Option<usize>,
+    pub(crate) limit: Option<usize>,
     /// Methods (df always runs: it is the reference). Default: ssd, blockspec, spiffy, spot,
     /// spot-gamma, oracle (oracle-token and oracle-joint only when named), skipping (with a
     /// note) those whose drafter file the folder lacks; a method named here that cannot run is
     /// an error.
     #[arg(long, value_enum, value_delimiter = ',')]
-    methods: Option<Vec<Method>>,
+    pub(crate) methods: Option<Vec<Method>>,
     /// Draft budgets D.
     #[arg(long, value_delimiter = ',', default_value = "8,12,16,20")]
-    budgets: Vec<usize>,
+    pub(crate) budgets: Vec<usize>,
     /// Temperatures.
     #[arg(
         long,
@@ -76,56 +77,60 @@ pub struct BenchArgs {
         default_value = "0,1",
         allow_negative_numbers = true
     )]
-    temperatures: Vec<f32>,
+    pub(crate) temperatures: Vec<f32>,
     /// Stopping protocols.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "fixed,eos")]
-    protocols: Vec<Protocol>,
+    pub(crate) protocols: Vec<Protocol>,
     /// Tokens per sample (the papers use 256).
     #[arg(long, default_value_t = 256)]
-    max_new_tokens: usize,
+    pub(crate) max_new_tokens: usize,
     /// Seed of the coupled noise.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
     /// Drafter checkpoint (default: the model folder's `spot-drafter.safetensors`).
     #[arg(long)]
-    drafter: Option<PathBuf>,
+    pub(crate) drafter: Option<PathBuf>,
     /// Spiffy graph (default: the model folder's `spiffy-graph.json`).
     #[arg(long)]
-    spiffy: Option<PathBuf>,
+    pub(crate) spiffy: Option<PathBuf>,
     /// SPOT-Sets tables (default: the model folder's `spot-sets.json`).
     #[arg(long)]
-    sets: Option<PathBuf>,
+    pub(crate) sets: Option<PathBuf>,
     /// The learned set drafter for `--method sets-net` (default: the model folder's
     /// `spot-sets-net.json`).
     #[arg(long)]
-    sets_net: Option<PathBuf>,
+    pub(crate) sets_net: Option<PathBuf>,
     /// The reference decoder: `exact` (one commit per forward) or `threshold` (`--tau`).
     #[arg(long, value_enum, default_value_t = Reference::Exact)]
-    reference: Reference,
+    pub(crate) reference: Reference,
     /// The threshold of `--reference threshold`.
     #[arg(long, default_value_t = 0.9)]
-    tau: f32,
+    pub(crate) tau: f32,
     /// With `--reference threshold`: each block in this many steps, SDAR's
     /// `low_confidence_dynamic` schedule (every position above `--tau` when at least the
     /// step's share of the block is, else that many of the most confident).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    steps: Option<u32>,
+    pub(crate) steps: Option<u32>,
     /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
     /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
     /// so that they differ from `spot` only in the commit order).
     #[arg(long)]
-    uncalibrated_baselines: bool,
+    pub(crate) uncalibrated_baselines: bool,
     /// Mass floor of `spot-gamma`.
     #[arg(long, default_value_t = 0.02)]
-    spot_gamma: f32,
+    pub(crate) spot_gamma: f32,
     #[command(flatten)]
-    block_ends: BlockEndArgs,
+    pub(crate) block_ends: BlockEndArgs,
     /// Output folder: bench.md, bench.json, bench.svg and samples.jsonl (one line per decode).
     #[arg(long, default_value = "bench-results")]
-    out: PathBuf,
+    pub(crate) out: PathBuf,
     /// Free-text note stored in the outputs (machine, build).
     #[arg(long, default_value = "")]
-    note: String,
+    pub(crate) note: String,
+    #[command(flatten)]
+    pub(crate) chat: crate::prompts::ChatArgs,
+    #[command(flatten)]
+    pub(crate) ar: crate::bench_ar::ArBenchArgs,
 }
 
 /// The methods `spot bench` runs when `--methods` is not given.
@@ -236,6 +241,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         );
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
+    if !Family::detect(&dir)?.is_diffusion() {
+        return crate::bench_ar::run(a, &dir);
+    }
     let files = DraftFiles {
         dir: &dir,
         drafter: a.drafter.as_deref(),
@@ -258,13 +266,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             |s| s.to_string_lossy().into_owned(),
         );
         let prompts = prompts::load_prompts(p, a.field.as_deref(), a.limit)?;
-        let mut encoded = Vec::new();
-        for q in prompts {
-            let ids = tokenizer
-                .encode(&q.text)
-                .with_context(|| format!("{}: prompt {}", p.display(), q.id))?;
-            encoded.push((q.id, ids));
-        }
+        let encoded = a
+            .chat
+            .encode_all(&dir, Some(&tokenizer), &prompts)
+            .with_context(|| p.display().to_string())?;
         sets.push((name, encoded));
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;

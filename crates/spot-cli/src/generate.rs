@@ -13,6 +13,7 @@ use spot_dlm::{
 use spot_models::{DiffusionModel, Family, StopStrings};
 
 use crate::methods::{self, BlockEndArgs, DraftFiles, Drafters, Method, Settings};
+use crate::prompts::ChatArgs;
 use crate::{Backend, load, model_dir, prompts};
 
 /// Arguments of `spot generate`.
@@ -150,13 +151,8 @@ pub struct GenerateArgs {
     /// once per block; changes the model's numbers, speculative still equals draft-free).
     #[arg(long)]
     approx_prefix_cache: bool,
-    /// Wrap each prompt as a user message in the folder's chat template
-    /// (`tokenizer_config.json` or `chat_template.jinja`), ending with the assistant header.
-    #[arg(long)]
-    chat: bool,
-    /// System message for `--chat`.
-    #[arg(long, requires = "chat")]
-    system: Option<String>,
+    #[command(flatten)]
+    pub(crate) chat: ChatArgs,
 }
 
 /// `--confidence`: a [`ConfidenceRule::name`] (the rules have one definition, in spot-core).
@@ -165,31 +161,6 @@ fn parse_rule(s: &str) -> Result<ConfidenceRule, String> {
 }
 
 impl GenerateArgs {
-    /// The folder's chat template with `--chat`, read and compiled once per run.
-    fn chat_template(
-        &self,
-        dir: &std::path::Path,
-    ) -> Result<Option<spot_models::chat::ChatTemplate>> {
-        Ok(if self.chat {
-            Some(spot_models::chat::ChatTemplate::from_dir(dir)?)
-        } else {
-            None
-        })
-    }
-
-    /// The ids of prompt `text`: itself, or with `--chat` the rendered conversation.
-    fn prompt_ids(
-        &self,
-        template: Option<&spot_models::chat::ChatTemplate>,
-        tokenizer: Option<&spot_models::hf::Tokenizer>,
-        text: &str,
-    ) -> Result<Vec<u32>> {
-        match template {
-            Some(t) => encode(tokenizer, &t.prompt(self.system.as_deref(), text)?),
-            None => encode(tokenizer, text),
-        }
-    }
-
     /// The prompt ids of a single-prompt run (`--prompt` or `--prompt-ids`).
     pub(crate) fn single_prompt(
         &self,
@@ -199,7 +170,8 @@ impl GenerateArgs {
         match (&self.prompt, &self.prompt_ids) {
             (_, Some(ids)) => Ok(ids.clone()),
             (Some(text), None) => {
-                self.prompt_ids(self.chat_template(dir)?.as_ref(), tokenizer, text)
+                self.chat
+                    .prompt_ids(self.chat.template(dir)?.as_ref(), tokenizer, text)
             }
             (None, None) => bail!("give --prompt, --prompt-ids or --prompts"),
         }
@@ -213,15 +185,7 @@ impl GenerateArgs {
         path: &std::path::Path,
     ) -> Result<Vec<(String, Vec<u32>)>> {
         let set = prompts::load_prompts(path, self.field.as_deref(), self.limit)?;
-        let template = self.chat_template(dir)?;
-        set.iter()
-            .map(|p| {
-                let ids = self
-                    .prompt_ids(template.as_ref(), tokenizer, &p.text)
-                    .with_context(|| format!("prompt {}", p.id))?;
-                Ok((p.id.clone(), ids))
-            })
-            .collect()
+        self.chat.encode_all(dir, tokenizer, &set)
     }
 }
 
@@ -455,15 +419,6 @@ fn settings(a: &GenerateArgs) -> Settings {
         spot_gamma: a.spot_gamma,
         block_ends: a.block_ends.into(),
     }
-}
-
-pub(crate) fn encode(
-    tokenizer: Option<&spot_models::hf::Tokenizer>,
-    text: &str,
-) -> Result<Vec<u32>> {
-    Ok(tokenizer
-        .context("prompt text needs tokenizer.json in the model folder; use --prompt-ids")?
-        .encode(text)?)
 }
 
 fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeConfig {

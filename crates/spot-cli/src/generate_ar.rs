@@ -63,12 +63,16 @@ impl SpecDiffArgs {
 /// The default drafter folder of a target: `specdiff-drafter/` inside its folder.
 pub const DEFAULT_SPECDIFF_DRAFTER: &str = "specdiff-drafter";
 
-/// The drafter of `--method specdiff`: `--drafter lookup` (prompt lookup, training-free), a
-/// drafter folder (`spot_models::MaskedDrafter`), or by default `DIR/specdiff-drafter/` when
+/// The drafter of `--method specdiff`: `lookup` (prompt lookup, training-free), a drafter
+/// folder (`spot_models::MaskedDrafter`), or by default (`None`) `DIR/specdiff-drafter/` when
 /// it exists, else the lookup drafter.
-fn drafter(a: &GenerateArgs, dir: &Path, vocab: usize) -> Result<Box<dyn DiffusionDrafter>> {
+pub(crate) fn drafter(
+    choice: Option<&Path>,
+    dir: &Path,
+    vocab: usize,
+) -> Result<Box<dyn DiffusionDrafter>> {
     let lookup = || -> Box<dyn DiffusionDrafter> { Box::new(LookupDrafter::new(vocab, 3, 4)) };
-    let folder = match a.drafter.as_deref() {
+    let folder = match choice {
         Some(p) if p == Path::new("lookup") => return Ok(lookup()),
         Some(p) => p.to_path_buf(),
         None => {
@@ -117,7 +121,7 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
         Method::Specdiff => Some((
             SpecDiffDecoder::new(a.specdiff.config(a.seed))
                 .context("--k / --draft-tokens / --drafter-temperature")?,
-            drafter(a, dir, model.ar_info().vocab_size)?,
+            drafter(a.drafter.as_deref(), dir, model.ar_info().vocab_size)?,
         )),
         _ => None,
     };
@@ -172,7 +176,7 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn result_json(
+pub(crate) fn result_json(
     id: &str,
     prompt_tokens: usize,
     out: &ArOutput,

@@ -5,6 +5,7 @@
 
 mod backend;
 mod bench;
+mod bench_ar;
 mod bench_forward;
 mod bench_report;
 mod calibrate;

@@ -1139,8 +1139,9 @@ fn sets_are_calibrated_and_equal_threshold_decoding() {
 /// `--method specdiff --drafter DIR` drafts with a drafter folder (here the `llama-tiny`
 /// fixture itself with a mask token) and returns `df`'s tokens; `DIR/specdiff-drafter/` is
 /// the default.
-#[test]
-fn generate_specdiff_with_a_drafter_folder() {
+/// A copy of the `llama-tiny` fixture with itself as its SpecDiff-2 drafter folder
+/// (`specdiff-drafter/`, mask token 3); returns the folder and the drafter's path.
+fn llama_with_drafter() -> (tempfile::TempDir, PathBuf) {
     let target = tempfile::tempdir().unwrap();
     let drafter = target.path().join("specdiff-drafter");
     std::fs::create_dir(&drafter).unwrap();
@@ -1158,6 +1159,12 @@ fn generate_specdiff_with_a_drafter_folder() {
         r#"{"format": "spot-specdiff-drafter", "version": 1, "mask_token_id": 3}"#,
     )
     .unwrap();
+    (target, drafter)
+}
+
+#[test]
+fn generate_specdiff_with_a_drafter_folder() {
+    let (target, drafter) = llama_with_drafter();
     let t = target.path().to_str().unwrap();
     let run = |extra: &[&str]| {
         let mut args = vec![
@@ -1184,5 +1191,99 @@ fn generate_specdiff_with_a_drafter_folder() {
         assert_eq!(s["tokens"], df["tokens"], "{extra:?}");
         // The drafter has the target's weights: its first drafted token is always right.
         assert!(s["nfe"].as_u64() < df["nfe"].as_u64(), "{s}");
+    }
+}
+
+/// `spot bench` on an autoregressive folder runs token-by-token decoding as the reference and
+/// the SpecDiff-2 grid (drafters × K × γ × selection) beside it: every decode equal, the
+/// drafter folder (the target's own weights) needs fewer forwards, and the outputs hold one
+/// row per configuration; block-diffusion-only settings are refused naming them.
+#[test]
+fn bench_on_an_autoregressive_folder() {
+    let (target, drafter) = llama_with_drafter();
+    let prompts = target.path().join("p.jsonl");
+    std::fs::write(
+        &prompts,
+        "{\"prompt\": \"hello world\"}\n{\"prompt\": \"the cat sat on the\"}\n",
+    )
+    .unwrap();
+    let out_dir = target.path().join("out");
+    let t = target.path().to_str().unwrap();
+    let base = [
+        "bench",
+        "--model",
+        t,
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--max-new-tokens",
+        "16",
+        "--protocols",
+        "fixed",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ];
+    let mut args = base.to_vec();
+    let d = drafter.to_str().unwrap();
+    let drafters = format!("{d},lookup");
+    args.extend([
+        "--specdiff-drafters",
+        &drafters,
+        "--k",
+        "1,2",
+        "--draft-tokens",
+        "4",
+        "--selection",
+        "longest,expected-streak",
+        "--temperatures",
+        "0,1",
+    ]);
+    let out = spot(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap())
+            .unwrap();
+    let groups = j["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2);
+    for g in groups {
+        let rows = g["rows"].as_array().unwrap();
+        // ar, then 2 drafters x 2 K x 1 γ x 2 selections.
+        assert_eq!(rows.len(), 9, "{g}");
+        assert_eq!(rows[0]["method"], "ar");
+        for r in rows {
+            assert_eq!(r["equal"], 2, "{r}");
+            assert_eq!(r["samples"], 2, "{r}");
+        }
+        let own = &rows[1];
+        assert_eq!(own["method"], "specdiff specdiff-drafter K=1 γ=4 longest");
+        assert!(
+            own["mean_nfe"].as_f64() < rows[0]["mean_nfe"].as_f64(),
+            "{own}"
+        );
+        assert!(own["tokens_per_round"].as_f64().unwrap() > 1.0, "{own}");
+    }
+    let samples = std::fs::read_to_string(out_dir.join("samples.jsonl")).unwrap();
+    assert_eq!(samples.lines().count(), 2 * 2 * 9);
+    let md = std::fs::read_to_string(out_dir.join("bench.md")).unwrap();
+    assert!(md.contains("| ar | 2/2 |"), "{md}");
+    for (extra, what) in [
+        (&["--reference", "threshold"][..], "--reference threshold"),
+        (
+            &["--methods", "spot"][..],
+            "spot needs a block-diffusion model",
+        ),
+        (&["--k", "9"][..], "--k must be in [1, 8]"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let out = spot(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(what),
+            "{extra:?}: {err}"
+        );
     }
 }

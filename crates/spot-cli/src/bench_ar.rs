@@ -1,0 +1,405 @@
+//! `spot bench` on an autoregressive folder (Llama, Qwen2): token-by-token decoding (`ar`, the
+//! reference every SpecDiff-2 decode must equal) and a grid of SpecDiff-2 configurations
+//! (drafter × K × γ × selection) side by side, on the same prompts in one run.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use spot_dlm::{ArConfig, AutoregressiveModel, decode_autoregressive};
+use spot_models::CausalLm;
+use spot_specdiff::{DiffusionDrafter, Selection, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport};
+
+use crate::Backend;
+use crate::bench::{BenchArgs, Protocol, Reference};
+use crate::generate_ar::{DEFAULT_SPECDIFF_DRAFTER, SelectionArg, drafter};
+use crate::methods::Method;
+use crate::prompts;
+
+/// The SpecDiff-2 grid of `spot bench` on an autoregressive folder.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ArBenchArgs {
+    /// Autoregressive folders: SpecDiff-2 drafters, each a column (`lookup` or a drafter
+    /// folder; default: the folder's `specdiff-drafter/` when present, and `lookup`).
+    #[arg(long, value_delimiter = ',')]
+    specdiff_drafters: Vec<PathBuf>,
+    /// Autoregressive folders: drafts per round K, each a configuration (1 to 8).
+    #[arg(long = "k", value_delimiter = ',', default_value = "1,8")]
+    ks: Vec<usize>,
+    /// Autoregressive folders: drafted tokens per round γ, each a configuration (1 to 32).
+    #[arg(long = "draft-tokens", value_delimiter = ',', default_value = "16")]
+    gammas: Vec<usize>,
+    /// Autoregressive folders: branch selections, each a configuration.
+    #[arg(
+        long = "selection",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "longest"
+    )]
+    selections: Vec<SelectionArg>,
+    /// Autoregressive folders: the drafter's sampling temperature.
+    #[arg(long, default_value_t = 1.5)]
+    drafter_temperature: f32,
+}
+
+/// One SpecDiff-2 configuration of the grid.
+struct Config {
+    label: String,
+    drafter: usize,
+    cfg: SpecDiffConfig,
+}
+
+/// Sums over the decodes of one configuration in one (set, temperature, protocol) group.
+#[derive(Default)]
+struct ArCell {
+    label: String,
+    n: u64,
+    equal: u64,
+    nfe: u64,
+    tokens: u64,
+    wall: f64,
+    speedups: Vec<f64>,
+    report: Option<SpecDiffReport>,
+}
+
+impl ArCell {
+    fn add(&mut self, tokens: usize, nfe: u64, wall: f64, ref_wall: f64, equal: bool) {
+        self.n += 1;
+        self.equal += u64::from(equal);
+        self.nfe += nfe;
+        self.tokens += tokens as u64;
+        self.wall += wall;
+        self.speedups.push(ref_wall / wall.max(f64::MIN_POSITIVE));
+    }
+
+    fn merge(&mut self, r: &SpecDiffReport) {
+        let sum = self.report.get_or_insert_with(SpecDiffReport::default);
+        sum.rounds += r.rounds;
+        if sum.accepted.len() < r.accepted.len() {
+            sum.accepted.resize(r.accepted.len(), 0);
+        }
+        for (a, b) in sum.accepted.iter_mut().zip(&r.accepted) {
+            *a += b;
+        }
+        sum.other_branch += r.other_branch;
+        sum.positions += r.positions;
+        sum.draft_time += r.draft_time;
+        sum.target_time += r.target_time;
+    }
+
+    fn summary(&self, ref_nfe: f64) -> serde_json::Value {
+        let n = self.n.max(1) as f64;
+        let nfe = self.nfe as f64 / n;
+        let mut s = self.speedups.clone();
+        s.sort_by(f64::total_cmp);
+        let median = match s.len() {
+            0 => f64::NAN,
+            k if k % 2 == 1 => s[k / 2],
+            k => (s[k / 2 - 1] + s[k / 2]) / 2.0,
+        };
+        serde_json::json!({
+            "method": self.label, "samples": self.n, "equal": self.equal, "mean_nfe": nfe,
+            "nfe_reduction": ref_nfe / nfe.max(f64::MIN_POSITIVE),
+            "tokens_per_forward": self.tokens as f64 / self.nfe.max(1) as f64,
+            "tokens_per_round": self.report.as_ref().map(SpecDiffReport::tokens_per_round),
+            "accepted_histogram": self.report.as_ref().map(|r| r.accepted.clone()),
+            "mean_wall_s": self.wall / n, "median_speedup": median,
+            "draft_share": self.report.as_ref().map(SpecDiffReport::draft_share),
+        })
+    }
+}
+
+type Group = (String, String, &'static str);
+
+/// Runs `spot bench` on the autoregressive folder `dir`.
+pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
+    if a.reference != Reference::Exact {
+        bail!(
+            "{} is an autoregressive model: --reference threshold applies to block-diffusion models",
+            dir.display()
+        );
+    }
+    let methods = a
+        .methods
+        .clone()
+        .unwrap_or(vec![Method::Df, Method::Specdiff]);
+    if let Some(m) = methods
+        .iter()
+        .find(|m| !matches!(m, Method::Df | Method::Specdiff))
+    {
+        bail!(
+            "--methods: {} needs a block-diffusion model; {} is autoregressive (df, specdiff)",
+            m.name(),
+            dir.display()
+        );
+    }
+    let g = &a.ar;
+    if let Some(k) = g.ks.iter().find(|k| !(1..=8).contains(*k)) {
+        bail!("--k must be in [1, 8], got {k}");
+    }
+    if let Some(n) = g.gammas.iter().find(|n| !(1..=32).contains(*n)) {
+        bail!("--draft-tokens must be in [1, 32], got {n}");
+    }
+    let mut model =
+        CausalLm::<Backend>::load_as(dir, &crate::backend::device()?, a.dtype.precision)
+            .with_context(|| format!("loading model folder {}", dir.display()))?;
+    let vocab = model.ar_info().vocab_size;
+    let choices: Vec<Option<PathBuf>> = if g.specdiff_drafters.is_empty() {
+        let own = dir.join(DEFAULT_SPECDIFF_DRAFTER);
+        let mut v = Vec::new();
+        if own.join(spot_models::DRAFTER_FILE).is_file() {
+            v.push(Some(own));
+        }
+        v.push(Some(PathBuf::from("lookup")));
+        v
+    } else {
+        g.specdiff_drafters.iter().cloned().map(Some).collect()
+    };
+    let mut drafters: Vec<Box<dyn DiffusionDrafter>> = Vec::new();
+    let mut names = Vec::new();
+    if methods.contains(&Method::Specdiff) {
+        for c in &choices {
+            drafters.push(drafter(c.as_deref(), dir, vocab)?);
+            names.push(c.as_deref().map_or("default".into(), |p| {
+                p.file_name().map_or(p.display().to_string(), |f| {
+                    f.to_string_lossy().into_owned()
+                })
+            }));
+        }
+    }
+    let mut configs = Vec::new();
+    for (d, name) in names.iter().enumerate() {
+        for &k in &g.ks {
+            for &gamma in &g.gammas {
+                for &sel in &g.selections {
+                    let (selection, sel_name) = match sel {
+                        SelectionArg::Longest => (Selection::LongestAccepted, "longest"),
+                        SelectionArg::ExpectedStreak => {
+                            (Selection::ExpectedStreak, "expected-streak")
+                        }
+                    };
+                    let cfg = SpecDiffConfig {
+                        k,
+                        gamma,
+                        drafter_temperature: g.drafter_temperature,
+                        selection,
+                        draft_seed: a.seed,
+                        ..SpecDiffConfig::default()
+                    };
+                    cfg.validate().context("--drafter-temperature")?;
+                    configs.push(Config {
+                        label: format!("specdiff {name} K={k} γ={gamma} {sel_name}"),
+                        drafter: d,
+                        cfg,
+                    });
+                }
+            }
+        }
+    }
+    let mut sets = Vec::new();
+    for p in &a.prompts {
+        let name = p.file_stem().map_or_else(
+            || p.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        let set = prompts::load_prompts(p, a.field.as_deref(), a.limit)?;
+        let encoded = a
+            .chat
+            .encode_all(dir, model.tokenizer(), &set)
+            .with_context(|| p.display().to_string())?;
+        sets.push((name, encoded));
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let samples_path = a.out.join("samples.jsonl");
+    let mut samples = std::fs::File::create(&samples_path)
+        .with_context(|| format!("creating {}", samples_path.display()))?;
+    let total = sets.iter().map(|(_, s)| s.len()).sum::<usize>()
+        * a.temperatures.len()
+        * a.protocols.len()
+        * (1 + configs.len());
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} decodes {msg} [{elapsed}<{eta}]")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut groups: BTreeMap<Group, Vec<ArCell>> = BTreeMap::new();
+    let mut mismatches = 0usize;
+    for (set, prompts) in &sets {
+        for &temperature in &a.temperatures {
+            for &protocol in &a.protocols {
+                let cfg = ArConfig {
+                    max_new_tokens: a.max_new_tokens,
+                    temperature,
+                    seed: a.seed,
+                    stop_ids: model.ar_info().stop_ids.clone(),
+                    early_stop: protocol == Protocol::Eos,
+                };
+                let group = (set.clone(), temperature.to_string(), protocol.name());
+                let cells = groups.entry(group).or_insert_with(|| {
+                    std::iter::once("ar".to_string())
+                        .chain(configs.iter().map(|c| c.label.clone()))
+                        .map(|label| ArCell {
+                            label,
+                            ..ArCell::default()
+                        })
+                        .collect()
+                });
+                for (id, ids) in prompts {
+                    let line = |label: &str, j: serde_json::Value, equal: bool| {
+                        let mut j = j;
+                        if let Some(o) = j.as_object_mut() {
+                            o.insert("set".into(), set.clone().into());
+                            o.insert("id".into(), id.clone().into());
+                            o.insert("temperature".into(), temperature.into());
+                            o.insert("protocol".into(), protocol.name().into());
+                            o.insert("method".into(), label.into());
+                            o.insert("equal".into(), equal.into());
+                            o.remove("text");
+                        }
+                        j
+                    };
+                    bar.set_message(format!("{set} T={temperature} {} {id} ar", protocol.name()));
+                    let start = Instant::now();
+                    let reference = decode_autoregressive(&mut model, ids, &cfg)
+                        .with_context(|| format!("{set} {id}: ar"))?;
+                    let ref_wall = start.elapsed().as_secs_f64();
+                    cells[0].add(
+                        reference.tokens.len(),
+                        reference.forwards,
+                        ref_wall,
+                        ref_wall,
+                        true,
+                    );
+                    let j = crate::generate_ar::result_json(
+                        "",
+                        ids.len(),
+                        &reference,
+                        "",
+                        ref_wall,
+                        None,
+                    );
+                    writeln!(samples, "{}", line("ar", j, true))?;
+                    bar.inc(1);
+                    for (c, cell) in configs.iter().zip(&mut cells[1..]) {
+                        bar.set_message(format!(
+                            "{set} T={temperature} {} {id} {}",
+                            protocol.name(),
+                            c.label
+                        ));
+                        let start = Instant::now();
+                        let out = SpecDiffDecoder::new(c.cfg)?
+                            .decode(&mut model, drafters[c.drafter].as_mut(), ids, &cfg)
+                            .with_context(|| format!("{set} {id}: {}", c.label))?;
+                        let wall = start.elapsed().as_secs_f64();
+                        let equal =
+                            out.tokens == reference.tokens && out.stopped == reference.stopped;
+                        if !equal {
+                            mismatches += 1;
+                            bar.suspend(|| {
+                                eprintln!(
+                                    "MISMATCH: {set} {id} T={temperature} {} {} differs from ar",
+                                    protocol.name(),
+                                    c.label
+                                )
+                            });
+                        }
+                        cell.add(out.tokens.len(), out.forwards, wall, ref_wall, equal);
+                        cell.merge(&out.report);
+                        let as_ar = spot_dlm::ArOutput {
+                            tokens: out.tokens,
+                            stopped: out.stopped,
+                            forwards: out.forwards,
+                        };
+                        let j = crate::generate_ar::result_json(
+                            "",
+                            ids.len(),
+                            &as_ar,
+                            "",
+                            wall,
+                            Some(&out.report),
+                        );
+                        writeln!(samples, "{}", line(&c.label, j, equal))?;
+                        bar.inc(1);
+                    }
+                }
+                write_outputs(a, dir, &groups)?;
+            }
+        }
+    }
+    bar.finish_and_clear();
+    write_outputs(a, dir, &groups)?;
+    eprintln!(
+        "wrote {}/bench.md, bench.json and samples.jsonl",
+        a.out.display()
+    );
+    if mismatches > 0 {
+        bail!(
+            "{mismatches} SpecDiff-2 decodes differ from autoregressive decoding (see samples.jsonl: \"equal\": false)"
+        );
+    }
+    Ok(())
+}
+
+/// Writes bench.json and bench.md.
+fn write_outputs(a: &BenchArgs, dir: &Path, groups: &BTreeMap<Group, Vec<ArCell>>) -> Result<()> {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# spot bench (autoregressive target)\n\nModel `{}`, {} new tokens, seed {}. {}\n",
+        dir.display(),
+        a.max_new_tokens,
+        a.seed,
+        a.note
+    );
+    let mut json_groups = Vec::new();
+    for ((set, t, protocol), cells) in groups {
+        let ref_nfe = cells
+            .first()
+            .map_or(f64::NAN, |c| c.nfe as f64 / c.n.max(1) as f64);
+        let rows: Vec<serde_json::Value> = cells.iter().map(|c| c.summary(ref_nfe)).collect();
+        let _ = writeln!(
+            md,
+            "## {set}, T = {t}, {protocol} protocol\n\n| method | equal | mean NFE | x fewer | tokens/forward | tokens/round | mean wall s | median speed-up | draft share |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        for r in &rows {
+            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            let opt = |k: &str, scale: f64, unit: &str| {
+                r[k].as_f64()
+                    .map_or("-".into(), |v| format!("{:.2}{unit}", v * scale))
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {}/{} | {:.1} | {:.2}x | {:.2} | {} | {:.2} | {:.2}x | {} |",
+                r["method"].as_str().unwrap_or(""),
+                r["equal"],
+                r["samples"],
+                f("mean_nfe"),
+                f("nfe_reduction"),
+                f("tokens_per_forward"),
+                opt("tokens_per_round", 1.0, ""),
+                f("mean_wall_s"),
+                f("median_speedup"),
+                opt("draft_share", 100.0, "%"),
+            );
+        }
+        let _ = writeln!(md);
+        json_groups.push(serde_json::json!({
+            "set": set, "temperature": t, "protocol": protocol, "rows": rows,
+        }));
+    }
+    let json = serde_json::json!({
+        "model": dir.display().to_string(), "kind": "autoregressive",
+        "max_new_tokens": a.max_new_tokens, "seed": a.seed, "note": a.note,
+        "groups": json_groups,
+    });
+    let write = |name: &str, text: String| -> Result<()> {
+        let p = a.out.join(name);
+        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
+    };
+    write("bench.json", serde_json::to_string_pretty(&json)? + "\n")?;
+    write("bench.md", md)
+}
