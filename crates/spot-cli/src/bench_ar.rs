@@ -44,6 +44,10 @@ pub struct ArBenchArgs {
     /// Autoregressive folders: the drafter's sampling temperature.
     #[arg(long, default_value_t = 1.5)]
     drafter_temperature: f32,
+    /// Autoregressive folders: adaptive draft length floors, each a configuration (0: always
+    /// γ tokens; see `spot generate --min-draft-prob`).
+    #[arg(long = "min-draft-prob", value_delimiter = ',', default_value = "0")]
+    floors: Vec<f32>,
 }
 
 /// One SpecDiff-2 configuration of the grid.
@@ -175,7 +179,11 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
     for (d, name) in names.iter().enumerate() {
         for &k in &g.ks {
             for &gamma in &g.gammas {
-                for &sel in &g.selections {
+                for (&sel, &floor) in g
+                    .selections
+                    .iter()
+                    .flat_map(|s| g.floors.iter().map(move |f| (s, f)))
+                {
                     let (selection, sel_name) = match sel {
                         SelectionArg::Longest => (Selection::LongestAccepted, "longest"),
                         SelectionArg::ExpectedStreak => {
@@ -188,11 +196,18 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
                         drafter_temperature: g.drafter_temperature,
                         selection,
                         draft_seed: a.seed,
+                        min_draft_prob: floor,
                         ..SpecDiffConfig::default()
                     };
-                    cfg.validate().context("--drafter-temperature")?;
+                    cfg.validate()
+                        .context("--drafter-temperature / --min-draft-prob")?;
+                    let adaptive = if floor > 0.0 {
+                        format!(" p>={floor}")
+                    } else {
+                        String::new()
+                    };
                     configs.push(Config {
-                        label: format!("specdiff {name} K={k} γ={gamma} {sel_name}"),
+                        label: format!("specdiff {name} K={k} γ={gamma} {sel_name}{adaptive}"),
                         drafter: d,
                         cfg,
                     });

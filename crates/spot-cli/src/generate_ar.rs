@@ -33,6 +33,11 @@ pub struct SpecDiffArgs {
     /// streak, exact under coupled verification) or `expected-streak` (self-selection).
     #[arg(long, value_enum, default_value_t = SelectionArg::Longest)]
     selection: SelectionArg,
+    /// `--method specdiff`: adaptive draft length: draft only the leading positions whose
+    /// running drafter probability stays at least this (0: always `--draft-tokens`); a round
+    /// with none is a plain forward.
+    #[arg(long, default_value_t = 0.0)]
+    min_draft_prob: f32,
 }
 
 /// [`Selection`] on the command line.
@@ -55,6 +60,7 @@ impl SpecDiffArgs {
                 SelectionArg::ExpectedStreak => Selection::ExpectedStreak,
             },
             draft_seed: seed,
+            min_draft_prob: self.min_draft_prob,
             ..SpecDiffConfig::default()
         }
     }

@@ -1269,6 +1269,39 @@ fn bench_on_an_autoregressive_folder() {
     assert_eq!(samples.lines().count(), 2 * 2 * 9);
     let md = std::fs::read_to_string(out_dir.join("bench.md")).unwrap();
     assert!(md.contains("| ar | 2/2 |"), "{md}");
+    // Adaptive draft length: a floor of 1 drafts nothing (the drafter is never certain), so
+    // every round is a plain forward.
+    let mut args = base.to_vec();
+    args.extend([
+        "--specdiff-drafters",
+        d,
+        "--k",
+        "1",
+        "--draft-tokens",
+        "4",
+        "--min-draft-prob",
+        "0,1",
+        "--temperatures",
+        "0",
+    ]);
+    let out = spot(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap())
+            .unwrap();
+    let rows = j["groups"][0]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert_eq!(
+        rows[2]["method"],
+        "specdiff specdiff-drafter K=1 γ=4 longest p>=1"
+    );
+    assert_eq!(rows[2]["mean_nfe"], rows[0]["mean_nfe"]);
+    assert_eq!(rows[2]["equal"], 2);
+    assert!(rows[1]["mean_nfe"].as_f64() < rows[0]["mean_nfe"].as_f64());
     for (extra, what) in [
         (&["--reference", "threshold"][..], "--reference threshold"),
         (

@@ -27,6 +27,13 @@ pub struct SpecDiffConfig {
     pub draft_seed: u64,
     /// Candidates per position in the target's statistics, for the expected streak.
     pub target_top_k: usize,
+    /// Adaptive draft length: a round drafts only the leading positions where some draft's
+    /// running product of drafter probabilities (of the tokens it drafted) is at least this
+    /// (all drafts cut to that common length); a round with none is a plain forward over the
+    /// committed tokens. `0` (the default) always drafts `γ`. In `[0, 1]`. Drafts never change
+    /// the output; this trades drafted rows, which cost compute in every forward, against
+    /// tokens accepted per round.
+    pub min_draft_prob: f32,
 }
 
 impl Default for SpecDiffConfig {
@@ -39,6 +46,7 @@ impl Default for SpecDiffConfig {
             selection: Selection::LongestAccepted,
             draft_seed: 0,
             target_top_k: 8,
+            min_draft_prob: 0.0,
         }
     }
 }
@@ -67,6 +75,12 @@ impl SpecDiffConfig {
         }
         if self.target_top_k == 0 {
             return Err(Error::config("target_top_k", "must be at least 1, got 0"));
+        }
+        if !(0.0..=1.0).contains(&self.min_draft_prob) {
+            return Err(Error::config(
+                "min_draft_prob",
+                format!("must be in [0, 1], got {}", self.min_draft_prob),
+            ));
         }
         Ok(())
     }
@@ -290,6 +304,13 @@ impl SpecDiffRequest {
             );
             return self.fail(e);
         }
+        let keep = confident_length(m, &self.drafts, self.cfg.min_draft_prob);
+        if keep == 0 {
+            self.drafts.clear();
+        }
+        for d in &mut self.drafts {
+            d.truncate(keep);
+        }
         self.phase = Phase::Score;
         Ok(())
     }
@@ -392,6 +413,32 @@ impl SpecDiffRequest {
             report: self.report.clone(),
         })
     }
+}
+
+/// The longest prefix length `n` such that some draft's running product of its tokens'
+/// probabilities under `m` over positions `0..n` is at least `floor` (all of them when
+/// `floor` is 0).
+fn confident_length(m: &Marginals, drafts: &[Vec<TokenId>], floor: f32) -> usize {
+    let gamma = drafts.first().map_or(0, Vec::len);
+    if floor <= 0.0 {
+        return gamma;
+    }
+    drafts
+        .iter()
+        .map(|d| {
+            let mut mass = 1.0f64;
+            d.iter()
+                .enumerate()
+                .take_while(|&(i, &t)| {
+                    let (ids, probs) = m.at(i);
+                    let p = ids.iter().position(|&c| c == t).map_or(0.0, |j| probs[j]);
+                    mass *= f64::from(p);
+                    mass >= f64::from(floor)
+                })
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// SpecDiff-2 with coupled verification: each round the drafter proposes `K` drafts of `γ`

@@ -27,6 +27,7 @@ proptest! {
         seed in any::<u64>(), draft_seed in any::<u64>(),
         prompt in prop::collection::vec(0u32..6, 1..10),
         max_new in 1usize..80, stop in prop::option::of(0u32..6), early_stop in any::<bool>(),
+        min_draft_prob in prop_oneof![Just(0.0f32), 0.0f32..=1.0],
     ) {
         let mut target = ToyCausalModel::new(vocab, model_seed)
             .with_stop_ids(stop.into_iter().collect());
@@ -36,6 +37,7 @@ proptest! {
         let sd = SpecDiffConfig {
             k, gamma, drafter_temperature: drafter_t, greedy_first, draft_seed,
             selection: if expected { Selection::ExpectedStreak } else { Selection::LongestAccepted },
+            min_draft_prob,
             ..SpecDiffConfig::default()
         };
         let fast = SpecDiffDecoder::new(sd).unwrap().decode(&mut target, &mut drafter, &prompt, &cfg).unwrap();
@@ -77,6 +79,53 @@ fn an_exact_drafter_commits_gamma_plus_one_per_round() {
     );
     assert_eq!(out.forwards, 8, "{:?}", out.report);
     assert_eq!(out.report.accepted[7], 8);
+}
+
+/// Adaptive draft length: a floor on the drafts' running probability drafts fewer rows for the
+/// same tokens; a floor above every probability makes every round a plain forward.
+#[test]
+fn a_probability_floor_drafts_fewer_rows() {
+    let mut target = ToyCausalModel::new(24, 6);
+    let mut drafter = ToyDrafter::new(target.clone(), 0.3, 2);
+    let cfg = ArConfig {
+        max_new_tokens: 120,
+        temperature: 1.0,
+        seed: 8,
+        ..ArConfig::default()
+    };
+    let plain = decode_autoregressive(&mut target, &[4, 5], &cfg).unwrap();
+    let run = |floor: f32, target: &mut ToyCausalModel, drafter: &mut ToyDrafter| {
+        let sd = SpecDiffConfig {
+            k: 2,
+            gamma: 8,
+            min_draft_prob: floor,
+            ..SpecDiffConfig::default()
+        };
+        SpecDiffDecoder::new(sd)
+            .unwrap()
+            .decode(target, drafter, &[4, 5], &cfg)
+            .unwrap()
+    };
+    let full = run(0.0, &mut target, &mut drafter);
+    let cut = run(0.4, &mut target, &mut drafter);
+    let none = run(1.0, &mut target, &mut drafter);
+    for o in [&full, &cut, &none] {
+        assert_eq!(o.tokens, plain.tokens);
+    }
+    eprintln!(
+        "positions: full {} cut {} none {}; forwards {} {} {}",
+        full.report.positions,
+        cut.report.positions,
+        none.report.positions,
+        full.forwards,
+        cut.forwards,
+        none.forwards
+    );
+    assert!(cut.report.positions < full.report.positions);
+    assert!(cut.forwards < none.forwards);
+    // The toy drafter is never certain: no token is drafted, one forward per token.
+    assert_eq!(none.forwards, plain.forwards);
+    assert_eq!(none.report.accepted, [plain.forwards]);
 }
 
 /// More drafts accept more at T = 1: K = 8 needs fewer rounds than K = 1 on the same inputs.
@@ -186,6 +235,13 @@ fn bad_drafters_and_settings_are_typed_errors() {
                 ..SpecDiffConfig::default()
             },
             "target_top_k",
+        ),
+        (
+            SpecDiffConfig {
+                min_draft_prob: 1.5,
+                ..SpecDiffConfig::default()
+            },
+            "min_draft_prob",
         ),
     ] {
         let e = SpecDiffDecoder::new(bad).unwrap_err();
