@@ -56,6 +56,9 @@ fn median(v: &mut [f64]) -> f64 {
 /// Runs the benchmark and prints one JSON line.
 pub fn run(a: &BenchArgs) -> Result<()> {
     let dir = model_dir::resolve(a.model.as_deref())?;
+    if !spot_models::Family::detect(&dir)?.is_diffusion() {
+        return run_autoregressive(a, &dir);
+    }
     let t = Instant::now();
     let mut model = load(&dir, a.dtype)?;
     let load_s = t.elapsed().as_secs_f64();
@@ -143,6 +146,76 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         "heads": a.heads.iter().map(|h| h.name()).collect::<Vec<_>>(),
         "dtype": model.precision().name(),
         "includes": "forward + reduction of the masked positions to statistics (top-32, entropy, chosen token); logits: forward + every position's logits on the host",
+    });
+    if let Some(obj) = j.as_object_mut() {
+        obj.extend(results);
+    }
+    println!("{j}");
+    Ok(())
+}
+
+/// `spot bench-forward` on an autoregressive folder: after a `--prefix`-token prompt, times
+/// appending `N` tokens in one forward for every `N` of `--batches` (the shared run plus the
+/// drafted tokens of a SpecDiff-2 round with `K = 1`), each followed by a truncation back to
+/// the prefix; keys `r{N}_median_ms`, `r{N}_min_ms`, `r{N}_first_ms` and the marginal cost per
+/// token over the first size, `r{N}_extra_row_ms`.
+fn run_autoregressive(a: &BenchArgs, dir: &std::path::Path) -> Result<()> {
+    use spot_dlm::AutoregressiveModel;
+    let t = Instant::now();
+    let mut model = spot_models::CausalLm::<Backend>::load_as(
+        dir,
+        &crate::backend::device()?,
+        a.dtype.precision,
+    )?;
+    let load_s = t.elapsed().as_secs_f64();
+    let vocab = model.ar_info().vocab_size as u64;
+    let id = |i: usize| (spot_dlm::core::state::mix64(i as u64) % vocab) as u32;
+    let prefix: Vec<u32> = (0..a.prefix.max(1)).map(id).collect();
+    let q = StatsQuery::new(0.0, 0);
+    let t = Instant::now();
+    model.extend(&prefix, &q)?;
+    let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
+    let mut results = serde_json::Map::new();
+    let mut base: Option<(usize, f64)> = None;
+    for &n in &a.batches {
+        if n == 0 {
+            bail!("--batches must be positive");
+        }
+        let tokens: Vec<u32> = (0..n).map(|i| id(7919 + i)).collect();
+        let mut timed = || -> Result<f64> {
+            let t = Instant::now();
+            model.extend(&tokens, &q)?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            model.truncate(prefix.len())?;
+            Ok(ms)
+        };
+        results.insert(format!("r{n}_first_ms"), timed()?.into());
+        let mut times = (0..a.reps).map(|_| timed()).collect::<Result<Vec<_>>>()?;
+        let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let med = median(&mut times);
+        results.insert(format!("r{n}_median_ms"), med.into());
+        results.insert(format!("r{n}_min_ms"), min.into());
+        match base {
+            None => base = Some((n, med)),
+            Some((b, bm)) if n > b => {
+                results.insert(
+                    format!("r{n}_extra_row_ms"),
+                    ((med - bm) / (n - b) as f64).into(),
+                );
+            }
+            Some(_) => {}
+        }
+    }
+    let mut j = serde_json::json!({
+        "model": dir.display().to_string(),
+        "kind": "autoregressive",
+        "backend": std::any::type_name::<Backend>(),
+        "prefix": prefix.len(),
+        "reps": a.reps,
+        "load_s": load_s,
+        "prefill_ms": prefill_ms,
+        "peak_rss_mib": peak_rss_mib(),
+        "includes": "one forward appending N tokens to the cached prefix + the reduction of every appended position to statistics (top-32, entropy, chosen token), then a truncation",
     });
     if let Some(obj) = j.as_object_mut() {
         obj.extend(results);

@@ -69,12 +69,15 @@ impl<B: Backend> CausalLm<B> {
         let bias = cfg.model_type == "qwen2" || cfg.attention_bias;
         let qk_norm = cfg.model_type == "qwen3";
         let (frame, weights) = open::<B>(dir, &cfg, None, device)?;
-        let net = dense_net(
+        let mut net = dense_net(
             &cfg.dense_spec(bias, qk_norm),
             &QWEN_NAMES,
             &weights,
             (device, precision),
         )?;
+        // CPU backends: the host kernel for every projection (a verification forward of a few
+        // tokens then costs about what one token does).
+        net.pack_host_projections();
         let info = ArInfo {
             vocab_size: cfg.vocab_size,
             max_positions: cfg.max_position_embeddings,

@@ -30,6 +30,9 @@ const MR: usize = 6;
 const SEGMENT: usize = 8192;
 /// Vocabulary ids per segment when only logits are written (no merge: finer, for balance).
 const LOGITS_SEGMENT: usize = 2048;
+/// Output columns per parallel task when a packed matrix is a hidden layer's weight
+/// ([`HostHead::product`]): a few panels, so that layers of a few hundred outputs split.
+const PRODUCT_SEGMENT: usize = 256;
 /// Bytes of packed weights a tile may take (kept in the L2 cache while every row group reads it).
 const TILE_BYTES: usize = 128 * 1024;
 
@@ -606,22 +609,40 @@ impl HostHead {
 
     /// [`HostHead::logits`] with each segment run by `run`.
     fn logits_on(&self, hidden: &[f32], isa: &impl Isa) -> Logits {
+        let rows = hidden.len() / self.dim.max(1);
+        let mut out = Logits::zeroed(rows, self.vocab);
+        self.columns_into::<LOGITS_SEGMENT>(hidden, out.values_mut(), isa);
+        out
+    }
+
+    /// `hidden` `[rows, dim]` times the packed matrix, `[rows, vocab]` row-major: the packed
+    /// matrix used as a hidden layer's weight (`vocab` its outputs). Each value is the same
+    /// multiply-add chain as in [`HostHead::logits`], so a row's values do not depend on the
+    /// other rows of the call.
+    pub fn product(&self, hidden: &[f32]) -> Vec<f32> {
+        let rows = hidden.len() / self.dim.max(1);
+        let mut out = vec![0.0f32; rows * self.vocab];
+        self.columns_into::<PRODUCT_SEGMENT>(hidden, &mut out, &Dispatch);
+        out
+    }
+
+    /// Writes `hidden` times the packed matrix into `out` (`[rows, vocab]`), `SEG` columns
+    /// per parallel task.
+    fn columns_into<const SEG: usize>(&self, hidden: &[f32], out: &mut [f32], isa: &impl Isa) {
         let vocab = self.vocab;
         let rows = hidden.len() / self.dim.max(1);
-        let mut out = Logits::zeroed(rows, vocab);
         // Each segment fills its column range of every row.
-        let mut sinks: Vec<LogitsSink<'_>> = (0..vocab.div_ceil(LOGITS_SEGMENT))
-            .map(|_| LogitsSink {
+        let mut sinks: Vec<ColumnsSink<'_, SEG>> = (0..vocab.div_ceil(SEG))
+            .map(|_| ColumnsSink {
                 parts: Vec::with_capacity(rows),
             })
             .collect();
-        for row in out.values_mut().chunks_mut(vocab) {
-            for (s, part) in row.chunks_mut(LOGITS_SEGMENT).enumerate() {
+        for row in out.chunks_mut(vocab) {
+            for (s, part) in row.chunks_mut(SEG).enumerate() {
                 sinks[s].parts.push(part);
             }
         }
         self.sweep_on(hidden, &(0..rows).collect::<Vec<_>>(), sinks, isa);
-        out
     }
 
     /// The statistics of the rows `jobs` of `hidden` `[rows, dim]` under `query`. `noise` is the
@@ -698,19 +719,19 @@ trait Sink {
     fn row(&mut self, row: usize, first: usize, logits: &mut [f32]);
 }
 
-/// Copies logits out.
-struct LogitsSink<'a> {
+/// Copies the products out, `SEG` columns per segment.
+struct ColumnsSink<'a, const SEG: usize> {
     /// Per row, the segment's columns.
     parts: Vec<&'a mut [f32]>,
 }
 
-impl Sink for LogitsSink<'_> {
-    const SEGMENT: usize = LOGITS_SEGMENT;
+impl<const SEG: usize> Sink for ColumnsSink<'_, SEG> {
+    const SEGMENT: usize = SEG;
 
     #[inline(always)]
     fn row(&mut self, row: usize, first: usize, logits: &mut [f32]) {
         if let Some(part) = self.parts.get_mut(row) {
-            let at = first % LOGITS_SEGMENT;
+            let at = first % SEG;
             part[at..at + logits.len()].copy_from_slice(logits);
         }
     }
@@ -935,6 +956,29 @@ mod tests {
                     }
                     assert!(!g.top_ids.contains(&mask));
                 }
+            }
+        }
+    }
+
+    /// As a hidden layer's weight: the product equals the matrix product, and each row's
+    /// values are bit-identical whatever rows share the call (one row, or thirteen).
+    #[test]
+    fn products_are_row_independent_matrix_products() {
+        let (out, dim) = (600, 37);
+        let w = values(out * dim, 11, 1.0);
+        let h = HostHead::pack(&w, out, dim);
+        let x = values(13 * dim, 12, 2.0);
+        let all = h.product(&x);
+        for r in 0..13 {
+            let one = h.product(&x[r * dim..(r + 1) * dim]);
+            assert_eq!(one, all[r * out..(r + 1) * out], "row {r}");
+            for o in 0..out {
+                let want: f32 = (0..dim).map(|k| x[r * dim + k] * w[o * dim + k]).sum();
+                assert!(
+                    (one[o] - want).abs() <= 1e-4,
+                    "{r}/{o}: {} vs {want}",
+                    one[o]
+                );
             }
         }
     }

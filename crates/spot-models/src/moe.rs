@@ -111,13 +111,13 @@ impl<B: Backend> Moe<B> {
             let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [m]), &device);
             let w = Tensor::<B, 2>::from_data(TensorData::new(w, [m, 1]), (&device, dtype));
             let y = expert
-                .forward(x.clone().select(0, gathered), host)
+                .forward(x.clone().select(0, gathered), host, None)
                 .narrow(0, 0, m)
                 * w;
             out = out.select_assign(0, idx, y, IndexingUpdateOp::Add);
         }
         match &self.shared {
-            Some(s) => out + s.forward(x, host),
+            Some(s) => out + s.forward(x, host, None),
             None => out,
         }
     }
