@@ -12,7 +12,7 @@ use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, 
 
 use crate::bench_report::{Cell, Key, Skipped, write_outputs};
 use crate::methods::{self, BlockEndArgs, DraftFiles, Drafters, Method, Settings};
-use crate::{load, model_dir, prompts};
+use crate::{load, model_dir};
 use spot_models::Family;
 
 /// Stopping protocols.
@@ -259,19 +259,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         .tokenizer()
         .context("spot bench needs tokenizer.json in the model folder")?
         .clone();
-    let mut sets = Vec::new();
-    for p in &a.prompts {
-        let name = p.file_stem().map_or_else(
-            || p.display().to_string(),
-            |s| s.to_string_lossy().into_owned(),
-        );
-        let prompts = prompts::load_prompts(p, a.field.as_deref(), a.limit)?;
-        let encoded = a
-            .chat
-            .encode_all(&dir, Some(&tokenizer), &prompts)
-            .with_context(|| p.display().to_string())?;
-        sets.push((name, encoded));
-    }
+    let sets = a.chat.encode_sets(
+        &a.prompts,
+        (a.field.as_deref(), a.limit),
+        &dir,
+        Some(&tokenizer),
+    )?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let samples_path = a.out.join("samples.jsonl");
     let mut samples = std::fs::File::create(&samples_path)

@@ -12,13 +12,12 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{ArConfig, AutoregressiveModel, decode_autoregressive};
 use spot_models::CausalLm;
-use spot_specdiff::{DiffusionDrafter, Selection, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport};
+use spot_specdiff::{DiffusionDrafter, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport};
 
 use crate::Backend;
 use crate::bench::{BenchArgs, Protocol, Reference};
 use crate::generate_ar::{DEFAULT_SPECDIFF_DRAFTER, SelectionArg, drafter};
 use crate::methods::Method;
-use crate::prompts;
 
 /// The SpecDiff-2 grid of `spot bench` on an autoregressive folder.
 #[derive(clap::Args, Clone, Debug)]
@@ -81,18 +80,9 @@ impl ArCell {
     }
 
     fn merge(&mut self, r: &SpecDiffReport) {
-        let sum = self.report.get_or_insert_with(SpecDiffReport::default);
-        sum.rounds += r.rounds;
-        if sum.accepted.len() < r.accepted.len() {
-            sum.accepted.resize(r.accepted.len(), 0);
-        }
-        for (a, b) in sum.accepted.iter_mut().zip(&r.accepted) {
-            *a += b;
-        }
-        sum.other_branch += r.other_branch;
-        sum.positions += r.positions;
-        sum.draft_time += r.draft_time;
-        sum.target_time += r.target_time;
+        self.report
+            .get_or_insert_with(SpecDiffReport::default)
+            .merge(r);
     }
 
     fn summary(&self, ref_nfe: f64) -> serde_json::Value {
@@ -152,26 +142,20 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
         CausalLm::<Backend>::load_as(dir, &crate::backend::device()?, a.dtype.precision)
             .with_context(|| format!("loading model folder {}", dir.display()))?;
     let vocab = model.ar_info().vocab_size;
-    let choices: Vec<Option<PathBuf>> = if g.specdiff_drafters.is_empty() {
+    let choices: Vec<PathBuf> = if g.specdiff_drafters.is_empty() {
         let own = dir.join(DEFAULT_SPECDIFF_DRAFTER);
-        let mut v = Vec::new();
-        if own.join(spot_models::DRAFTER_FILE).is_file() {
-            v.push(Some(own));
-        }
-        v.push(Some(PathBuf::from("lookup")));
-        v
+        let own = own.join(spot_models::DRAFTER_FILE).is_file().then_some(own);
+        own.into_iter().chain([PathBuf::from("lookup")]).collect()
     } else {
-        g.specdiff_drafters.iter().cloned().map(Some).collect()
+        g.specdiff_drafters.clone()
     };
     let mut drafters: Vec<Box<dyn DiffusionDrafter>> = Vec::new();
     let mut names = Vec::new();
     if methods.contains(&Method::Specdiff) {
         for c in &choices {
-            drafters.push(drafter(c.as_deref(), dir, vocab)?);
-            names.push(c.as_deref().map_or("default".into(), |p| {
-                p.file_name().map_or(p.display().to_string(), |f| {
-                    f.to_string_lossy().into_owned()
-                })
+            drafters.push(drafter(Some(c), dir, vocab)?);
+            names.push(c.file_name().map_or(c.display().to_string(), |f| {
+                f.to_string_lossy().into_owned()
             }));
         }
     }
@@ -184,17 +168,11 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
                     .iter()
                     .flat_map(|s| g.floors.iter().map(move |f| (s, f)))
                 {
-                    let (selection, sel_name) = match sel {
-                        SelectionArg::Longest => (Selection::LongestAccepted, "longest"),
-                        SelectionArg::ExpectedStreak => {
-                            (Selection::ExpectedStreak, "expected-streak")
-                        }
-                    };
                     let cfg = SpecDiffConfig {
                         k,
                         gamma,
                         drafter_temperature: g.drafter_temperature,
-                        selection,
+                        selection: sel.selection(),
                         draft_seed: a.seed,
                         min_draft_prob: floor,
                         ..SpecDiffConfig::default()
@@ -207,7 +185,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
                         String::new()
                     };
                     configs.push(Config {
-                        label: format!("specdiff {name} K={k} γ={gamma} {sel_name}{adaptive}"),
+                        label: format!("specdiff {name} K={k} γ={gamma} {}{adaptive}", sel.name()),
                         drafter: d,
                         cfg,
                     });
@@ -215,19 +193,12 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
             }
         }
     }
-    let mut sets = Vec::new();
-    for p in &a.prompts {
-        let name = p.file_stem().map_or_else(
-            || p.display().to_string(),
-            |s| s.to_string_lossy().into_owned(),
-        );
-        let set = prompts::load_prompts(p, a.field.as_deref(), a.limit)?;
-        let encoded = a
-            .chat
-            .encode_all(dir, model.tokenizer(), &set)
-            .with_context(|| p.display().to_string())?;
-        sets.push((name, encoded));
-    }
+    let sets = a.chat.encode_sets(
+        &a.prompts,
+        (a.field.as_deref(), a.limit),
+        dir,
+        model.tokenizer(),
+    )?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let samples_path = a.out.join("samples.jsonl");
     let mut samples = std::fs::File::create(&samples_path)

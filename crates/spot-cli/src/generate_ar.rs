@@ -49,16 +49,31 @@ pub enum SelectionArg {
     ExpectedStreak,
 }
 
+impl SelectionArg {
+    /// The decoder's [`Selection`].
+    pub fn selection(self) -> Selection {
+        match self {
+            SelectionArg::Longest => Selection::LongestAccepted,
+            SelectionArg::ExpectedStreak => Selection::ExpectedStreak,
+        }
+    }
+
+    /// The command-line spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            SelectionArg::Longest => "longest",
+            SelectionArg::ExpectedStreak => "expected-streak",
+        }
+    }
+}
+
 impl SpecDiffArgs {
     fn config(&self, seed: u64) -> SpecDiffConfig {
         SpecDiffConfig {
             k: self.k as usize,
             gamma: self.draft_tokens as usize,
             drafter_temperature: self.drafter_temperature,
-            selection: match self.selection {
-                SelectionArg::Longest => Selection::LongestAccepted,
-                SelectionArg::ExpectedStreak => Selection::ExpectedStreak,
-            },
+            selection: self.selection.selection(),
             draft_seed: seed,
             min_draft_prob: self.min_draft_prob,
             ..SpecDiffConfig::default()
@@ -126,7 +141,7 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
     let mut specdiff = match a.method {
         Method::Specdiff => Some((
             SpecDiffDecoder::new(a.specdiff.config(a.seed))
-                .context("--k / --draft-tokens / --drafter-temperature")?,
+                .context("--k / --draft-tokens / --drafter-temperature / --min-draft-prob")?,
             drafter(a.drafter.as_deref(), dir, model.ar_info().vocab_size)?,
         )),
         _ => None,

@@ -7,6 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context as _;
+
 /// Fields tried, in order, when no field is named.
 pub const AUTO_FIELDS: [&str; 5] = ["prompt", "question", "text", "input", "problem"];
 
@@ -158,6 +160,92 @@ pub fn load_prompts(
     Ok(out)
 }
 
+/// `--chat` and `--system`: prompts wrapped as a user message in the folder's chat template.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct ChatArgs {
+    /// Wrap each prompt as a user message in the folder's chat template
+    /// (`tokenizer_config.json` or `chat_template.jinja`), ending with the assistant header.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for `--chat`.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+}
+
+impl ChatArgs {
+    /// The folder's chat template with `--chat`, read and compiled once per run.
+    pub fn template(&self, dir: &Path) -> anyhow::Result<Option<spot_models::chat::ChatTemplate>> {
+        Ok(if self.chat {
+            Some(spot_models::chat::ChatTemplate::from_dir(dir)?)
+        } else {
+            None
+        })
+    }
+
+    /// The ids of prompt `text`: itself, or with `--chat` the rendered conversation.
+    pub fn prompt_ids(
+        &self,
+        template: Option<&spot_models::chat::ChatTemplate>,
+        tokenizer: Option<&spot_models::hf::Tokenizer>,
+        text: &str,
+    ) -> anyhow::Result<Vec<u32>> {
+        let text = match template {
+            Some(t) => t.prompt(self.system.as_deref(), text)?,
+            None => text.to_string(),
+        };
+        Ok(tokenizer
+            .context("prompt text needs tokenizer.json in the model folder; use --prompt-ids")?
+            .encode(&text)?)
+    }
+
+    /// `(id, ids)` of every prompt of `set`, encoded with the folder `dir`'s tokenizer (and
+    /// template with `--chat`).
+    pub fn encode_all(
+        &self,
+        dir: &Path,
+        tokenizer: Option<&spot_models::hf::Tokenizer>,
+        set: &[Prompt],
+    ) -> anyhow::Result<Vec<(String, Vec<u32>)>> {
+        let template = self.template(dir)?;
+        set.iter()
+            .map(|p| {
+                let ids = self
+                    .prompt_ids(template.as_ref(), tokenizer, &p.text)
+                    .with_context(|| format!("prompt {}", p.id))?;
+                Ok((p.id.clone(), ids))
+            })
+            .collect()
+    }
+
+    /// Every prompt set of `paths` (`--prompts`), named by its file stem, as `(id, ids)`
+    /// ([`ChatArgs::encode_all`]; `field` and `limit` as [`load_prompts`] takes them).
+    pub fn encode_sets(
+        &self,
+        paths: &[PathBuf],
+        (field, limit): (Option<&str>, Option<usize>),
+        dir: &Path,
+        tokenizer: Option<&spot_models::hf::Tokenizer>,
+    ) -> anyhow::Result<Vec<EncodedSet>> {
+        paths
+            .iter()
+            .map(|p| {
+                let name = p.file_stem().map_or_else(
+                    || p.display().to_string(),
+                    |s| s.to_string_lossy().into_owned(),
+                );
+                let set = load_prompts(p, field, limit)?;
+                let encoded = self
+                    .encode_all(dir, tokenizer, &set)
+                    .with_context(|| p.display().to_string())?;
+                Ok((name, encoded))
+            })
+            .collect()
+    }
+}
+
+/// A prompt set's name and its prompts as `(id, token ids)`.
+pub type EncodedSet = (String, Vec<(String, Vec<u32>)>);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,65 +323,5 @@ mod tests {
         ));
         let e = load_prompts(Path::new("/nonexistent/p.jsonl"), None, None).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/p.jsonl"), "{e}");
-    }
-}
-
-/// `--chat` and `--system`: prompts wrapped as a user message in the folder's chat template.
-#[derive(clap::Args, Clone, Debug, Default)]
-pub struct ChatArgs {
-    /// Wrap each prompt as a user message in the folder's chat template
-    /// (`tokenizer_config.json` or `chat_template.jinja`), ending with the assistant header.
-    #[arg(long)]
-    pub chat: bool,
-    /// System message for `--chat`.
-    #[arg(long, requires = "chat")]
-    pub system: Option<String>,
-}
-
-impl ChatArgs {
-    /// The folder's chat template with `--chat`, read and compiled once per run.
-    pub fn template(&self, dir: &Path) -> anyhow::Result<Option<spot_models::chat::ChatTemplate>> {
-        Ok(if self.chat {
-            Some(spot_models::chat::ChatTemplate::from_dir(dir)?)
-        } else {
-            None
-        })
-    }
-
-    /// The ids of prompt `text`: itself, or with `--chat` the rendered conversation.
-    pub fn prompt_ids(
-        &self,
-        template: Option<&spot_models::chat::ChatTemplate>,
-        tokenizer: Option<&spot_models::hf::Tokenizer>,
-        text: &str,
-    ) -> anyhow::Result<Vec<u32>> {
-        let text = match template {
-            Some(t) => t.prompt(self.system.as_deref(), text)?,
-            None => text.to_string(),
-        };
-        use anyhow::Context as _;
-        Ok(tokenizer
-            .context("prompt text needs tokenizer.json in the model folder; use --prompt-ids")?
-            .encode(&text)?)
-    }
-
-    /// `(id, ids)` of every prompt of `set`, encoded with the folder `dir`'s tokenizer (and
-    /// template with `--chat`).
-    pub fn encode_all(
-        &self,
-        dir: &Path,
-        tokenizer: Option<&spot_models::hf::Tokenizer>,
-        set: &[Prompt],
-    ) -> anyhow::Result<Vec<(String, Vec<u32>)>> {
-        use anyhow::Context as _;
-        let template = self.template(dir)?;
-        set.iter()
-            .map(|p| {
-                let ids = self
-                    .prompt_ids(template.as_ref(), tokenizer, &p.text)
-                    .with_context(|| format!("prompt {}", p.id))?;
-                Ok((p.id.clone(), ids))
-            })
-            .collect()
     }
 }

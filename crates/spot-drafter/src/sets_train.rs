@@ -14,7 +14,6 @@
 use burn_core as burn;
 
 use burn::module::{Module, Param};
-use burn_optim::{AdamConfig, GradientsParams, Optimizer};
 use burn_tensor::activation::{log_softmax, relu};
 use burn_tensor::backend::{AutodiffBackend, Backend};
 use burn_tensor::{Int, Tensor, TensorData};
@@ -28,7 +27,7 @@ use crate::sets_net::{
 };
 use crate::sets_tokens::TokenInput;
 use crate::sets_tokens::{NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics};
-use crate::train::{Schedule, heldout_by_prompt, scalar};
+use crate::train::{Schedule, adam, descend, heldout_by_prompt};
 use crate::trajectory::Trajectory;
 use spot_core::GumbelNoise;
 
@@ -292,7 +291,7 @@ pub fn train_sets<B: AutodiffBackend>(
     let schedule = Schedule::new(cfg.lr, steps_per_epoch * cfg.epochs);
     let init = SetsNet::init(net_cfg.clone(), cfg.seed);
     let mut params = Tensors::<B>::new(init.params(), device);
-    let mut optim = adam::<B>();
+    let mut optim = adam::<B, Tensors<B>>();
     let width = net_cfg.hidden_dim + N_SCALAR;
     let (mut x, mut y, mut m) = (Vec::new(), Vec::new(), Vec::new());
     let mut best: Option<(f64, SetsNet)> = None;
@@ -317,7 +316,8 @@ pub fn train_sets<B: AutodiffBackend>(
             let loss = bce(z, t2(&y, N_OUT), t2(&m, N_OUT));
             let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
             let value;
-            (value, params) = descend(&mut optim, params, loss, lr, (epoch, step))?;
+            (value, params) =
+                descend(&mut optim, params, loss, lr, (epoch, step)).map_err(|e| e.to_string())?;
             sum += value * n as f64;
         }
         let mut net = SetsNet::from_params(net_cfg.clone(), params.host())?;
@@ -511,30 +511,6 @@ impl<B: AutodiffBackend> Tensors<B> {
     }
 }
 
-/// burn-optim's Adam (β 0.9 / 0.999, ε 1e-8) for [`Tensors`].
-fn adam<B: AutodiffBackend>() -> impl Optimizer<Tensors<B>, B> {
-    AdamConfig::new().with_epsilon(1e-8).init::<B, Tensors<B>>()
-}
-
-/// One optimiser step on `loss` at learning rate `lr` (epoch `epoch`, batch `step` name a
-/// non-finite loss in the error); returns the loss and the updated tensors.
-fn descend<B: AutodiffBackend>(
-    optim: &mut impl Optimizer<Tensors<B>, B>,
-    tensors: Tensors<B>,
-    loss: Tensor<B, 1>,
-    lr: f64,
-    (epoch, step): (usize, usize),
-) -> Result<(f64, Tensors<B>), String> {
-    let value = scalar(loss.clone());
-    if !value.is_finite() {
-        return Err(format!(
-            "training loss became {value} at epoch {epoch}, step {step}"
-        ));
-    }
-    let grads = GradientsParams::from_grads(loss.backward(), &tensors);
-    Ok((value, optim.step(lr, tensors, grads)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -673,7 +649,7 @@ pub fn train_token_head<B: AutodiffBackend>(
     }
     let tcfg = head.cfg.clone();
     let mut params = Tensors::<B>::new(&head.params, device);
-    let mut optim = adam::<B>();
+    let mut optim = adam::<B, Tensors<B>>();
     let mut order: Vec<usize> = (0..train.len()).collect();
     let mut rng = SplitMix(cfg.seed ^ 0x70ce_7a1e);
     let steps_per_epoch = train.len().div_ceil(cfg.batch_size);
@@ -696,7 +672,8 @@ pub fn train_token_head<B: AutodiffBackend>(
             let logp = log_softmax(z, 1);
             let loss = (logp * f2(&batch.onehot)).sum().neg().div_scalar(n as f64);
             let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
-            (_, params) = descend(&mut optim, params, loss, lr, (epoch, step))?;
+            (_, params) =
+                descend(&mut optim, params, loss, lr, (epoch, step)).map_err(|e| e.to_string())?;
         }
         let trained = TokenHead {
             cfg: tcfg.clone(),

@@ -454,9 +454,7 @@ pub fn train_from<B: AutodiffBackend>(
         Some(m) => OrderModel::<B>::from_inner(m.clone()),
         None => OrderModel::<B>::init(model_cfg, cfg.seed, device),
     };
-    let mut optim = AdamConfig::new()
-        .with_epsilon(1e-8)
-        .init::<B, OrderModel<B>>();
+    let mut optim = adam::<B, OrderModel<B>>();
     let mut batch = Batch::default();
     let mut reports = Vec::new();
     let mut best: Option<(f64, OrderModel<B::InnerBackend>)> = None;
@@ -478,13 +476,9 @@ pub fn train_from<B: AutodiffBackend>(
                 l,
                 device,
             );
-            let value = scalar(loss.clone());
-            if !value.is_finite() {
-                return Err(TrainError::NonFiniteLoss { value, epoch, step });
-            }
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
             let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
-            model = optim.step(lr, model, grads);
+            let value;
+            (value, model) = descend(&mut optim, model, loss, lr, (epoch, step))?;
             sum += value * n as f64;
             observer.step(epoch, step, value);
         }
@@ -588,6 +582,28 @@ pub fn evaluate_on<B: Backend>(
     let refs = example_refs(trajs, &ids, max_depth);
     let mut batch = Batch::default();
     evaluate(model, trajs, &refs, max_depth + 1, 1024, &mut batch)
+}
+
+/// burn-optim's Adam (β 0.9 / 0.999, ε 1e-8): the optimiser of every drafter network.
+pub(crate) fn adam<B: AutodiffBackend, M: AutodiffModule<B>>() -> impl Optimizer<M, B> {
+    AdamConfig::new().with_epsilon(1e-8).init::<B, M>()
+}
+
+/// One optimiser step on `loss` at learning rate `lr`; returns the loss and the updated
+/// module. A non-finite loss is an error naming the epoch and batch `step`.
+pub(crate) fn descend<B: AutodiffBackend, M: AutodiffModule<B>>(
+    optim: &mut impl Optimizer<M, B>,
+    module: M,
+    loss: Tensor<B, 1>,
+    lr: f64,
+    (epoch, step): (usize, usize),
+) -> Result<(f64, M), TrainError> {
+    let value = scalar(loss.clone());
+    if !value.is_finite() {
+        return Err(TrainError::NonFiniteLoss { value, epoch, step });
+    }
+    let grads = GradientsParams::from_grads(loss.backward(), &module);
+    Ok((value, optim.step(lr, module, grads)))
 }
 
 pub(crate) fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {

@@ -130,13 +130,11 @@ pub(crate) struct HostLayer {
 fn pack_in_out<B: Backend>(w: &Tensor<B, 2>) -> HostHead {
     let [d_in, d_out] = w.dims();
     let values = crate::head::host_values(w.clone());
-    let mut t = vec![0.0f32; d_in * d_out];
-    for (i, row) in values.chunks_exact(d_out).enumerate() {
-        for (o, &x) in row.iter().enumerate() {
-            t[o * d_in + i] = x;
-        }
-    }
-    HostHead::pack(&t, d_out, d_in)
+    HostHead::pack(
+        &crate::loader::transposed(&values, d_in, d_out),
+        d_out,
+        d_in,
+    )
 }
 
 /// The MLP of one layer.
@@ -264,17 +262,17 @@ impl<B: Backend> Net<B> {
     /// the host kernel ([`HostHead::product`]) and multiplies by them from then on: one row
     /// costs what the backend's matrix-vector product costs, a few rows hardly more (the
     /// backend's small matrix products run on one thread below a size threshold), and a row's
-    /// values never depend on how many rows the forward holds. Returns whether it did (the
-    /// packed copies take as much memory again as the projections).
-    pub fn pack_host_projections(&mut self) -> bool {
+    /// values never depend on how many rows the forward holds. The packed copies take as much
+    /// memory again as the projections.
+    pub fn pack_host_projections(&mut self) {
         let host = crate::head::runs_on_host::<B>(&self.device);
         if !host || self.dtype != DType::F32 || !self.host_layers.is_empty() {
-            return !self.host_layers.is_empty();
+            return;
         }
         let mut packed = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
             let Mlp::Dense(m) = &layer.mlp else {
-                return false;
+                return;
             };
             let a = &layer.attn;
             packed.push(HostLayer {
@@ -288,7 +286,6 @@ impl<B: Backend> Net<B> {
             });
         }
         self.host_layers = packed;
-        true
     }
 
     /// Number of parameters the weights hold (a tied head counted once).

@@ -121,6 +121,21 @@ impl SpecDiffReport {
         let total = d + self.target_time.as_secs_f64();
         if total > 0.0 { d / total } else { 0.0 }
     }
+
+    /// Adds another report (for totals over several decodes).
+    pub fn merge(&mut self, other: &SpecDiffReport) {
+        self.rounds += other.rounds;
+        if self.accepted.len() < other.accepted.len() {
+            self.accepted.resize(other.accepted.len(), 0);
+        }
+        for (a, b) in self.accepted.iter_mut().zip(&other.accepted) {
+            *a += b;
+        }
+        self.other_branch += other.other_branch;
+        self.positions += other.positions;
+        self.draft_time += other.draft_time;
+        self.target_time += other.target_time;
+    }
 }
 
 /// What [`SpecDiffDecoder::decode`] produced.
