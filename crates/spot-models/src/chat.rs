@@ -105,6 +105,11 @@ fn token(t: Option<TokenField>) -> Option<String> {
     })
 }
 
+/// The most template instructions one render may execute: real chat templates need a few
+/// hundred per message, so this allows conversations of thousands of turns and stops a hostile
+/// template within about a second.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
+
 impl ChatTemplate {
     /// A template from its source and special tokens (`None`: undefined in the template).
     pub fn new(source: &str, bos: Option<&str>, eos: Option<&str>) -> Result<Self> {
@@ -165,6 +170,8 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        // A hostile template must not run for ever (`{% for i in range(99999) %}` nested).
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);

@@ -160,6 +160,11 @@ impl FolderFacts for DecoderConfig {
     }
 }
 
+/// The largest size a config field may give (2^24): above every released model's vocabulary,
+/// widths, layer counts and context lengths, and small enough that nothing sized from it alone
+/// can exhaust memory before the weights are checked against it.
+pub(crate) const MAX_DIM: usize = 1 << 24;
+
 /// Config checks that name the file and field at fault.
 pub(crate) struct Checker<'p> {
     pub path: &'p Path,
@@ -185,11 +190,21 @@ impl Checker<'_> {
         ))
     }
 
+    /// Every size positive and at most [`MAX_DIM`]: a damaged or hostile file is refused
+    /// before anything is allocated from it.
     pub fn shape(&self, dims: &[(&'static str, usize)]) -> Result<()> {
-        match dims.iter().find(|(_, v)| *v == 0) {
-            Some((field, _)) => Err(self.fail(field, "must be positive".to_string())),
-            None => Ok(()),
+        for &(field, v) in dims {
+            if v == 0 {
+                return Err(self.fail(field, "must be positive".to_string()));
+            }
+            if v > MAX_DIM {
+                return Err(self.fail(
+                    field,
+                    format!("{v} is larger than any model this crate loads (at most {MAX_DIM})"),
+                ));
+            }
         }
+        Ok(())
     }
 
     pub fn heads(&self, field: &'static str, heads: usize, kv: usize) -> Result<()> {

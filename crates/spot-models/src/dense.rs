@@ -77,7 +77,8 @@ pub(crate) fn dense_net<B: Backend>(
     let g = &spec.geo;
     let (q_out, kv_out, d) = (g.heads * g.head_dim, g.kv_heads * g.head_dim, g.head_dim);
     let head = ld.embedding_and_head(names.embed, names.head, spec.tie, spec.vocab, h)?;
-    let mut layers = Vec::with_capacity(spec.layers);
+    // Never more layers than tensors: the count comes from config.json.
+    let mut layers = Vec::with_capacity(spec.layers.min(weights.len()));
     for n in 0..spec.layers {
         let prefix = names.layer.replace("{n}", &n.to_string());
         let w = |part: &str| format!("{prefix}{part}.weight");

@@ -255,29 +255,19 @@ impl Tokenizer {
     /// Loads `dir/tokenizer.json`.
     pub fn open(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
+        let inner = guarded(&path, || tokenizers::Tokenizer::from_file(&path))?;
         Ok(Self { inner, path })
-    }
-
-    fn err(&self, e: impl std::fmt::Display) -> ModelError {
-        ModelError::Tokenizer {
-            path: self.path.clone(),
-            message: e.to_string(),
-        }
     }
 
     /// Token ids of `text` (no special tokens added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, false).map_err(|e| self.err(e))?;
+        let enc = guarded(&self.path, || self.inner.encode(text, false))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Text of `ids` (special tokens skipped).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, true).map_err(|e| self.err(e))
+        guarded(&self.path, || self.inner.decode(ids, true))
     }
 
     /// The id of a token string, e.g. `<|MASK|>`.
@@ -288,5 +278,27 @@ impl Tokenizer {
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
+    }
+}
+
+/// Runs a call into the `tokenizers` crate and returns its error, or its panic, as a
+/// [`ModelError::Tokenizer`] naming `path`. The crate panics on some damaged `tokenizer.json`
+/// files instead of returning an error (tokenizers 0.23: an arithmetic overflow while building
+/// a BPE model whose vocabulary and merges disagree), so every call goes through here.
+fn guarded<T>(path: &Path, f: impl FnOnce() -> tokenizers::Result<T>) -> Result<T> {
+    let fail = |message: String| ModelError::Tokenizer {
+        path: path.to_path_buf(),
+        message,
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r.map_err(|e| fail(e.to_string())),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            Err(fail(format!("the tokenizers crate panicked: {what}")))
+        }
     }
 }

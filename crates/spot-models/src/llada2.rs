@@ -110,8 +110,10 @@ impl Llada2Config {
 
     /// Width of the shared expert.
     pub fn shared_width(&self) -> usize {
-        self.moe_shared_expert_intermediate_size
-            .unwrap_or(self.moe_intermediate_size * self.num_shared_experts)
+        self.moe_shared_expert_intermediate_size.unwrap_or(
+            self.moe_intermediate_size
+                .saturating_mul(self.num_shared_experts),
+        )
     }
 
     /// Reads and checks `dir/config.json`.
@@ -132,6 +134,12 @@ impl Llada2Config {
             ("topk_group", self.topk_group),
             ("moe_intermediate_size", self.moe_intermediate_size),
         ])?;
+        if self.num_shared_experts > 0 {
+            c.shape(&[
+                ("num_shared_experts", self.num_shared_experts),
+                ("moe_shared_expert_intermediate_size", self.shared_width()),
+            ])?;
+        }
         if !self.num_experts.is_multiple_of(self.n_group) {
             return Err(c.fail(
                 "n_group",
@@ -258,7 +266,8 @@ impl<B: Backend> BlockCausal<B, Llada2Config> {
             scale: cfg.routed_scaling_factor as f32,
             normalize: cfg.norm_topk_prob,
         };
-        let mut layers = Vec::with_capacity(b.num_hidden_layers);
+        // Never more layers than tensors: the count comes from config.json.
+        let mut layers = Vec::with_capacity(b.num_hidden_layers.min(weights.len()));
         for n in 0..b.num_hidden_layers {
             let w = |s: &str| format!("model.layers.{n}.{s}.weight");
             let mlp = |s: &str| w(&format!("mlp.{s}"));
