@@ -159,15 +159,18 @@ fn check_invariants(reference: &DecodeOutput, fast: &DecodeOutput) -> Result<(),
     prop_assert_eq!(fast.stopped, reference.stopped);
     // The same transition steps, in the same order.
     prop_assert_eq!(&fast.trace, &reference.trace);
-    prop_assert!(fast.stats.nfe <= reference.stats.nfe);
-    prop_assert_eq!(fast.stats.prefix_forwards, reference.stats.prefix_forwards);
+    prop_assert!(fast.stats.work.nfe <= reference.stats.work.nfe);
+    prop_assert_eq!(
+        fast.stats.work.prefix_forwards,
+        reference.stats.work.prefix_forwards
+    );
     prop_assert_eq!(fast.stats.blocks, reference.stats.blocks);
     prop_assert_eq!(fast.stats.committed, reference.stats.committed);
     prop_assert!(fast.stats.commits_per_forward.iter().all(|&c| c >= 1));
     // Forwards a look-ahead served commit too, without being forwards.
     prop_assert_eq!(
         fast.stats.commits_per_forward.len() as u64,
-        fast.stats.block_forwards + fast.stats.prefetched_forwards
+        fast.stats.work.block_forwards + fast.stats.prefetched_forwards
     );
     prop_assert_eq!(
         fast.stats
@@ -265,7 +268,7 @@ proptest! {
             if masked == 0 { 0 } else { 1 + (masked - 1).div_ceil(k + 1) as u64 }
         }).sum();
         // A block's first forward may have been served by the look-ahead of the one before.
-        prop_assert_eq!(fast.stats.block_forwards + fast.stats.prefetched_forwards, expected);
+        prop_assert_eq!(fast.stats.work.block_forwards + fast.stats.prefetched_forwards, expected);
     }
 
     /// Matching ablations are exact at T = 0 with the default rule, where they coincide with
@@ -375,7 +378,7 @@ fn lookahead_serves_the_next_blocks_first_forward() {
     assert_eq!(fast.stats.blocks, 9);
     assert_eq!(fast.stats.prefetched_forwards, 8, "{:?}", fast.stats);
     assert_eq!(
-        fast.stats.block_forwards + fast.stats.prefetched_forwards,
+        fast.stats.work.block_forwards + fast.stats.prefetched_forwards,
         2 * fast.stats.blocks
     );
 }
@@ -406,7 +409,7 @@ fn refresh_drafts_a_blocks_first_forward() {
             // refresh) drafted from a refresh.
             let used = if refresh { s.refreshed_blocks } else { 0 };
             let plain = s.blocks - s.prefetched_forwards - used;
-            assert_eq!(s.block_forwards, d.report().rounds + plain, "{s:?}");
+            assert_eq!(s.work.block_forwards, d.report().rounds + plain, "{s:?}");
             refreshed[i] += s.refreshed_blocks;
         }
     }

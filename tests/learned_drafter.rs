@@ -77,8 +77,8 @@ fn nfe_checked(
         let got = make().decode(&mut m, &prompt, &cfg(t)).unwrap();
         assert_eq!(got.tokens, want.tokens, "seed {seed} T={t} {label}");
         assert_eq!(got.generated, want.generated, "seed {seed} T={t} {label}");
-        assert!(got.stats.nfe <= want.stats.nfe);
-        nfe += got.stats.nfe;
+        assert!(got.stats.work.nfe <= want.stats.work.nfe);
+        nfe += got.stats.work.nfe;
     }
     nfe
 }

@@ -43,7 +43,7 @@ pub enum Format {
 }
 
 /// The classes of damage, as reported in the summary.
-pub const CLASSES: [&str; 13] = [
+pub const CLASSES: [&str; 14] = [
     "truncation",
     "bit flips",
     "byte overwrite",
@@ -57,6 +57,7 @@ pub const CLASSES: [&str; 13] = [
     "JSON key",
     "lying length",
     "header JSON",
+    "tensor data",
 ];
 
 /// One damaged copy of `seed` and the index of its class in [`CLASSES`].
@@ -68,8 +69,9 @@ pub fn mutate(seed: &[u8], format: Format, rng: &mut Rng) -> (usize, Vec<u8>) {
             }
             bytes_mutation(seed, rng)
         }
-        Format::Safetensors => match rng.below(3) {
+        Format::Safetensors => match rng.below(4) {
             0 => (11, lying_length(seed, rng)),
+            3 => (13, data_damage(seed, rng)),
             1 => header_mutation(seed, rng).unwrap_or_else(|| bytes_mutation(seed, rng)),
             _ => {
                 // Byte damage, mostly inside the header where the structure is.
@@ -341,4 +343,24 @@ fn header_mutation(seed: &[u8], rng: &mut Rng) -> Option<(usize, Vec<u8>)> {
     out.extend_from_slice(&header);
     out.extend_from_slice(&seed[8 + h..]);
     Some((12, out))
+}
+
+/// Tensor bytes overwritten (NaN and infinity patterns, sign flips, random bytes); the header
+/// is kept.
+fn data_damage(seed: &[u8], rng: &mut Rng) -> Vec<u8> {
+    let mut b = seed.to_vec();
+    let start = header_len(seed).map_or(0, |h| 8 + h);
+    if start >= b.len() {
+        return b;
+    }
+    for _ in 0..1 + rng.below(8) {
+        let i = start + rng.below(b.len() - start);
+        b[i] = match rng.below(4) {
+            0 => 0xff,
+            1 => 0x7f,
+            2 => b[i] ^ 0x80,
+            _ => rng.next() as u8,
+        };
+    }
+    b
 }

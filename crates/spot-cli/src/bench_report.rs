@@ -60,17 +60,17 @@ impl Cell {
         let s = &out.stats;
         self.n += 1;
         self.equal += u64::from(equal);
-        self.nfe += s.nfe;
+        self.nfe += s.work.nfe;
         self.prefetched += s.prefetched_forwards;
         self.refreshed += s.refreshed_blocks;
-        self.positions += s.positions_processed;
+        self.positions += s.work.positions_processed;
         self.committed += s.committed;
         self.generated += out.generated.len() as u64;
         self.wall += wall;
         let mut row = serde_json::json!({
             "set": key.set, "id": id, "temperature": key.temperature, "protocol": key.protocol,
-            "method": key.method, "budget": key.budget, "equal": equal, "nfe": s.nfe,
-            "positions_processed": s.positions_processed, "committed": s.committed,
+            "method": key.method, "budget": key.budget, "equal": equal, "nfe": s.work.nfe,
+            "positions_processed": s.work.positions_processed, "committed": s.committed,
             "generated": out.generated.len(), "stopped": out.stopped, "wall_s": wall,
             "prefetched_forwards": s.prefetched_forwards,
             "refreshed_blocks": s.refreshed_blocks,

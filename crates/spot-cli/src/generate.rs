@@ -290,8 +290,8 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         eprintln!(
             "[{} tokens, {} NFE ({} block forwards, {:.2} commits/forward), {:.2} s]",
             out.tokens.len(),
-            out.stats.nfe,
-            out.stats.block_forwards,
+            out.stats.work.nfe,
+            out.stats.work.block_forwards,
             out.stats.tokens_per_forward(),
             wall
         );
@@ -376,9 +376,9 @@ struct Summary {
 impl Summary {
     fn add(&mut self, out: &DecodeOutput) {
         self.n += 1;
-        self.nfe += out.stats.nfe;
+        self.nfe += out.stats.work.nfe;
         self.tokens += out.tokens.len();
-        self.forwards += out.stats.block_forwards;
+        self.forwards += out.stats.work.block_forwards;
     }
 
     fn mean_nfe(&self) -> f64 {
@@ -514,11 +514,11 @@ fn result_json(
         "tokens": out.tokens,
         "text": text,
         "stopped": out.stopped,
-        "nfe": s.nfe,
-        "positions_processed": s.positions_processed,
-        "forwards": s.block_forwards,
-        "prefix_forwards": s.prefix_forwards,
-        "states_scored": s.states_scored,
+        "nfe": s.work.nfe,
+        "positions_processed": s.work.positions_processed,
+        "forwards": s.work.block_forwards,
+        "prefix_forwards": s.work.prefix_forwards,
+        "states_scored": s.work.states_scored,
         "tokens_per_forward": s.tokens_per_forward(),
         "draft_nodes": s.draft_nodes,
         "accepted_nodes": s.accepted_nodes,

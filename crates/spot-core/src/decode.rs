@@ -153,16 +153,9 @@ impl DecodeConfig {
 /// Work and acceptance counters of one decode.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DecodeStats {
-    /// Target forwards, prefill and block appends included (the NFE).
-    pub nfe: u64,
-    /// Target positions processed (batch x block size, plus prefix positions).
-    pub positions_processed: u64,
-    /// Forwards over block states.
-    pub block_forwards: u64,
-    /// Forwards that only wrote the prefix cache.
-    pub prefix_forwards: u64,
-    /// Block states scored in total.
-    pub states_scored: u64,
+    /// Target work: forwards (the NFE), positions processed, block and prefix forwards,
+    /// states scored; the decode's [`Meter`].
+    pub work: Meter,
     /// Blocks decoded.
     pub blocks: u64,
     /// Positions committed by decoding (prompt tail excluded).
@@ -174,7 +167,7 @@ pub struct DecodeStats {
     /// Draft nodes accepted by verification.
     pub accepted_nodes: u64,
     /// First forwards of a block that a look-ahead of the forward before had already scored
-    /// (not forwards: neither in `nfe` nor in `block_forwards`; their commits are in
+    /// (not forwards: neither in `work.nfe` nor in `work.block_forwards`; their commits are in
     /// `commits_per_forward`).
     pub prefetched_forwards: u64,
     /// Blocks whose first forward was proposed from a look-ahead's statistics that assumed
@@ -187,19 +180,15 @@ pub struct DecodeStats {
 impl DecodeStats {
     /// Mean commits per block forward.
     pub fn tokens_per_forward(&self) -> f64 {
-        if self.block_forwards == 0 {
+        if self.work.block_forwards == 0 {
             0.0
         } else {
-            self.committed as f64 / self.block_forwards as f64
+            self.committed as f64 / self.work.block_forwards as f64
         }
     }
 
     pub(crate) fn absorb(&mut self, m: &Meter) {
-        self.nfe = m.nfe;
-        self.positions_processed = m.positions_processed;
-        self.block_forwards = m.block_forwards;
-        self.prefix_forwards = m.prefix_forwards;
-        self.states_scored = m.states_scored;
+        self.work = m.clone();
     }
 }
 
@@ -440,7 +429,7 @@ pub fn run_request<S: StepStrategy>(
 /// assert_eq!(out.tokens.len(), 16);
 /// // 3 + 16 tokens round up to 3 blocks of 8; the prompt tail fills 3 slots of the first,
 /// // leaving 5 + 8 + 8 masked positions: one forward each.
-/// assert_eq!(out.stats.block_forwards, 21);
+/// assert_eq!(out.stats.work.block_forwards, 21);
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct DraftFreeDecoder {

@@ -57,10 +57,10 @@ struct Totals {
 
 impl Totals {
     fn add(&mut self, out: &DecodeOutput, reference: &DecodeOutput) {
-        self.nfe += out.stats.nfe;
-        self.states += out.stats.states_scored;
+        self.nfe += out.stats.work.nfe;
+        self.states += out.stats.work.states_scored;
         self.committed += out.stats.committed;
-        self.forwards += out.stats.block_forwards;
+        self.forwards += out.stats.work.block_forwards;
         self.exact += u64::from(out.tokens == reference.tokens);
     }
 }

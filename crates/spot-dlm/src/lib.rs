@@ -26,7 +26,7 @@
 //!     .build()?;
 //! let fast = spot.decode(&mut model, &prompt, &cfg)?;
 //! assert_eq!(fast.tokens, reference.tokens);
-//! assert!(fast.stats.nfe <= reference.stats.nfe);
+//! assert!(fast.stats.work.nfe <= reference.stats.work.nfe);
 //! # Ok::<(), spot_dlm::Error>(())
 //! ```
 

@@ -54,6 +54,10 @@ pub struct Manifest {
     /// Stop ids; `None` in older manifests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_ids: Option<Vec<TokenId>>,
+    /// Top-k entries of the statistics ([`DecodeConfig::top_k`]: the width of the stale
+    /// top-k that the stored tail mass and hedge come from); `None` in older manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
     /// Top-k sampling truncation ([`DecodeConfig::sample_top_k`]); absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_top_k: Option<usize>,
@@ -77,7 +81,22 @@ impl Manifest {
     /// assert_eq!(m.layout.as_deref(), Some("aligned"));
     /// ```
     pub fn for_decode(model: &str, prompts: &str, field: &str, cfg: &DecodeConfig) -> Self {
-        let threshold = match cfg.transition {
+        // Every field, by name: a field added to `DecodeConfig` does not compile here until
+        // the manifest records it (or says why it need not).
+        let DecodeConfig {
+            block_size,
+            max_new_tokens,
+            temperature,
+            seed,
+            transition,
+            confidence,
+            stop_ids,
+            early_stop,
+            top_k,
+            sample_top_k,
+            layout,
+        } = cfg;
+        let threshold = match *transition {
             Transition::Threshold { tau } => Some(tau),
             Transition::Scheduled { tau, .. } => tau,
             _ => None,
@@ -88,17 +107,18 @@ impl Manifest {
             model: model.into(),
             prompts: prompts.into(),
             field: field.into(),
-            block_size: cfg.block_size,
-            max_new_tokens: cfg.max_new_tokens,
-            early_stop: cfg.early_stop,
-            temperature: cfg.temperature,
-            seed: cfg.seed,
+            block_size: *block_size,
+            max_new_tokens: *max_new_tokens,
+            early_stop: *early_stop,
+            temperature: *temperature,
+            seed: *seed,
             threshold,
-            transition: Some(cfg.transition.to_string()),
-            confidence: Some(cfg.confidence.name().into()),
-            layout: Some(cfg.layout.name().into()),
-            stop_ids: Some(cfg.stop_ids.clone()),
-            sample_top_k: cfg.sample_top_k,
+            transition: Some(transition.to_string()),
+            confidence: Some(confidence.name().into()),
+            layout: Some(layout.name().into()),
+            stop_ids: Some(stop_ids.clone()),
+            top_k: Some(*top_k),
+            sample_top_k: *sample_top_k,
             hidden_states: false,
         }
     }
@@ -126,7 +146,7 @@ impl Manifest {
 }
 
 /// [`Manifest`]'s fields, in declaration order (for [`Manifest::differences`]).
-const FIELDS: [&str; 17] = [
+const FIELDS: [&str; 18] = [
     "format",
     "version",
     "model",
@@ -142,6 +162,7 @@ const FIELDS: [&str; 17] = [
     "confidence",
     "layout",
     "stop_ids",
+    "top_k",
     "sample_top_k",
     "hidden_states",
 ];

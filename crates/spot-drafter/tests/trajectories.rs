@@ -320,7 +320,13 @@ fn directory_resumes_and_refuses_other_settings() {
     // A manifest written before the transition was recorded reads, and differs from one
     // that records it (so it is not resumed with settings it cannot vouch for).
     let mut old = m.clone();
-    (old.transition, old.confidence, old.layout, old.stop_ids) = (None, None, None, None);
+    (
+        old.transition,
+        old.confidence,
+        old.layout,
+        old.stop_ids,
+        old.top_k,
+    ) = (None, None, None, None, None);
     let text = serde_json::to_string(&old).unwrap();
     assert!(!text.contains("transition"), "{text}");
     let back: Manifest = serde_json::from_str(&text).unwrap();

@@ -126,9 +126,9 @@ fn diffusion(a: &Args) -> Result<(), Error> {
     println!("speculative: {:?}", tok.decode(&sp.tokens)?);
     println!(
         "NFE {} -> {} ({:.2}x fewer), {:.2} commits per forward, wall {df_s:.3} s -> {sp_s:.3} s",
-        df.stats.nfe,
-        sp.stats.nfe,
-        df.stats.nfe as f64 / sp.stats.nfe.max(1) as f64,
+        df.stats.work.nfe,
+        sp.stats.work.nfe,
+        df.stats.work.nfe as f64 / sp.stats.work.nfe.max(1) as f64,
         sp.stats.tokens_per_forward(),
     );
     if sp.tokens != df.tokens {

@@ -75,7 +75,7 @@ fn draft_free_tokens_match_transformers() {
             assert_eq!(out.generated, case.generated, "{name} case {i}");
             assert_eq!(out.stopped, case.stopped, "{name} case {i}");
             assert_eq!(
-                out.stats.block_forwards, case.block_forwards,
+                out.stats.work.block_forwards, case.block_forwards,
                 "{name} case {i}"
             );
         }
@@ -231,7 +231,7 @@ fn speculative_equals_draft_free_for_every_family() {
                         "{name} prompt {i} T {t}"
                     );
                     assert!(
-                        out.stats.nfe <= reference.stats.nfe,
+                        out.stats.work.nfe <= reference.stats.work.nfe,
                         "{name} prompt {i} T {t}"
                     );
                     cases += 1;
@@ -281,8 +281,8 @@ fn positions_count_the_recomputed_sequence() {
         let per_forward = if name == "sdar-tiny" { 8 } else { 32 };
         let prefix = if name == "sdar-tiny" { 8 + 8 + 8 } else { 0 };
         assert_eq!(
-            s.positions_processed,
-            s.block_forwards * per_forward + prefix,
+            s.work.positions_processed,
+            s.work.block_forwards * per_forward + prefix,
             "{name}: {s:?}"
         );
     }
@@ -337,7 +337,7 @@ fn approximate_prefix_cache_is_consistent() {
             let blocks = reference.stats.blocks;
             let prompt_blocks = u64::from(prompt.len() >= 8 + usize::from(name == "dream-tiny"));
             assert_eq!(
-                reference.stats.prefix_forwards,
+                reference.stats.work.prefix_forwards,
                 blocks - 1 + prompt_blocks,
                 "{name} {i}"
             );
@@ -696,7 +696,7 @@ fn llada_defaults_reproduce_its_own_sampler() {
             .unwrap();
         assert_eq!(out.generated, json_ids(&case["tokens"]), "case {i}");
         let forwards = case["forwards"].as_u64().unwrap();
-        assert_eq!(out.stats.block_forwards, forwards, "case {i}");
+        assert_eq!(out.stats.work.block_forwards, forwards, "case {i}");
         let Some(want) = case.get("aligned_tokens") else {
             continue;
         };
@@ -776,7 +776,7 @@ fn dream_timesteps_reproduce_its_own_sampler() {
             .unwrap();
         assert_eq!(out.generated, json_ids(&case["tokens"]), "case {i}");
         let forwards = case["forwards"].as_u64().unwrap();
-        assert_eq!(out.stats.block_forwards, forwards, "case {i}");
+        assert_eq!(out.stats.work.block_forwards, forwards, "case {i}");
         several += usize::from(forwards < n as u64);
     }
     assert!(several > 0);
@@ -798,7 +798,7 @@ fn scheduled_sampler_agrees(name: &str) {
         let want = json_ids(&case["tokens"]);
         assert_eq!(out.generated, want, "{name} case {i}");
         let forwards = case["forwards"].as_u64().unwrap();
-        assert_eq!(out.stats.block_forwards, forwards, "{name} case {i}");
+        assert_eq!(out.stats.work.block_forwards, forwards, "{name} case {i}");
         several += usize::from(forwards < want.len() as u64);
     }
     assert!(several > 0, "{name}");

@@ -72,7 +72,7 @@ fn draft_free_decodes_match_transformers() {
             .unwrap();
         assert_eq!(out.tokens, c.tokens, "{}", c.id);
         assert_eq!(out.stopped, c.stopped, "{}", c.id);
-        assert_eq!(out.stats.block_forwards, c.block_forwards, "{}", c.id);
+        assert_eq!(out.stats.work.block_forwards, c.block_forwards, "{}", c.id);
     }
 }
 
@@ -111,7 +111,11 @@ fn speculative_equals_draft_free_on_the_shipped_model() {
                 .unwrap();
             assert_eq!(out.tokens, df.tokens, "{} {name} T={t}", c.id);
             assert_eq!(out.stopped, df.stopped, "{} {name} T={t}", c.id);
-            assert!(out.stats.nfe <= df.stats.nfe, "{} {name} T={t}", c.id);
+            assert!(
+                out.stats.work.nfe <= df.stats.work.nfe,
+                "{} {name} T={t}",
+                c.id
+            );
         }
     }
 }

@@ -250,7 +250,7 @@ pub fn assert_batched_equals_alone(m: &mut dyn spot_dlm::MultiRequestModel, what
         let i = f.id as usize;
         assert_eq!(f.output.unwrap(), alone[i], "{what}: request {i}");
     }
-    let total: u64 = alone.iter().map(|o| o.stats.block_forwards).sum();
+    let total: u64 = alone.iter().map(|o| o.stats.work.block_forwards).sum();
     assert!(
         driver.forwards() < total,
         "{what}: {} vs {total}",
