@@ -51,6 +51,8 @@ struct Tally {
     loaded: usize,
     errors: BTreeMap<String, usize>,
     by_class: BTreeMap<usize, (usize, usize)>,
+    /// (class, error variant) -> count.
+    class_errors: BTreeMap<(usize, String), usize>,
     slowest: Duration,
     peak: usize,
     failures: Vec<String>,
@@ -129,7 +131,10 @@ pub fn check(name: &'static str, seeds: Vec<Seed>, n: usize) -> (usize, Vec<Stri
                             t.loaded += 1;
                             entry.1 += 1;
                         }
-                        Ok(Err(e)) => *t.errors.entry(e).or_default() += 1,
+                        Ok(Err(e)) => {
+                            *t.class_errors.entry((class, e.clone())).or_default() += 1;
+                            *t.errors.entry(e).or_default() += 1;
+                        }
                         Err(p) => {
                             let msg = p
                                 .downcast_ref::<String>()
@@ -189,6 +194,15 @@ fn report(name: &str, t: &Tally) {
         t.peak as f64 / (1 << 20) as f64,
     );
     print!("{text}");
+    // Then one line per (class, outcome) for docs/robustness.md's table by class.
+    let mut text = text;
+    for (c, (n, ok)) in &t.by_class {
+        text += &format!("class\t{}\tinputs\t{n}\n", CLASSES[*c]);
+        text += &format!("class\t{}\tloaded\t{ok}\n", CLASSES[*c]);
+    }
+    for ((c, e), n) in &t.class_errors {
+        text += &format!("class\t{}\t{e}\t{n}\n", CLASSES[*c]);
+    }
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hostile-{name}.md"));
     let _ = std::fs::write(out, text);
 }
