@@ -48,6 +48,10 @@ pub enum Method {
     /// far (`t(n) = a + b·n`), so a node is drafted only when its mass pays for its share of
     /// the forward.
     SpotAdaptive,
+    /// SPOT's learned order with Spiffy's token rule (each position's stale choice at weight
+    /// 1, no hedge) instead of the checkpoint's calibrated token weights: the ablation that
+    /// separates the order from the token weights.
+    SpotUnit,
     /// Speculative upper bound: the true future commit positions (from a draft-free pass) with
     /// stale tokens. Its NFE excludes that pass.
     Oracle,
@@ -97,6 +101,7 @@ impl Method {
             Method::Spot => "spot",
             Method::SpotGamma => "spot-gamma",
             Method::SpotAdaptive => "spot-adaptive",
+            Method::SpotUnit => "spot-unit",
             Method::Oracle => "oracle",
             Method::OracleToken => "oracle-token",
             Method::OracleJoint => "oracle-joint",
@@ -205,7 +210,7 @@ impl DraftFiles<'_> {
             given.map_or_else(|| self.dir.join(name), Path::to_path_buf)
         };
         match method {
-            Method::Spot | Method::SpotGamma | Method::SpotAdaptive => {
+            Method::Spot | Method::SpotGamma | Method::SpotAdaptive | Method::SpotUnit => {
                 let weights = path(self.drafter, DEFAULT_DRAFTER);
                 let config = spot_drafter::checkpoint::config_path(&weights);
                 vec![weights, config]
@@ -228,7 +233,9 @@ impl DraftFiles<'_> {
     /// Whether the file of `method` was given on the command line (`--drafter`, `--spiffy`).
     pub fn given(&self, method: Method) -> bool {
         match method {
-            Method::Spot | Method::SpotGamma | Method::SpotAdaptive => self.drafter.is_some(),
+            Method::Spot | Method::SpotGamma | Method::SpotAdaptive | Method::SpotUnit => {
+                self.drafter.is_some()
+            }
             Method::Spiffy => self.spiffy.is_some(),
             Method::Sets | Method::SetsGamma | Method::SetsAdaptive | Method::SetsMax => {
                 self.sets.is_some() || self.drafter.is_some()
@@ -303,6 +310,7 @@ impl Drafters {
                     m,
                     Method::Spot
                         | Method::SpotGamma
+                        | Method::SpotUnit
                         | Method::SpotAdaptive
                         | Method::Sets
                         | Method::SetsGamma
@@ -436,6 +444,12 @@ pub fn strategy(
             StaleConfidenceScorer,
             drafters.calibration.clone(),
         )),
+        Method::SpotUnit => {
+            let Some(net) = &drafters.net else {
+                bail!("--method {} needs a drafter checkpoint", method.name());
+            };
+            b.scorer(Calibrated::unit(LearnedScorer::new(net.clone())))
+        }
         Method::Spot | Method::SpotGamma | Method::SpotAdaptive => {
             let Some(net) = &drafters.net else {
                 bail!("--method {} needs a drafter checkpoint", method.name());

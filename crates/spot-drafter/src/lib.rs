@@ -48,7 +48,7 @@ pub use features::{
     write_features,
 };
 pub use network::{ConfigError, OrderModel, OrderModelConfig};
-pub use scorer::{Calibrated, LearnedScorer};
+pub use scorer::{Calibrated, LearnedScorer, unit_stale_token};
 pub use sets::{JoinTable, SetsDrafter, SetsError};
 pub use spiffy::{SpiffyGraph, SpiffyScorer};
 pub use train::{

@@ -145,12 +145,29 @@ fn calibrated_hypotheses(
 pub struct Calibrated<S> {
     inner: S,
     tables: Vec<TokenCalibration>,
+    unit: bool,
 }
 
 impl<S: OrderScorer> Calibrated<S> {
     /// `inner`'s order with token weights from `tables` (one per temperature, or one for any).
     pub fn new(inner: S, tables: Vec<TokenCalibration>) -> Self {
-        Self { inner, tables }
+        Self {
+            inner,
+            tables,
+            unit: false,
+        }
+    }
+
+    /// `inner`'s order with Spiffy's token rule ([`unit_stale_token`]): every drafted
+    /// position takes its stale choice at weight 1, whatever `inner` would weigh it. Separates
+    /// what an order model gains from what its token weights gain (`spot bench --methods
+    /// spot,spot-unit`).
+    pub fn unit(inner: S) -> Self {
+        Self {
+            inner,
+            tables: Vec::new(),
+            unit: true,
+        }
     }
 }
 
@@ -176,6 +193,10 @@ impl<S: OrderScorer> OrderScorer for Calibrated<S> {
         position: usize,
         out: &mut Vec<(TokenId, f32)>,
     ) -> bool {
+        if self.unit {
+            unit_stale_token(ctx, position, out);
+            return true;
+        }
         match nearest_calibration(&self.tables, ctx.temperature) {
             Some(cal) => {
                 calibrated_hypotheses(cal, ctx, nodes, i, position, out);
@@ -184,6 +205,11 @@ impl<S: OrderScorer> OrderScorer for Calibrated<S> {
             None => self.inner.token_hypotheses(ctx, nodes, i, position, out),
         }
     }
+}
+
+/// Spiffy's token rule at `position`: the stale choice alone, at weight 1 (no hedge).
+pub fn unit_stale_token(ctx: &ScoreContext<'_>, position: usize, out: &mut Vec<(TokenId, f32)>) {
+    out.push((ctx.stale.token(position), 1.0));
 }
 
 #[cfg(test)]
@@ -242,5 +268,15 @@ mod tests {
         // ln(0.5 / 0.01) = 3.9 nats: bin 6 (<= 4); ln(0.5 / 0.45) = 0.105: bin 0.
         assert_eq!(hyp(0), vec![(5, cal.top1[0][6]), (6, cal.runner_up[0][6])]);
         assert_eq!(hyp(1), vec![(5, cal.top1[0][0]), (6, cal.runner_up[0][0])]);
+        // Spiffy's rule over the same order: the stale choice alone, at weight 1; the order
+        // is the inner scorer's.
+        let mut unit = Calibrated::unit(StaleConfidenceScorer);
+        let mut out = Vec::new();
+        assert!(unit.token_hypotheses(&ctx, &batch, 0, 1, &mut out));
+        assert_eq!(out, vec![(5, 1.0)]);
+        let (mut a, mut b) = (vec![0.0; 2], vec![0.0; 2]);
+        unit.score(&ctx, &batch, &mut a).unwrap();
+        StaleConfidenceScorer.score(&ctx, &batch, &mut b).unwrap();
+        assert_eq!(a, b);
     }
 }

@@ -310,7 +310,7 @@ impl OrderScorer for SpiffyScorer {
         position: usize,
         out: &mut Vec<(TokenId, f32)>,
     ) -> bool {
-        out.push((ctx.stale.token(position), 1.0));
+        crate::scorer::unit_stale_token(ctx, position, out);
         true
     }
 }
