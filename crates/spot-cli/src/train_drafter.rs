@@ -167,7 +167,6 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         &device,
         &mut obs,
     )
-    .map_err(anyhow::Error::msg)
     .context("training the drafter")?;
     obs.bar.finish_and_clear();
     if let Some(best) = reports

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use spot_drafter::sets_net::SetsNetConfig;
 use spot_drafter::sets_tokens::read_output_embeddings;
 use spot_drafter::sets_train::{SetsTrainConfig, TauGroup, train_sets};
@@ -127,7 +127,7 @@ pub fn run(a: &TrainSetsArgs) -> Result<()> {
         None
     } else {
         let dir = crate::model_dir::resolve(a.model.as_deref())?;
-        let (w, cols) = read_output_embeddings(&dir).map_err(anyhow::Error::msg)?;
+        let (w, cols) = read_output_embeddings(&dir)?;
         if cols != hidden_dim {
             bail!(
                 "{}: output embeddings of width {cols}, the trajectories' hidden states {hidden_dim}",
@@ -144,7 +144,7 @@ pub fn run(a: &TrainSetsArgs) -> Result<()> {
         (&device, out_emb.as_deref()),
         &mut show,
     )
-    .map_err(anyhow::Error::msg)?;
+    .context("training the set drafter")?;
     if report.written > 0 {
         eprintln!(
             "written tokens outside the stale top-{}: {} of {} ({:.1}%)",

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::features::MARGIN_CAP;
+use crate::table_error::TableError;
 use crate::trajectory::{Trajectory, examples};
 
 /// Token hit rates of the stale statistics, by replay depth (Algorithm 1's examples).
@@ -264,38 +265,37 @@ impl TokenCalibration {
     }
 
     /// Whether the tables are well formed (used when loading a checkpoint).
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TableError> {
+        let field = |name: &str, reason: &str| {
+            TableError::field(format!("token_calibration.{name}"), reason)
+        };
         let nb = self.edges.len();
         let ascending = self
             .edges
             .windows(2)
             .all(|w| w[0].partial_cmp(&w[1]) == Some(std::cmp::Ordering::Less));
         if nb == 0 || !ascending || self.edges.iter().any(|e| !e.is_finite()) {
-            return Err("token_calibration.edges must be finite and ascend".into());
+            return Err(field("edges", "must be finite and ascend"));
         }
         if self.key == CalibrationKey::Confidence && self.edges[nb - 1] != 1.0 {
-            return Err("token_calibration.edges of the confidence must end at 1".into());
+            return Err(field("edges", "of the confidence must end at 1"));
         }
         if self
             .temperature
             .is_some_and(|t| !(t.is_finite() && t >= 0.0))
         {
-            return Err("token_calibration.temperature must be finite and non-negative".into());
+            return Err(field("temperature", "must be finite and non-negative"));
         }
         for (name, t) in [("top1", &self.top1), ("runner_up", &self.runner_up)] {
             if t.is_empty() || t.iter().any(|row| row.len() != nb) {
-                return Err(format!(
-                    "token_calibration.{name} must have rows of {nb} bins"
-                ));
+                return Err(field(name, &format!("must have rows of {nb} bins")));
             }
             if t.iter().flatten().any(|v| !(0.0..=1.0).contains(v)) {
-                return Err(format!(
-                    "token_calibration.{name} holds values outside [0, 1]"
-                ));
+                return Err(field(name, "holds values outside [0, 1]"));
             }
         }
         if self.top1.len() != self.runner_up.len() {
-            return Err("token_calibration.top1 and runner_up differ in depth".into());
+            return Err(field("runner_up", "differs from top1 in depth"));
         }
         Ok(())
     }

@@ -37,6 +37,7 @@ pub mod sets_net;
 pub mod sets_tokens;
 pub mod sets_train;
 pub mod spiffy;
+pub mod table_error;
 pub mod train;
 pub mod trajectory;
 
@@ -51,6 +52,7 @@ pub use network::{ConfigError, OrderModel, OrderModelConfig};
 pub use scorer::{Calibrated, LearnedScorer, unit_stale_token};
 pub use sets::{JoinTable, SetsDrafter, SetsError};
 pub use spiffy::{SpiffyGraph, SpiffyScorer};
+pub use table_error::TableError;
 pub use train::{
     Accuracy, EpochReport, TrainConfig, TrainError, TrainObserver, evaluate_on, train, train_from,
 };

@@ -132,7 +132,7 @@ pub enum ConfigError {
     },
     /// A token calibration table is malformed.
     #[error("token calibration: {0}")]
-    Calibration(String),
+    Calibration(crate::TableError),
 }
 
 impl OrderModelConfig {

@@ -30,6 +30,7 @@ use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
 
 use crate::analysis::{bin, monotone_rates};
 use crate::sets_net::join_examples;
+use crate::table_error::TableError;
 use crate::trajectory::Trajectory;
 
 /// File name of a model folder's default set drafter (`spot calibrate-sets`).
@@ -149,13 +150,19 @@ impl JoinTable {
     }
 
     /// Checks shapes and ranges.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TableError> {
         if !(self.tau.is_finite()) {
-            return Err(format!("tau must be finite, got {}", self.tau));
+            return Err(TableError::field(
+                "tau",
+                format!("must be finite, got {}", self.tau),
+            ));
         }
         let nb = self.edges.len();
         if nb == 0 || !self.edges.windows(2).all(|w| w[0] < w[1]) {
-            return Err("edges must be non-empty and strictly ascending".into());
+            return Err(TableError::field(
+                "edges",
+                "must be non-empty and strictly ascending",
+            ));
         }
         let rows = self.join.len();
         if rows == 0
@@ -163,11 +170,15 @@ impl JoinTable {
             || self.hedge.len() != rows
             || self.lead.len() != rows
         {
-            return Err(format!(
-                "lead, join, token and hedge have {}, {rows}, {} and {} rows; they need the same number, at least 1",
-                self.lead.len(),
-                self.token.len(),
-                self.hedge.len()
+            return Err(TableError::field(
+                "join",
+                format!(
+                    "lead, join, token and hedge have {}, {rows}, {} and {} rows; they need the \
+                     same number, at least 1",
+                    self.lead.len(),
+                    self.token.len(),
+                    self.hedge.len()
+                ),
             ));
         }
         for (name, rows) in [
@@ -178,10 +189,16 @@ impl JoinTable {
         ] {
             for row in rows.iter() {
                 if row.len() != nb {
-                    return Err(format!("a {name} row has {} bins, edges {nb}", row.len()));
+                    return Err(TableError::field(
+                        name,
+                        format!("a row has {} bins, edges {nb}", row.len()),
+                    ));
                 }
                 if let Some(v) = row.iter().find(|v| !(0.0..=1.0).contains(*v)) {
-                    return Err(format!("{name} holds {v}, outside [0, 1]"));
+                    return Err(TableError::field(
+                        name,
+                        format!("holds {v}, outside [0, 1]"),
+                    ));
                 }
             }
         }
@@ -206,22 +223,27 @@ pub enum SetsError {
         /// The file.
         path: String,
         /// What is wrong.
-        reason: String,
+        #[source]
+        reason: TableError,
     },
 }
 
 /// Checks a file's `(format, version)` against the expected pair.
 pub(crate) fn check_header(
     (format, version): (&str, u32),
-    (want, want_version): (&str, u32),
-) -> Result<(), String> {
+    (want, want_version): (&'static str, u32),
+) -> Result<(), TableError> {
     if format != want {
-        return Err(format!("format is {format:?}, expected {want:?}"));
+        return Err(TableError::Format {
+            found: format.into(),
+            expected: want,
+        });
     }
     if version != want_version {
-        return Err(format!(
-            "version {version} is not supported (this build reads {want_version})"
-        ));
+        return Err(TableError::Version {
+            found: version,
+            supported: want_version,
+        });
     }
     Ok(())
 }
@@ -229,7 +251,7 @@ pub(crate) fn check_header(
 /// Reads the JSON file `path` through `parse`; errors name the file.
 pub(crate) fn load_json<T>(
     path: &Path,
-    parse: impl FnOnce(&str) -> Result<T, String>,
+    parse: impl FnOnce(&str) -> Result<T, TableError>,
 ) -> Result<T, SetsError> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| SetsError::Io {
@@ -243,7 +265,7 @@ pub(crate) fn load_json<T>(
 }
 
 /// Writes `text` (or its serialisation error) to `path`; errors name the file.
-pub(crate) fn save_json(path: &Path, text: Result<String, String>) -> Result<(), SetsError> {
+pub(crate) fn save_json(path: &Path, text: Result<String, TableError>) -> Result<(), SetsError> {
     let shown = path.display().to_string();
     let text = text.map_err(|reason| SetsError::Invalid {
         path: shown.clone(),
@@ -278,24 +300,27 @@ pub struct SetsDrafter {
 
 impl SetsDrafter {
     /// The JSON text of the file.
-    pub fn to_json(&self) -> Result<String, String> {
+    pub fn to_json(&self) -> Result<String, TableError> {
         let file = SetsFile {
             format: FORMAT.into(),
             version: SETS_VERSION,
             tables: self.tables.clone(),
         };
-        serde_json::to_string_pretty(&file).map_err(|e| e.to_string())
+        Ok(serde_json::to_string_pretty(&file)?)
     }
 
     /// Parses and checks a file's JSON text.
-    pub fn from_json(text: &str) -> Result<Self, String> {
-        let file: SetsFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    pub fn from_json(text: &str) -> Result<Self, TableError> {
+        let file: SetsFile = serde_json::from_str(text)?;
         check_header((&file.format, file.version), (FORMAT, SETS_VERSION))?;
         if file.tables.is_empty() {
-            return Err("holds no table".into());
+            return Err(TableError::field("tables", "holds no table"));
         }
-        for (i, t) in file.tables.iter().enumerate() {
-            t.check().map_err(|e| format!("table {i}: {e}"))?;
+        for (index, t) in file.tables.iter().enumerate() {
+            t.check().map_err(|e| TableError::Table {
+                index,
+                source: Box::new(e),
+            })?;
         }
         Ok(Self {
             tables: file.tables,
@@ -349,7 +374,7 @@ impl JoinModel for SetsDrafter {
             .table(ctx.temperature, tau)
             .ok_or_else(|| bad("holds no table".into()))?;
         // Tables read from a file were checked; one built in code may not have been.
-        t.check().map_err(bad)?;
+        t.check().map_err(|e| bad(e.to_string()))?;
         let row = steps.min(t.join.len() - 1);
         let mask = ctx.root.mask_id();
         for (s, &tok) in state.iter().enumerate() {
@@ -450,13 +475,24 @@ mod tests {
         };
         let json = good.to_json().unwrap();
         let e = SetsDrafter::from_json(&json.replace("\"version\": 1", "\"version\": 7"));
-        assert!(e.unwrap_err().contains("version 7"));
+        assert_eq!(
+            e.unwrap_err(),
+            TableError::Version {
+                found: 7,
+                supported: SETS_VERSION
+            }
+        );
         let e = SetsDrafter::from_json(&json.replace("\"tau\"", "\"tua\""));
         assert!(e.is_err());
         let mut bad = good.clone();
         bad.tables[0].join[0][0] = 1.5;
         let e = SetsDrafter::from_json(&bad.to_json().unwrap()).unwrap_err();
-        assert!(e.contains("outside [0, 1]"), "{e}");
+        assert!(
+            matches!(&e, TableError::Table { index: 0, source }
+                if matches!(&**source, TableError::Field { field, .. } if field == "join")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("outside [0, 1]"), "{e}");
         let e = SetsDrafter::load(Path::new("/nonexistent/spot-sets.json")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/spot-sets.json"));
         // The nearest τ wins, then the nearest temperature.

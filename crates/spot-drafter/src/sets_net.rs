@@ -35,6 +35,7 @@ use crate::features::MARGIN_CAP;
 use crate::rng::SplitMix;
 use crate::sets::{SetsError, check_header, load_json, save_json};
 use crate::sets_tokens::{TokenHead, TokenHeadConfig, TokenInput};
+use crate::table_error::TableError;
 use crate::trajectory::{StepRecord, StoredPosition, Trajectory};
 
 /// File name of a model folder's default learned set drafter (`spot train-sets`).
@@ -107,11 +108,14 @@ impl SetsNetConfig {
     }
 
     /// Checks the widths.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TableError> {
         if self.n_scalar != N_SCALAR {
-            return Err(format!(
-                "n_scalar is {}, this build computes {N_SCALAR} features",
-                self.n_scalar
+            return Err(TableError::field(
+                "config.n_scalar",
+                format!(
+                    "is {}, this build computes {N_SCALAR} features",
+                    self.n_scalar
+                ),
             ));
         }
         for (name, v) in [
@@ -120,7 +124,10 @@ impl SetsNetConfig {
             ("width", self.width),
         ] {
             if v == 0 || v > MAX_WIDTH {
-                return Err(format!("{name} must be in [1, {MAX_WIDTH}], got {v}"));
+                return Err(TableError::field(
+                    format!("config.{name}"),
+                    format!("must be in [1, {MAX_WIDTH}], got {v}"),
+                ));
             }
         }
         Ok(())
@@ -396,24 +403,9 @@ impl SetsNet {
     }
 
     /// A network from parameters in [`SetsNetConfig::params`] order; lengths are checked.
-    pub fn from_params(cfg: SetsNetConfig, params: Vec<Vec<f32>>) -> Result<Self, String> {
+    pub fn from_params(cfg: SetsNetConfig, params: Vec<Vec<f32>>) -> Result<Self, TableError> {
         cfg.check()?;
-        let specs = cfg.params();
-        if params.len() != specs.len() {
-            return Err(format!(
-                "{} parameter tensors, expected {}",
-                params.len(),
-                specs.len()
-            ));
-        }
-        for ((name, [a, b]), p) in specs.iter().zip(&params) {
-            if p.len() != a * b {
-                return Err(format!("{name} has {} values, expected {}", p.len(), a * b));
-            }
-            if p.iter().any(|v| !v.is_finite()) {
-                return Err(format!("{name} holds a non-finite value"));
-            }
-        }
+        TableError::check_params(&cfg.params(), &params)?;
         Ok(Self {
             cfg,
             params,
@@ -439,13 +431,16 @@ impl SetsNet {
     }
 
     /// Attaches (or removes) a token head; its hidden width must be the network's.
-    pub fn set_token_head(&mut self, head: Option<TokenHead>) -> Result<(), String> {
+    pub fn set_token_head(&mut self, head: Option<TokenHead>) -> Result<(), TableError> {
         if let Some(h) = &head {
             h.check(MAX_WIDTH)?;
             if h.cfg.hidden_dim != self.cfg.hidden_dim {
-                return Err(format!(
-                    "token head reads hidden states of width {}, the network {}",
-                    h.cfg.hidden_dim, self.cfg.hidden_dim
+                return Err(TableError::field(
+                    "token_head.config.hidden_dim",
+                    format!(
+                        "reads hidden states of width {}, the network {}",
+                        h.cfg.hidden_dim, self.cfg.hidden_dim
+                    ),
                 ));
             }
         }
@@ -501,7 +496,7 @@ impl SetsNet {
     }
 
     /// The file's JSON text.
-    pub fn to_json(&self) -> Result<String, String> {
+    pub fn to_json(&self) -> Result<String, TableError> {
         let file = SetsNetFile {
             format: FORMAT.into(),
             version: SETS_NET_VERSION,
@@ -526,12 +521,12 @@ impl SetsNet {
                 .map(|((name, _), v)| ((*name).to_string(), v.clone()))
                 .collect(),
         };
-        serde_json::to_string(&file).map_err(|e| e.to_string())
+        Ok(serde_json::to_string(&file)?)
     }
 
     /// Parses and checks a file's JSON text.
-    pub fn from_json(text: &str) -> Result<Self, String> {
-        let file: SetsNetFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    pub fn from_json(text: &str) -> Result<Self, TableError> {
+        let file: SetsNetFile = serde_json::from_str(text)?;
         check_header((&file.format, file.version), (FORMAT, SETS_NET_VERSION))?;
         file.config.check()?;
         let params = by_name(file.params, &file.config.params())?;
@@ -564,17 +559,20 @@ impl SetsNet {
 fn by_name(
     mut named: Vec<(String, Vec<f32>)>,
     specs: &[(&'static str, [usize; 2])],
-) -> Result<Vec<Vec<f32>>, String> {
+) -> Result<Vec<Vec<f32>>, TableError> {
     let mut params = Vec::new();
     for (name, _) in specs {
         let i = named
             .iter()
             .position(|(n, _)| n == name)
-            .ok_or_else(|| format!("parameter {name} is missing"))?;
+            .ok_or_else(|| TableError::field(*name, "is missing"))?;
         params.push(named.swap_remove(i).1);
     }
     if let Some((n, _)) = named.first() {
-        return Err(format!("unknown parameter {n}"));
+        return Err(TableError::field(
+            n.clone(),
+            "is not a parameter of this network",
+        ));
     }
     Ok(params)
 }
@@ -749,14 +747,20 @@ mod tests {
         let net = SetsNet::init(SetsNetConfig::new(4), 1);
         let json = net.to_json().unwrap();
         let e = SetsNet::from_json(&json.replace("\"version\":1", "\"version\":9")).unwrap_err();
-        assert!(e.contains("version 9"), "{e}");
+        assert!(matches!(e, TableError::Version { found: 9, .. }), "{e}");
         let e = SetsNet::from_json(&json.replace("fc2.bias", "fc9.bias")).unwrap_err();
-        assert!(e.contains("fc2.bias"), "{e}");
+        assert!(
+            matches!(&e, TableError::Field { field, .. } if field == "fc2.bias"),
+            "{e}"
+        );
         let e = SetsNet::from_json(&json.replace("\"width\":64", "\"width\":100000000000"))
             .unwrap_err();
-        assert!(e.contains("width"), "{e}");
+        assert!(
+            matches!(&e, TableError::Field { field, .. } if field == "config.width"),
+            "{e}"
+        );
         let e = SetsNet::from_json(&json.replace("\"width\":64", "\"width\":65")).unwrap_err();
-        assert!(e.contains("values, expected"), "{e}");
+        assert!(matches!(e, TableError::Size { .. }), "{e}");
         let e = SetsNet::load(Path::new("/nonexistent/spot-sets-net.json")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/spot-sets-net.json"));
     }

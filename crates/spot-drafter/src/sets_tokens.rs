@@ -21,6 +21,8 @@ use serde::{Deserialize, Serialize};
 use spot_core::{GumbelNoise, TokenId};
 
 use crate::rng::SplitMix;
+use crate::sets::SetsError;
+use crate::table_error::TableError;
 use crate::trajectory::StoredPosition;
 
 /// Neighbour offsets whose newly committed tokens the head reads.
@@ -54,7 +56,7 @@ impl TokenHeadConfig {
     }
 
     /// Checks the widths against `max`.
-    pub fn check(&self, max: usize) -> Result<(), String> {
+    pub fn check(&self, max: usize) -> Result<(), TableError> {
         for (name, v, hi) in [
             ("vocab", self.vocab, 1 << 22),
             ("dim", self.dim, max),
@@ -62,7 +64,10 @@ impl TokenHeadConfig {
             ("hidden_dim", self.hidden_dim, max),
         ] {
             if v == 0 || v > hi {
-                return Err(format!("token head {name} must be in [1, {hi}], got {v}"));
+                return Err(TableError::field(
+                    format!("token_head.config.{name}"),
+                    format!("must be in [1, {hi}], got {v}"),
+                ));
             }
         }
         Ok(())
@@ -181,25 +186,9 @@ impl TokenHead {
     }
 
     /// Checks the parameter lengths and values.
-    pub fn check(&self, max: usize) -> Result<(), String> {
+    pub fn check(&self, max: usize) -> Result<(), TableError> {
         self.cfg.check(max)?;
-        let specs = self.cfg.params();
-        if self.params.len() != specs.len() {
-            return Err(format!(
-                "token head: {} tensors, expected {}",
-                self.params.len(),
-                specs.len()
-            ));
-        }
-        for ((name, [a, b]), p) in specs.iter().zip(&self.params) {
-            if p.len() != a * b {
-                return Err(format!("{name} has {} values, expected {}", p.len(), a * b));
-            }
-            if p.iter().any(|v| !v.is_finite()) {
-                return Err(format!("{name} holds a non-finite value"));
-            }
-        }
-        Ok(())
+        TableError::check_params(&self.cfg.params(), &self.params)
     }
 
     fn emb(&self, id: TokenId) -> Option<&[f32]> {
@@ -320,18 +309,33 @@ pub fn token_metrics(head: &TokenHead, rows: &[TokenRow<'_>]) -> TokenMetrics {
 /// The target's output embeddings `[vocab, hidden]` from `dir/model.safetensors`
 /// (`lm_head.weight`, else the tied `model.embed_tokens.weight`; f32, bf16 or f16), with
 /// the hidden width: what [`TokenHead::init`] projects. Errors name the file.
-pub fn read_output_embeddings(dir: &std::path::Path) -> Result<(Vec<f32>, usize), String> {
+pub fn read_output_embeddings(dir: &std::path::Path) -> Result<(Vec<f32>, usize), SetsError> {
     use safetensors::{Dtype, SafeTensors};
     let path = dir.join("model.safetensors");
-    let shown = path.display();
-    let bytes = std::fs::read(&path).map_err(|e| format!("{shown}: {e}"))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| format!("{shown}: {e}"))?;
+    let shown = path.display().to_string();
+    let invalid = |field: &str, reason: String| SetsError::Invalid {
+        path: shown.clone(),
+        reason: TableError::field(field, reason),
+    };
+    let bytes = std::fs::read(&path).map_err(|source| SetsError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| invalid("header", e.to_string()))?;
     let t = ["lm_head.weight", "model.embed_tokens.weight"]
         .iter()
         .find_map(|n| st.tensor(n).ok())
-        .ok_or_else(|| format!("{shown}: no lm_head.weight or model.embed_tokens.weight"))?;
+        .ok_or_else(|| {
+            invalid(
+                "lm_head.weight",
+                "neither it nor model.embed_tokens.weight is stored".into(),
+            )
+        })?;
     let [_, cols] = t.shape() else {
-        return Err(format!("{shown}: the output embeddings are not a matrix"));
+        return Err(invalid(
+            "lm_head.weight",
+            "the output embeddings are not a matrix".into(),
+        ));
     };
     let data = t.data();
     let values: Vec<f32> = match t.dtype() {
@@ -343,7 +347,12 @@ pub fn read_output_embeddings(dir: &std::path::Path) -> Result<(Vec<f32>, usize)
             .chunks_exact(2)
             .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
             .collect(),
-        other => return Err(format!("{shown}: output embeddings of type {other:?}")),
+        other => {
+            return Err(invalid(
+                "lm_head.weight",
+                format!("output embeddings of type {other:?}"),
+            ));
+        }
     };
     Ok((values, *cols))
 }

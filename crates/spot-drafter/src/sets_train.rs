@@ -27,7 +27,7 @@ use crate::sets_net::{
 };
 use crate::sets_tokens::TokenInput;
 use crate::sets_tokens::{NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics};
-use crate::train::{Schedule, adam, descend, heldout_by_prompt};
+use crate::train::{Schedule, TrainError, adam, descend, heldout_by_prompt};
 use crate::trajectory::Trajectory;
 use spot_core::GumbelNoise;
 
@@ -219,24 +219,35 @@ pub fn train_sets<B: AutodiffBackend>(
     cfg: &SetsTrainConfig,
     (device, out_emb): (&B::Device, Option<&[f32]>),
     observer: &mut dyn FnMut(&str),
-) -> Result<(SetsNet, SetsReport), String> {
+) -> Result<(SetsNet, SetsReport), TrainError> {
     net_cfg.check()?;
-    if cfg.batch_size == 0 || cfg.epochs == 0 || !(cfg.lr > 0.0 && cfg.lr.is_finite()) {
-        return Err("epochs, batch size and lr must be positive".into());
+    let setting = |field, value: String, expected| TrainError::Setting {
+        field,
+        value,
+        expected,
+    };
+    if cfg.epochs == 0 {
+        return Err(setting("epochs", "0".into(), "positive"));
+    }
+    if cfg.batch_size == 0 {
+        return Err(setting("batch_size", "0".into(), "positive"));
+    }
+    if !(cfg.lr > 0.0 && cfg.lr.is_finite()) {
+        return Err(setting("lr", cfg.lr.to_string(), "positive and finite"));
     }
     if !(0.0..1.0).contains(&cfg.holdout) {
-        return Err(format!("holdout {} is not in [0, 1)", cfg.holdout));
+        return Err(setting("holdout", cfg.holdout.to_string(), "in [0, 1)"));
     }
     let all: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajs).collect();
     if all.is_empty() {
-        return Err("no trajectories".into());
+        return Err(TrainError::NoTrajectories);
     }
     if let Some(t) = all.iter().find(|t| t.hidden_dim != net_cfg.hidden_dim) {
-        return Err(format!(
-            "trajectory `{}` has hidden states of width {} (the network reads {}); collect with \
-             `spot collect --hidden-states`",
-            t.id, t.hidden_dim, net_cfg.hidden_dim
-        ));
+        return Err(TrainError::HiddenWidth {
+            id: t.id.clone(),
+            found: t.hidden_dim,
+            expected: net_cfg.hidden_dim,
+        });
     }
     // Whole prompts held out, over every group together.
     let held = heldout_by_prompt(all.iter().map(|t| t.id.as_str()), cfg.holdout);
@@ -281,7 +292,7 @@ pub fn train_sets<B: AutodiffBackend>(
         }
     }
     if train.len() == 0 {
-        return Err("the trajectories hold no training examples".into());
+        return Err(TrainError::NoExamples);
     }
     let table_loss = host_loss(&heldout, |i| heldout.table[i]);
     let mut order: Vec<usize> = (0..train.len()).collect();
@@ -316,8 +327,7 @@ pub fn train_sets<B: AutodiffBackend>(
             let loss = bce(z, t2(&y, N_OUT), t2(&m, N_OUT));
             let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
             let value;
-            (value, params) =
-                descend(&mut optim, params, loss, lr, (epoch, step)).map_err(|e| e.to_string())?;
+            (value, params) = descend(&mut optim, params, loss, lr, (epoch, step))?;
             sum += value * n as f64;
         }
         let mut net = SetsNet::from_params(net_cfg.clone(), params.host())?;
@@ -345,7 +355,11 @@ pub fn train_sets<B: AutodiffBackend>(
         }
         report.epochs.push(epoch_report);
     }
-    let mut net = best.map(|(_, n)| n).ok_or("no epoch ran")?;
+    let mut net = best.map(|(_, n)| n).ok_or(TrainError::Setting {
+        field: "epochs",
+        value: "0".into(),
+        expected: "positive",
+    })?;
     if k > 0 {
         let head = TokenHead::init(
             TokenHeadConfig {
@@ -643,9 +657,9 @@ pub fn train_token_head<B: AutodiffBackend>(
     cfg: &SetsTrainConfig,
     device: &B::Device,
     observer: &mut dyn FnMut(usize, &TokenMetrics),
-) -> Result<(TokenHead, Vec<TokenMetrics>), String> {
+) -> Result<(TokenHead, Vec<TokenMetrics>), TrainError> {
     if train.is_empty() {
-        return Err("no token examples".into());
+        return Err(TrainError::NoExamples);
     }
     let tcfg = head.cfg.clone();
     let mut params = Tensors::<B>::new(&head.params, device);
@@ -672,8 +686,7 @@ pub fn train_token_head<B: AutodiffBackend>(
             let logp = log_softmax(z, 1);
             let loss = (logp * f2(&batch.onehot)).sum().neg().div_scalar(n as f64);
             let lr = schedule.at((epoch - 1) * steps_per_epoch + step);
-            (_, params) =
-                descend(&mut optim, params, loss, lr, (epoch, step)).map_err(|e| e.to_string())?;
+            (_, params) = descend(&mut optim, params, loss, lr, (epoch, step))?;
         }
         let trained = TokenHead {
             cfg: tcfg.clone(),
@@ -689,7 +702,11 @@ pub fn train_token_head<B: AutodiffBackend>(
         }
         reports.push(m);
     }
-    let (_, head) = best.ok_or("no epoch ran")?;
+    let (_, head) = best.ok_or(TrainError::Setting {
+        field: "epochs",
+        value: "0".into(),
+        expected: "positive",
+    })?;
     Ok((head, reports))
 }
 

@@ -331,6 +331,22 @@ pub enum TrainError {
     /// The training split holds no example.
     #[error("the trajectories hold no training examples")]
     NoExamples,
+    /// A set network or token head to train is malformed.
+    #[error("set drafter: {0}")]
+    Table(#[from] crate::TableError),
+    /// A trajectory's hidden states are not as wide as the set network reads.
+    #[error(
+        "trajectory `{id}` has hidden states of width {found} (the network reads {expected}); \
+         collect with `spot collect --hidden-states`"
+    )]
+    HiddenWidth {
+        /// The trajectory.
+        id: String,
+        /// Its hidden width.
+        found: usize,
+        /// The network's.
+        expected: usize,
+    },
     /// The loss stopped being finite.
     #[error("training loss became {value} at epoch {epoch}, step {step}")]
     NonFiniteLoss {

@@ -265,5 +265,9 @@ fn token_calibration_by_noised_margin() {
     // Non-finite edges are refused.
     let mut bad = margin.clone();
     bad.edges[3] = f32::NAN;
-    assert!(bad.check().unwrap_err().contains("edges"));
+    let e = bad.check().unwrap_err();
+    assert!(
+        matches!(&e, spot_drafter::TableError::Field { field, .. } if field == "token_calibration.edges"),
+        "{e}"
+    );
 }
