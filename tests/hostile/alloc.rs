@@ -100,31 +100,29 @@ fn digits(mut v: usize, buf: &mut [u8; 20]) -> &[u8] {
     }
 }
 
+/// A new allocation of `size` bytes by `alloc`, when the caps admit it, counted when it succeeds.
+fn counted(size: usize, alloc: impl FnOnce() -> *mut u8) -> *mut u8 {
+    if !admit(size) {
+        return std::ptr::null_mut();
+    }
+    let p = alloc();
+    if !p.is_null() {
+        grow(size as isize);
+    }
+    p
+}
+
 // SAFETY: every call forwards to `System` with the caller's layout; the bookkeeping touches only
 // atomics and const-initialised thread-locals without destructors (no allocation, no unwinding).
 unsafe impl GlobalAlloc for Capped {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !admit(layout.size()) {
-            return std::ptr::null_mut();
-        }
         // SAFETY: forwarded unchanged.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            grow(layout.size() as isize);
-        }
-        p
+        counted(layout.size(), || unsafe { System.alloc(layout) })
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !admit(layout.size()) {
-            return std::ptr::null_mut();
-        }
         // SAFETY: forwarded unchanged.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            grow(layout.size() as isize);
-        }
-        p
+        counted(layout.size(), || unsafe { System.alloc_zeroed(layout) })
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {

@@ -144,8 +144,16 @@ fn calibrated_hypotheses(
 #[derive(Debug)]
 pub struct Calibrated<S> {
     inner: S,
-    tables: Vec<TokenCalibration>,
-    unit: bool,
+    tokens: TokenRule,
+}
+
+/// How [`Calibrated`] weighs the token hypotheses.
+#[derive(Debug)]
+enum TokenRule {
+    /// By the table nearest the temperature (none: `inner`'s own hypotheses).
+    Tables(Vec<TokenCalibration>),
+    /// The stale choice at weight 1 ([`unit_stale_token`]).
+    Unit,
 }
 
 impl<S: OrderScorer> Calibrated<S> {
@@ -153,8 +161,7 @@ impl<S: OrderScorer> Calibrated<S> {
     pub fn new(inner: S, tables: Vec<TokenCalibration>) -> Self {
         Self {
             inner,
-            tables,
-            unit: false,
+            tokens: TokenRule::Tables(tables),
         }
     }
 
@@ -165,8 +172,7 @@ impl<S: OrderScorer> Calibrated<S> {
     pub fn unit(inner: S) -> Self {
         Self {
             inner,
-            tables: Vec::new(),
-            unit: true,
+            tokens: TokenRule::Unit,
         }
     }
 }
@@ -193,11 +199,14 @@ impl<S: OrderScorer> OrderScorer for Calibrated<S> {
         position: usize,
         out: &mut Vec<(TokenId, f32)>,
     ) -> bool {
-        if self.unit {
-            unit_stale_token(ctx, position, out);
-            return true;
-        }
-        match nearest_calibration(&self.tables, ctx.temperature) {
+        let tables = match &self.tokens {
+            TokenRule::Unit => {
+                unit_stale_token(ctx, position, out);
+                return true;
+            }
+            TokenRule::Tables(tables) => tables,
+        };
+        match nearest_calibration(tables, ctx.temperature) {
             Some(cal) => {
                 calibrated_hypotheses(cal, ctx, nodes, i, position, out);
                 true

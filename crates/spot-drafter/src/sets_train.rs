@@ -27,7 +27,9 @@ use crate::sets_net::{
 };
 use crate::sets_tokens::TokenInput;
 use crate::sets_tokens::{NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics};
-use crate::train::{Schedule, TrainError, adam, descend, heldout_by_prompt};
+use crate::train::{
+    Schedule, TrainError, adam, check_settings, descend, heldout_by_prompt, no_epochs,
+};
 use crate::trajectory::Trajectory;
 use spot_core::GumbelNoise;
 
@@ -61,6 +63,14 @@ pub struct SetsTrainConfig {
     pub token_candidates: usize,
     /// Embedding width of the token head.
     pub token_dim: usize,
+}
+
+impl SetsTrainConfig {
+    /// Whether the settings are usable (positive epochs, batch size and finite learning
+    /// rate; holdout in `[0, 1)`), as [`TrainConfig::check`](crate::TrainConfig::check).
+    pub fn check(&self) -> Result<(), TrainError> {
+        check_settings(self.epochs, self.batch_size, self.lr, self.holdout)
+    }
 }
 
 impl Default for SetsTrainConfig {
@@ -221,23 +231,7 @@ pub fn train_sets<B: AutodiffBackend>(
     observer: &mut dyn FnMut(&str),
 ) -> Result<(SetsNet, SetsReport), TrainError> {
     net_cfg.check()?;
-    let setting = |field, value: String, expected| TrainError::Setting {
-        field,
-        value,
-        expected,
-    };
-    if cfg.epochs == 0 {
-        return Err(setting("epochs", "0".into(), "positive"));
-    }
-    if cfg.batch_size == 0 {
-        return Err(setting("batch_size", "0".into(), "positive"));
-    }
-    if !(cfg.lr > 0.0 && cfg.lr.is_finite()) {
-        return Err(setting("lr", cfg.lr.to_string(), "positive and finite"));
-    }
-    if !(0.0..1.0).contains(&cfg.holdout) {
-        return Err(setting("holdout", cfg.holdout.to_string(), "in [0, 1)"));
-    }
+    cfg.check()?;
     let all: Vec<&Trajectory> = groups.iter().flat_map(|g| &g.trajs).collect();
     if all.is_empty() {
         return Err(TrainError::NoTrajectories);
@@ -355,11 +349,7 @@ pub fn train_sets<B: AutodiffBackend>(
         }
         report.epochs.push(epoch_report);
     }
-    let mut net = best.map(|(_, n)| n).ok_or(TrainError::Setting {
-        field: "epochs",
-        value: "0".into(),
-        expected: "positive",
-    })?;
+    let mut net = best.map(|(_, n)| n).ok_or_else(no_epochs)?;
     if k > 0 {
         let head = TokenHead::init(
             TokenHeadConfig {
@@ -702,11 +692,7 @@ pub fn train_token_head<B: AutodiffBackend>(
         }
         reports.push(m);
     }
-    let (_, head) = best.ok_or(TrainError::Setting {
-        field: "epochs",
-        value: "0".into(),
-        expected: "positive",
-    })?;
+    let (_, head) = best.ok_or_else(no_epochs)?;
     Ok((head, reports))
 }
 

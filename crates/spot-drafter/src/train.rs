@@ -363,26 +363,47 @@ impl TrainConfig {
     /// Whether the settings are usable (positive epochs, batch size and finite learning
     /// rate; holdout in `[0, 1)`).
     pub fn check(&self) -> Result<(), TrainError> {
-        let setting = |field, value: String, expected| {
-            Err(TrainError::Setting {
-                field,
-                value,
-                expected,
-            })
-        };
-        if self.epochs == 0 {
-            return setting("epochs", "0".into(), "positive");
-        }
-        if self.batch_size == 0 {
-            return setting("batch_size", "0".into(), "positive");
-        }
-        if !(self.lr > 0.0 && self.lr.is_finite()) {
-            return setting("lr", self.lr.to_string(), "positive and finite");
-        }
-        if !(0.0..1.0).contains(&self.holdout) {
-            return setting("holdout", self.holdout.to_string(), "in [0, 1)");
-        }
-        Ok(())
+        check_settings(self.epochs, self.batch_size, self.lr, self.holdout)
+    }
+}
+
+/// The settings every trainer shares ([`TrainConfig::check`], the set drafter's
+/// `SetsTrainConfig::check`): positive epochs and batch size, a positive finite learning rate,
+/// a holdout in `[0, 1)`.
+pub(crate) fn check_settings(
+    epochs: usize,
+    batch_size: usize,
+    lr: f64,
+    holdout: f64,
+) -> Result<(), TrainError> {
+    if epochs == 0 {
+        return Err(no_epochs());
+    }
+    let setting = |field, value: String, expected| {
+        Err(TrainError::Setting {
+            field,
+            value,
+            expected,
+        })
+    };
+    if batch_size == 0 {
+        return setting("batch_size", "0".into(), "positive");
+    }
+    if !(lr > 0.0 && lr.is_finite()) {
+        return setting("lr", lr.to_string(), "positive and finite");
+    }
+    if !(0.0..1.0).contains(&holdout) {
+        return setting("holdout", holdout.to_string(), "in [0, 1)");
+    }
+    Ok(())
+}
+
+/// The error of a training run without an epoch.
+pub(crate) fn no_epochs() -> TrainError {
+    TrainError::Setting {
+        field: "epochs",
+        value: "0".into(),
+        expected: "positive",
     }
 }
 
