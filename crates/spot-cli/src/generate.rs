@@ -7,12 +7,12 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{
-    BatchDriver, BlockDiffusionModel, BlockLayout, BlockObserver, BlockProgress, ConfidenceRule,
-    DecodeConfig, DecodeOutput, Request, Strategy, Transition, run_request,
+    BatchDriver, BlockObserver, BlockProgress, DecodeConfig, DecodeOutput, run_request,
 };
 use spot_models::{DiffusionModel, Family, StopStrings};
 
-use crate::methods::{self, BlockEndArgs, DraftFiles, Drafters, Method, Settings};
+use crate::decode_args::DecodeArgs;
+use crate::methods::Drafters;
 use crate::prompts::ChatArgs;
 use crate::{Backend, load, model_dir, prompts};
 
@@ -52,112 +52,15 @@ pub struct GenerateArgs {
     /// it.
     #[arg(long)]
     stop: Vec<String>,
-    /// Tokens to generate.
-    #[arg(long, default_value_t = 256)]
-    pub(crate) max_new_tokens: usize,
-    /// Block size (default: the config's `block_size`, else 32).
-    #[arg(long)]
-    block_size: Option<usize>,
-    /// Where blocks sit: `aligned` (absolute multiples of the block size, the prompt's tail in
-    /// the first block; SDAR's, LLaDA2.0's) or `after-prompt` (LLaDA's own sampler). Default:
-    /// the model family's own; block-causal models accept only `aligned`.
-    #[arg(long, value_enum)]
-    layout: Option<LayoutArg>,
-    /// Sampling temperature (0 = argmax).
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    pub(crate) temperature: f32,
-    /// Seed of the coupled noise table.
-    #[arg(long, default_value_t = 0)]
-    pub(crate) seed: u64,
-    /// Top-k truncation: sample each position among its K most likely tokens, renormalised
-    /// (block-diffusion models; applied by every method alike, so they stay exact).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    sample_top_k: Option<u64>,
-    /// Decoding method.
-    #[arg(long, value_enum, default_value_t = Method::Blockspec)]
-    pub(crate) method: Method,
-    /// Decode with threshold decoding `Φ^τ` at this `τ` (commit every position whose
-    /// confidence exceeds it); speculative methods then verify against it. Default 0.9 for
-    /// `threshold` and the `sets*` methods, one commit per forward for the others.
-    #[arg(long)]
-    threshold: Option<f32>,
-    /// Decode each block in S steps as SDAR's and LLaDA's own samplers schedule them: step `i`
-    /// commits its share of the block (the block size spread evenly over the steps), the most
-    /// confident positions, or with `--threshold` every position above it when at least that
-    /// many are (SDAR's `low_confidence_dynamic`; without it `low_confidence_static`).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
-    steps: Option<u32>,
-    /// Decode each block in S steps of Dream's linear timestep schedule (`t` from 1 down to
-    /// `--eps`; step `i` commits `⌊m (1 - t[i+1] / t[i])⌋` of the `m` masked positions, the most
-    /// confident). Dream's own sampler is this over one block: add `--single-block` and
-    /// `--confidence negative-entropy` (its `entropy`), `probability` (`maskgit_plus`) or
-    /// `margin` (`topk_margin`).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..), conflicts_with_all = ["steps", "threshold"])]
-    timesteps: Option<u32>,
-    /// The last timestep of `--timesteps`, in (0, 1).
-    #[arg(long, default_value_t = spot_dlm::core::DREAM_EPS, requires = "timesteps")]
-    eps: f32,
-    /// One block holding the whole generation, right after the prompt (Dream's own sampler
-    /// has no blocks); models with full attention only. Overrides `--block-size` and
-    /// `--layout`.
-    #[arg(long, conflicts_with_all = ["block_size", "layout"])]
-    single_block: bool,
-    /// Draft budget D (nodes per round) for speculative methods.
-    #[arg(long, default_value_t = 8)]
-    budget: usize,
-    /// Drafter checkpoint for `--method spot` (default: `spot-drafter.safetensors` in the
-    /// model folder); for `--method specdiff`, a drafter folder (`specdiff-drafter.json`;
-    /// default: `specdiff-drafter/` in the model folder, else `lookup`) or `lookup` (the
-    /// training-free prompt-lookup drafter).
-    #[arg(long)]
-    pub(crate) drafter: Option<PathBuf>,
-    /// Spiffy graph for `--method spiffy` (default: `spiffy-graph.json` in the model folder).
-    #[arg(long)]
-    spiffy: Option<PathBuf>,
-    /// SPOT-Sets tables for `--method sets` / `sets-gamma` (default: `spot-sets.json` in the
-    /// model folder).
-    #[arg(long)]
-    sets: Option<PathBuf>,
-    /// The learned set drafter for `--method sets-net` (default: the model folder's
-    /// `spot-sets-net.json`).
-    #[arg(long)]
-    sets_net: Option<PathBuf>,
-    /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
-    /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
-    /// so that they differ from `spot` only in the commit order).
-    #[arg(long)]
-    uncalibrated_baselines: bool,
-    /// Mass floor γ for speculative methods other than `spot-gamma`.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
-    gamma: f32,
-    /// Mass floor γ of `--method spot-gamma`.
-    #[arg(long, default_value_t = 0.02, allow_negative_numbers = true)]
-    spot_gamma: f32,
     #[command(flatten)]
-    block_ends: BlockEndArgs,
+    pub(crate) decode: DecodeArgs,
     #[command(flatten)]
     pub(crate) specdiff: crate::generate_ar::SpecDiffArgs,
-    /// Decode all blocks even after a stop id (fixed-length protocol).
-    #[arg(long)]
-    pub(crate) no_early_stop: bool,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub(crate) json: bool,
-    /// Confidence rule that ranks positions: `probability` (SDAR, default), `raw-probability`
-    /// (LLaDA's sampler at T > 0), `margin` or `negative-entropy` (Dream's rules).
-    #[arg(long, default_value_t = ConfidenceRule::Probability, value_parser = parse_rule)]
-    confidence: ConfidenceRule,
-    /// LLaDA / Dream: Fast-dLLM-style approximate prefix cache (the prefix's keys are computed
-    /// once per block; changes the model's numbers, speculative still equals draft-free).
-    #[arg(long)]
-    approx_prefix_cache: bool,
     #[command(flatten)]
     pub(crate) chat: ChatArgs,
-}
-
-/// `--confidence`: a [`ConfidenceRule::name`] (the rules have one definition, in spot-core).
-fn parse_rule(s: &str) -> Result<ConfidenceRule, String> {
-    s.parse().map_err(|e: spot_dlm::core::Error| e.to_string())
 }
 
 impl GenerateArgs {
@@ -196,7 +99,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
     if !Family::detect(&dir)?.is_diffusion() {
-        if a.batch > 1 || !a.stop.is_empty() || a.sample_top_k.is_some() {
+        if a.batch > 1 || !a.stop.is_empty() || a.decode.sample_top_k.is_some() {
             bail!("--batch, --stop and --sample-top-k apply to block-diffusion models only");
         }
         return crate::generate_ar::run(a, &dir);
@@ -205,23 +108,13 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         bail!("--batch applies to --prompts FILE.jsonl only");
     }
     let mut model = load(&dir, a.dtype)?;
-    model.set_approximate_prefix_cache(a.approx_prefix_cache)?;
-    let drafter = Drafters::load(
-        &[a.method],
-        &DraftFiles {
-            dir: &dir,
-            drafter: a.drafter.as_deref(),
-            spiffy: a.spiffy.as_deref(),
-            sets: a.sets.as_deref(),
-            sets_net: a.sets_net.as_deref(),
-            calibrate_baselines: !a.uncalibrated_baselines,
-        },
-    )?;
+    model.set_approximate_prefix_cache(a.decode.approx_prefix_cache)?;
+    let drafter = Drafters::load(&[a.decode.method], &a.decode.draft_files(&dir))?;
     if let Some(path) = &a.prompts {
         return run_file(a, &drafter, &mut model, path);
     }
     let prompt = a.single_prompt(&dir, model.tokenizer())?;
-    let cfg = decode_config(a, &model);
+    let cfg = a.decode.config(&model);
     let blocks = prompt
         .len()
         .saturating_add(cfg.max_new_tokens)
@@ -308,7 +201,7 @@ fn run_file(
     path: &std::path::Path,
 ) -> Result<()> {
     let set = a.file_prompts(model.dir(), model.tokenizer(), path)?;
-    let cfg = decode_config(a, model);
+    let cfg = a.decode.config(model);
     let stops = stop_strings(a, model)?;
     let bar = ProgressBar::new(set.len() as u64);
     bar.set_style(
@@ -340,7 +233,9 @@ fn run_file(
     } else {
         let mut driver = BatchDriver::new(a.batch as usize)?;
         for (id, ids) in &set {
-            let r = request(a, drafter, model, (ids, &cfg), stops.clone())
+            let r = a
+                .decode
+                .request(drafter, model, (ids, &cfg), stops.clone())
                 .with_context(|| format!("prompt {id}"))?;
             driver.submit(r);
         }
@@ -412,58 +307,6 @@ fn stop_strings(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> Result<Opt
     Ok(Some(StopStrings::new(tokenizer, a.stop.clone())?))
 }
 
-fn settings(a: &GenerateArgs) -> Settings {
-    Settings {
-        budget: a.budget,
-        gamma: a.gamma,
-        spot_gamma: a.spot_gamma,
-        block_ends: a.block_ends.into(),
-    }
-}
-
-fn decode_config(a: &GenerateArgs, model: &DiffusionModel<Backend>) -> DecodeConfig {
-    let defaults = DecodeConfig::for_model(model.info());
-    let layout = a.layout.map_or(defaults.layout, |l| match l {
-        LayoutArg::Aligned => BlockLayout::Aligned,
-        LayoutArg::AfterPrompt => BlockLayout::AfterPrompt,
-    });
-    let (block_size, layout) = match a.single_block {
-        true => (a.max_new_tokens, BlockLayout::AfterPrompt),
-        false => (a.block_size.unwrap_or(defaults.block_size), layout),
-    };
-    DecodeConfig {
-        block_size,
-        max_new_tokens: a.max_new_tokens,
-        temperature: a.temperature,
-        seed: a.seed,
-        transition: {
-            let tau = a
-                .threshold
-                .or((a.method == Method::Threshold || a.method.is_sets()).then_some(0.9));
-            match (a.timesteps, a.steps, tau) {
-                (Some(steps), ..) => Transition::Timesteps { steps, eps: a.eps },
-                (None, Some(steps), tau) => Transition::Scheduled { steps, tau },
-                (None, None, Some(tau)) => Transition::Threshold { tau },
-                (None, None, None) => Transition::Exact,
-            }
-        },
-        early_stop: !a.no_early_stop,
-        confidence: a.confidence,
-        sample_top_k: a.sample_top_k.map(|k| k as usize),
-        layout,
-        ..defaults
-    }
-}
-
-/// `--layout`.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum LayoutArg {
-    /// Blocks at absolute multiples of the block size.
-    Aligned,
-    /// The first block right after the prompt.
-    AfterPrompt,
-}
-
 fn decode(
     a: &GenerateArgs,
     drafters: &Drafters,
@@ -472,24 +315,8 @@ fn decode(
     stops: Option<StopStrings>,
     on_block: &mut dyn BlockObserver,
 ) -> Result<DecodeOutput> {
-    let request = request(a, drafters, model, (prompt, cfg), stops)?;
+    let request = a.decode.request(drafters, model, (prompt, cfg), stops)?;
     Ok(run_request(model, request, on_block)?)
-}
-
-/// The request of one prompt: the method's decoder, and the stop strings when given.
-fn request(
-    a: &GenerateArgs,
-    drafters: &Drafters,
-    model: &mut DiffusionModel<Backend>,
-    (prompt, cfg): (&[u32], &DecodeConfig),
-    stops: Option<StopStrings>,
-) -> Result<Request<Strategy>> {
-    let strategy = methods::strategy(a.method, settings(a), drafters, model, (prompt, cfg), None)?;
-    let request = Request::new(prompt, cfg, model.info(), strategy)?;
-    Ok(match stops {
-        Some(s) => request.with_stop_check(s),
-        None => request,
-    })
 }
 
 /// The JSON line of one decode; the text through the tokenizer, cut at a stop string.
@@ -509,7 +336,7 @@ fn result_json(
     }
     let s = &out.stats;
     Ok(serde_json::json!({
-        "method": a.method.name(),
+        "method": a.decode.method.name(),
         "prompt_tokens": prompt_tokens,
         "tokens": out.tokens,
         "text": text,

@@ -116,33 +116,33 @@ pub(crate) fn drafter(
 
 /// Decodes the prompt(s) of `a` with the autoregressive model in `dir`.
 pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
-    if !matches!(a.method, Method::Df | Method::Specdiff) {
+    if !matches!(a.decode.method, Method::Df | Method::Specdiff) {
         bail!(
             "{} is an autoregressive model: it decodes token by token (--method df) or with \
              SpecDiff-2 (--method specdiff); --method {} needs a block-diffusion model",
             dir.display(),
-            a.method.name()
+            a.decode.method.name()
         );
     }
     let mut model =
         CausalLm::<Backend>::load_as(dir, &crate::backend::device()?, a.dtype.precision)
             .with_context(|| format!("loading model folder {}", dir.display()))?;
     let cfg = ArConfig {
-        max_new_tokens: a.max_new_tokens,
-        temperature: a.temperature,
-        seed: a.seed,
+        max_new_tokens: a.decode.max_new_tokens,
+        temperature: a.decode.temperature,
+        seed: a.decode.seed,
         stop_ids: model.ar_info().stop_ids.clone(),
-        early_stop: !a.no_early_stop,
+        early_stop: !a.decode.no_early_stop,
     };
     let prompts = match &a.prompts {
         Some(path) => a.file_prompts(dir, model.tokenizer(), path)?,
         None => vec![(String::new(), a.single_prompt(dir, model.tokenizer())?)],
     };
-    let mut specdiff = match a.method {
+    let mut specdiff = match a.decode.method {
         Method::Specdiff => Some((
-            SpecDiffDecoder::new(a.specdiff.config(a.seed))
+            SpecDiffDecoder::new(a.specdiff.config(a.decode.seed))
                 .context("--k / --draft-tokens / --drafter-temperature / --min-draft-prob")?,
-            drafter(a.drafter.as_deref(), dir, model.ar_info().vocab_size)?,
+            drafter(a.decode.drafter.as_deref(), dir, model.ar_info().vocab_size)?,
         )),
         _ => None,
     };

@@ -10,6 +10,7 @@ mod bench_forward;
 mod bench_report;
 mod calibrate;
 mod collect;
+mod decode_args;
 mod eval_drafter;
 mod generate;
 mod generate_ar;
@@ -17,6 +18,7 @@ mod inspect;
 mod methods;
 mod model_dir;
 mod prompts;
+mod serve;
 mod train_drafter;
 mod train_sets;
 
@@ -70,6 +72,9 @@ enum Command {
     /// Compare decoding methods and budgets on prompt sets: NFE, positions, commits per
     /// forward, wall time and agreement with draft-free; Markdown, JSON and SVG.
     Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (completions, chat, streaming)
+    /// with continuous batching; the decoding options are `spot generate`'s.
+    Serve(serve::ServeArgs),
 }
 
 /// `--dtype`: the float type of the target's weights and activations on the device.
@@ -108,6 +113,7 @@ fn main() -> ExitCode {
         Command::CalibrateSets(a) => calibrate::run_sets(a),
         Command::TrainSets(a) => train_sets::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -328,6 +328,19 @@ pub trait MultiRequestModel: BlockDiffusionModel {
     /// Opens an empty cache slot.
     fn open_slot(&mut self) -> Result<CacheSlot>;
 
+    /// Slots open now, slot 0 included: what a server watches to see that finished and
+    /// cancelled requests give their caches back. The default (a model that does not count
+    /// them) says 0.
+    fn open_slots(&self) -> usize {
+        0
+    }
+
+    /// Bytes the open slots' caches hold (keys, values, noise rows, prefix ids), for the same
+    /// monitoring. The default (a model that does not count them) says 0.
+    fn cache_bytes(&self) -> u64 {
+        0
+    }
+
     /// Frees a slot and its cache (slot 0 is only emptied). Unknown slots are ignored.
     fn close_slot(&mut self, slot: CacheSlot);
 
@@ -511,6 +524,11 @@ impl<T: Default> Slots<T> {
     }
 
     /// Every open slot's cache.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().flatten()
+    }
+
+    /// Every open slot's cache, mutably.
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
         self.slots.iter_mut().flatten()
     }

@@ -262,6 +262,10 @@ impl MultiRequestModel for ToyModel {
         self.slots.close(slot);
     }
 
+    fn open_slots(&self) -> usize {
+        self.slots.open_count()
+    }
+
     fn set_generation_end_in(&mut self, slot: CacheSlot, _end: usize) -> Result<()> {
         self.slots.get(slot).map(|_| ())
     }

@@ -276,6 +276,14 @@ impl<B: Backend> MultiRequestModel for DiffusionModel<B> {
         each!(self, m => m.close_slot(slot))
     }
 
+    fn open_slots(&self) -> usize {
+        each!(self, m => m.open_slots())
+    }
+
+    fn cache_bytes(&self) -> u64 {
+        each!(self, m => m.cache_bytes())
+    }
+
     fn set_generation_end_in(&mut self, slot: CacheSlot, end: usize) -> spot_core::Result<()> {
         each!(self, m => m.set_generation_end_in(slot, end))
     }

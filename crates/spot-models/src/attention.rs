@@ -22,6 +22,21 @@ pub(crate) struct Kv<B: Backend> {
     pub v: Tensor<B, 4>,
 }
 
+impl<B: Backend> Kv<B> {
+    /// Bytes of the keys and values of every layer of `cache`.
+    pub fn bytes(cache: &[Self]) -> u64 {
+        cache
+            .iter()
+            .map(|kv| tensor_bytes(&kv.k) + tensor_bytes(&kv.v))
+            .sum()
+    }
+}
+
+/// Bytes a tensor's elements take.
+pub(crate) fn tensor_bytes<B: Backend, const D: usize>(t: &Tensor<B, D>) -> u64 {
+    (t.shape().num_elements() * t.dtype().size()) as u64
+}
+
 /// Attention weights of one layer (linear weights stored `[in, out]`).
 pub(crate) struct Attention<B: Backend> {
     pub q: Tensor<B, 2>,

@@ -14,7 +14,7 @@ use spot_core::{
 
 use crate::attention::{Attend, Kv};
 use crate::error::Result;
-use crate::frame::{Frame, NoiseCache};
+use crate::frame::{Frame, NoiseCache, slot_bytes};
 use crate::head::RowPlan;
 use crate::logits::Logits;
 use crate::transformer::{Net, Segment};
@@ -125,6 +125,17 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
 
     fn close_slot(&mut self, slot: CacheSlot) {
         self.slots.close(slot);
+    }
+
+    fn open_slots(&self) -> usize {
+        self.slots.open_count()
+    }
+
+    fn cache_bytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .map(|s| slot_bytes(&s.cache, &s.noise, &s.prefix))
+            .sum()
     }
 
     fn set_generation_end_in(&mut self, slot: CacheSlot, _end: usize) -> spot_core::Result<()> {

@@ -44,6 +44,27 @@ impl<B: Backend> NoiseCache<B> {
     pub fn clear(&mut self) {
         (self.0, self.1) = (None, None);
     }
+
+    /// Bytes of the rows held (host and device copies).
+    pub fn bytes(&self) -> u64 {
+        [&self.0, &self.1]
+            .into_iter()
+            .flatten()
+            .map(|n| {
+                let device = n.device.as_ref().map_or(0, crate::attention::tensor_bytes);
+                (n.host.len() * size_of::<f32>()) as u64 + device
+            })
+            .sum()
+    }
+}
+
+/// Bytes one request's cache holds: keys and values, Gumbel rows and prefix ids.
+pub(crate) fn slot_bytes<B: Backend>(
+    cache: &[crate::attention::Kv<B>],
+    noise: &NoiseCache<B>,
+    prefix: &[TokenId],
+) -> u64 {
+    crate::attention::Kv::bytes(cache) + noise.bytes() + size_of_val(prefix) as u64
 }
 
 /// The Gumbel rows `[len, vocab]` of positions `first..first + len` under one seed, made once

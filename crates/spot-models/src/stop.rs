@@ -43,6 +43,37 @@ impl StopStrings {
         &text[..self.find(text).unwrap_or(text.len())]
     }
 
+    /// The part of a growing `text` that a stream may send now: [`StopStrings::cut`], less a
+    /// tail that could still become the start of a stop string (more text may complete it).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sdar-tiny");
+    /// # let tokenizer = spot_models::hf::Tokenizer::open(&dir)?;
+    /// let stops = spot_models::StopStrings::new(&tokenizer, vec!["\n\n".into(), "END".into()])?;
+    /// assert_eq!(stops.streamable("x = 1\n"), "x = 1");
+    /// assert_eq!(stops.streamable("x = 1 EN"), "x = 1 ");
+    /// assert_eq!(stops.streamable("x = 1 END y"), "x = 1 ");
+    /// assert_eq!(stops.streamable("x = 1 ENDy"), "x = 1 ");
+    /// # Ok(()) }
+    /// ```
+    pub fn streamable<'t>(&self, text: &'t str) -> &'t str {
+        let text = self.cut(text);
+        let held = self
+            .stops
+            .iter()
+            .flat_map(|s| {
+                s.char_indices()
+                    .skip(1)
+                    .map(|(i, _)| &s[..i])
+                    .filter(|p| text.ends_with(p))
+                    .map(str::len)
+            })
+            .max()
+            .unwrap_or(0);
+        &text[..text.len() - held]
+    }
+
     fn hit(&self, ids: &[TokenId]) -> bool {
         self.tokenizer
             .decode(ids)

@@ -1,0 +1,183 @@
+//! `spot serve`: the OpenAI-compatible server of `spot-serve` over a model folder, with
+//! `spot generate`'s decoding options as its defaults.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use spot_dlm::{BlockDiffusionModel, Request, Strategy};
+use spot_models::chat::ChatTemplate;
+use spot_models::{DiffusionModel, Family};
+use spot_serve::{BoxError, Defaults, Engine, Frontend, JobSpec, ServeConfig, Server};
+
+use crate::decode_args::DecodeArgs;
+use crate::methods::{Drafters, Method};
+use crate::{Backend, DtypeArg, load, model_dir};
+
+/// Arguments of `spot serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Hugging Face model folder (block-diffusion families). Default: `SPOT_MODEL`, else the
+    /// shipped `models/sdar-tiny-code`.
+    #[arg(long)]
+    pub(crate) model: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) dtype: DtypeArg,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub(crate) host: String,
+    /// Port (0 picks a free one; the address is printed on stderr).
+    #[arg(long, default_value_t = 8000)]
+    pub(crate) port: u16,
+    /// The model id requests name (default: the folder's name).
+    #[arg(long)]
+    pub(crate) served_model_name: Option<String>,
+    /// A Jinja chat template for `/v1/chat/completions` (default: the folder's
+    /// `tokenizer_config.json` or `chat_template.jinja`; without one, chat requests are
+    /// refused).
+    #[arg(long)]
+    pub(crate) chat_template: Option<PathBuf>,
+    /// Requests decoded together at most (continuous batching).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub(crate) max_batch: u64,
+    /// Requests held at most, running and queued (more are answered 503).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_pending: u64,
+    /// Choices per request at most (`n`).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub(crate) max_n: u64,
+    /// Decoding defaults (`--max-new-tokens` is the default `max_tokens`, `--temperature` and
+    /// `--seed` the defaults of a request that gives none).
+    #[command(flatten)]
+    pub(crate) decode: DecodeArgs,
+}
+
+/// Runs `spot serve` until Ctrl-C.
+pub fn run(a: &ServeArgs) -> Result<()> {
+    let server = start(a)?;
+    eprintln!(
+        "spot serve: listening on http://{} (Ctrl-C stops)",
+        server.addr()
+    );
+    server.wait()?;
+    Ok(())
+}
+
+/// Loads the model of `a` and starts its server.
+pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
+    let dir = model_dir::resolve(a.model.as_deref())?;
+    if !Family::detect(&dir)?.is_diffusion() {
+        bail!(
+            "spot serve serves block-diffusion model folders; {} is autoregressive (use spot \
+             generate for it)",
+            dir.display()
+        );
+    }
+    let model_id = match &a.served_model_name {
+        Some(n) => n.clone(),
+        None => dir
+            .canonicalize()
+            .unwrap_or_else(|_| dir.clone())
+            .file_name()
+            .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned()),
+    };
+    let template = match &a.chat_template {
+        Some(path) => Some(read_template(path)?),
+        None => ChatTemplate::from_dir(&dir).ok(),
+    };
+    let config = ServeConfig {
+        addr: format!("{}:{}", a.host, a.port),
+        max_batch: a.max_batch as usize,
+        max_pending: a.max_pending as usize,
+    };
+    let (decode, dtype, max_n) = (a.decode.clone(), a.dtype, a.max_n as usize);
+    let server = Server::start(config, move || {
+        let mut model = load(&dir, dtype)?;
+        model.set_approximate_prefix_cache(decode.approx_prefix_cache)?;
+        let tokenizer = model
+            .tokenizer()
+            .cloned()
+            .context("spot serve needs tokenizer.json in the model folder")?;
+        // The server's own method must load now: a missing drafter stops the start.
+        let mut drafters = HashMap::new();
+        drafters.insert(
+            decode.method,
+            Drafters::load(&[decode.method], &decode.draft_files(&dir))?,
+        );
+        let info = model.info().clone();
+        let frontend = Frontend {
+            model_id,
+            tokenizer,
+            template,
+            stop_ids: info.stop_ids.clone(),
+            early_stop: !decode.no_early_stop,
+            max_positions: info.max_positions,
+            vocab_size: info.vocab_size,
+            max_n,
+            defaults: Defaults {
+                max_tokens: decode.max_new_tokens,
+                temperature: decode.temperature,
+                seed: decode.seed,
+                method: decode.method.name().to_string(),
+                budget: decode.budget,
+            },
+        };
+        let factory = Box::new(
+            move |model: &mut DiffusionModel<Backend>, job: &JobSpec| -> Result<_, BoxError> {
+                Ok(job_request(&decode, &dir, &mut drafters, model, job)?)
+            },
+        );
+        Ok((frontend, Engine { model, factory }))
+    })?;
+    Ok(server)
+}
+
+/// The request of one job: the server's options with the job's settings, its method's
+/// drafters loaded once.
+fn job_request(
+    base: &DecodeArgs,
+    dir: &Path,
+    drafters: &mut HashMap<Method, Drafters>,
+    model: &mut DiffusionModel<Backend>,
+    job: &JobSpec,
+) -> Result<Request<Strategy>> {
+    let mut d = base.clone();
+    d.max_new_tokens = job.max_tokens;
+    d.temperature = job.temperature;
+    d.seed = job.seed;
+    if let Some(m) = &job.method {
+        d.method = Method::from_str(m, true).map_err(|_| {
+            let names: Vec<&str> = Method::value_variants().iter().map(|m| m.name()).collect();
+            anyhow::anyhow!("unknown `spot.method` `{m}` (one of {})", names.join(", "))
+        })?;
+        if d.method == Method::Specdiff {
+            bail!("`spot.method` `specdiff` decodes autoregressive targets only");
+        }
+    }
+    if let Some(b) = job.budget {
+        if b == 0 {
+            bail!("`spot.budget` must be at least 1");
+        }
+        d.budget = b;
+    }
+    if !drafters.contains_key(&d.method) {
+        let loaded = Drafters::load(&[d.method], &d.draft_files(dir))
+            .with_context(|| format!("`spot.method` `{}`", d.method.name()))?;
+        drafters.insert(d.method, loaded);
+    }
+    let cfg = d.config(model);
+    let drafters = drafters
+        .get(&d.method)
+        .context("the method's drafters were not loaded")?;
+    d.request(drafters, model, (&job.prompt, &cfg), None)
+}
+
+/// `--chat-template`: a Jinja file (without BOS or EOS strings: a template that needs them
+/// names them itself).
+fn read_template(path: &Path) -> Result<ChatTemplate> {
+    let source = std::fs::read_to_string(path)
+        .with_context(|| format!("reading chat template {}", path.display()))?;
+    ChatTemplate::new(&source, None, None)
+        .with_context(|| format!("chat template {}", path.display()))
+}
