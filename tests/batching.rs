@@ -132,6 +132,65 @@ fn long_cfg() -> DecodeConfig {
     }
 }
 
+/// A request cancelled while its forward runs (from another thread: a server's client that
+/// went away) drops that forward's answer and finishes as cancelled, not failed.
+#[test]
+fn cancellation_during_a_forward_is_not_a_failure() {
+    let mut m = toy();
+    let cfg = long_cfg();
+    let info = m.info().clone();
+    let reference = DraftFreeDecoder::new()
+        .decode(&mut m, &[3, 4, 5], &cfg)
+        .unwrap();
+    for cancel_at in [0usize, 1, 5] {
+        let mut r = Request::new(&[3, 4, 5], &cfg, &info, DraftFreeDecoder::new()).unwrap();
+        let handle = r.cancel_handle();
+        let mut answers = 0;
+        loop {
+            let cancel_now = answers == cancel_at;
+            match r.need() {
+                Need::Prefill {
+                    prefix,
+                    block_size,
+                    generation_end,
+                } => {
+                    m.set_generation_end(generation_end).unwrap();
+                    let u = m.reset_prefix(prefix, block_size).unwrap();
+                    if cancel_now {
+                        handle.cancel();
+                    }
+                    r.prefix_done(u).unwrap();
+                }
+                Need::Score {
+                    states,
+                    query,
+                    carry,
+                } => {
+                    let positions = (states.len() * m.positions_per_state(states[0].len())) as u64;
+                    let (u, stats) = m.forward_carrying(carry, states, query).unwrap();
+                    if cancel_now {
+                        handle.cancel();
+                    }
+                    r.scored_after_append(u, stats, positions).unwrap();
+                }
+                Need::Done => break,
+            }
+            answers += 1;
+        }
+        assert_eq!(
+            answers,
+            cancel_at + 1,
+            "nothing is asked after the cancelled answer"
+        );
+        let out = r.finish().unwrap();
+        assert!(out.cancelled);
+        assert_eq!(
+            out.generated[..],
+            reference.generated[..out.generated.len()]
+        );
+    }
+}
+
 /// A request cancelled in the middle needs nothing more at once (no further forward), and
 /// returns the blocks it finished; the other requests of the batch are unaffected.
 #[test]

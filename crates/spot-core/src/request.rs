@@ -488,6 +488,13 @@ impl<S: StepStrategy> Request<S> {
         self.events.pop_front()
     }
 
+    /// Whether an answer arriving now is dropped: the request was cancelled while its
+    /// forward ran (e.g. from another thread: a server whose client went away). It is not an
+    /// error; the request is done and [`Request::finish`] returns the blocks finished before.
+    fn dropped(&self) -> bool {
+        self.cancel.is_cancelled() && matches!(self.phase, Phase::Prefill | Phase::Score)
+    }
+
     fn expect(&mut self, phases: &[Phase], got: &'static str) -> Result<()> {
         if phases.contains(&self.phase) && !self.cancel.is_cancelled() {
             return Ok(());
@@ -498,6 +505,9 @@ impl<S: StepStrategy> Request<S> {
 
     /// The answer to [`Need::Prefill`].
     pub fn prefix_done(&mut self, update: PrefixUpdate) -> Result<(), S::Error> {
+        if self.dropped() {
+            return Ok(());
+        }
         self.expect(&[Phase::Prefill], "a prefix update")?;
         self.meter.count_prefix(update);
         self.guarded(|r| r.open_block(0))
@@ -525,6 +535,9 @@ impl<S: StepStrategy> Request<S> {
         mut stats: Vec<BlockStats>,
         mut positions: u64,
     ) -> Result<(), S::Error> {
+        if self.dropped() {
+            return Ok(());
+        }
         self.expect(&[Phase::Score], "statistics")?;
         if !self.finished.is_empty() {
             self.meter.count_prefix(update);

@@ -28,7 +28,7 @@
 //!
 //! ```no_run
 //! use spot_serve::{Defaults, Engine, Frontend, ServeConfig, Server};
-//! use spot_core::{DecodeConfig, DraftFreeDecoder, MultiRequestModel, Request};
+//! use spot_core::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, Request};
 //! use spot_models::{DiffusionModel, hf::Tokenizer};
 //! use burn_flex::Flex;
 //!
