@@ -8,6 +8,7 @@ mod bench;
 mod bench_ar;
 mod bench_forward;
 mod bench_report;
+mod bench_serve;
 mod calibrate;
 mod collect;
 mod decode_args;
@@ -75,6 +76,10 @@ enum Command {
     /// Serve the model over an OpenAI-compatible HTTP API (completions, chat, streaming)
     /// with continuous batching; the decoding options are `spot generate`'s.
     Serve(serve::ServeArgs),
+    /// Measure `spot serve` against the batch driver it wraps, on the same prompts in one
+    /// run: tokens per second at each client concurrency, latency percentiles, every response
+    /// checked equal to the driver's decode.
+    BenchServe(bench_serve::BenchServeArgs),
 }
 
 /// `--dtype`: the float type of the target's weights and activations on the device.
@@ -114,6 +119,7 @@ fn main() -> ExitCode {
         Command::TrainSets(a) => train_sets::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::BenchServe(a) => bench_serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,199 @@
+//! `spot bench-serve`: the server against the batch driver it wraps, side by side in one run.
+//!
+//! First every prompt is decoded through one [`BatchDriver`] with `--batch` requests in
+//! flight (what `spot generate --prompts FILE --batch N` does); then `spot serve` starts on
+//! the same folder and options, and a load generator sends the same prompts at each
+//! `--concurrency`. Every response must equal the driver's text; the report gives tokens per
+//! second, the ratio to the driver, and latency percentiles.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use spot_dlm::BatchDriver;
+use spot_serve::load::{LoadConfig, run_blocking};
+
+use crate::decode_args::DecodeArgs;
+use crate::methods::Drafters;
+use crate::prompts::{self, ChatArgs};
+use crate::serve::{self, ServeArgs};
+use crate::{DtypeArg, load, model_dir};
+
+/// Arguments of `spot bench-serve`.
+#[derive(clap::Args)]
+pub struct BenchServeArgs {
+    /// Model folder (default: `SPOT_MODEL`, else the shipped model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    dtype: DtypeArg,
+    /// JSONL prompt file.
+    #[arg(long)]
+    prompts: PathBuf,
+    /// Field holding the prompt (default: the first of prompt, question, text, input,
+    /// problem).
+    #[arg(long)]
+    field: Option<String>,
+    /// Use the first N prompts.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Requests in flight in the driver run and the server's batch limit.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    batch: u64,
+    /// Client concurrencies to measure (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 16])]
+    concurrency: Vec<usize>,
+    /// Streamed responses (server-sent events) instead of plain ones.
+    #[arg(long)]
+    stream: bool,
+    /// Write the figures as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    chat: ChatArgs,
+    #[command(flatten)]
+    decode: DecodeArgs,
+}
+
+/// One measured configuration.
+struct Row {
+    what: String,
+    wall: f64,
+    tokens_per_s: f64,
+    p50: f64,
+    p95: f64,
+}
+
+/// Runs `spot bench-serve`.
+pub fn run(a: &BenchServeArgs) -> Result<()> {
+    if a.chat.system.is_some() {
+        bail!("--system is not sent by the load generator; use --chat alone");
+    }
+    if a.concurrency.contains(&0) {
+        bail!("--concurrency values must be at least 1");
+    }
+    let dir = model_dir::resolve(a.model.as_deref())?;
+    let set = prompts::load_prompts(&a.prompts, a.field.as_deref(), a.limit)?;
+    // The driver run (then the model is dropped: the server loads its own).
+    let (texts, tokens, driver_wall) = {
+        let mut model = load(&dir, a.dtype)?;
+        model.set_approximate_prefix_cache(a.decode.approx_prefix_cache)?;
+        let drafters = Drafters::load(&[a.decode.method], &a.decode.draft_files(&dir))?;
+        let encoded = a.chat.encode_all(&dir, model.tokenizer(), &set)?;
+        let cfg = a.decode.config(&model);
+        let tokenizer = model
+            .tokenizer()
+            .cloned()
+            .context("bench-serve needs tokenizer.json")?;
+        let mut driver = BatchDriver::new(a.batch as usize)?;
+        for (_, ids) in &encoded {
+            driver.submit(a.decode.request(&drafters, &mut model, (ids, &cfg), None)?);
+        }
+        let t0 = Instant::now();
+        let mut done = driver.run(&mut model)?;
+        let wall = t0.elapsed().as_secs_f64();
+        done.sort_by_key(|f| f.id);
+        let mut texts = Vec::with_capacity(done.len());
+        let mut tokens = 0usize;
+        for f in done {
+            let out = f.output?;
+            tokens += out.tokens.len();
+            texts.push(tokenizer.decode(&out.tokens)?);
+        }
+        (texts, tokens, wall)
+    };
+    let mut rows = vec![Row {
+        what: format!("BatchDriver, batch {}", a.batch),
+        wall: driver_wall,
+        tokens_per_s: tokens as f64 / driver_wall,
+        p50: f64::NAN,
+        p95: f64::NAN,
+    }];
+    let server = serve::start(&ServeArgs {
+        model: Some(dir.clone()),
+        dtype: a.dtype,
+        host: "127.0.0.1".into(),
+        port: 0,
+        served_model_name: Some("bench".into()),
+        chat_template: None,
+        max_batch: a.batch,
+        max_pending: 1 << 20,
+        max_n: 1,
+        decode: a.decode.clone(),
+    })?;
+    for &c in &a.concurrency {
+        let cfg = LoadConfig {
+            prompts: set.iter().map(|p| p.text.clone()).collect(),
+            concurrency: c,
+            max_tokens: a.decode.max_new_tokens,
+            temperature: a.decode.temperature,
+            seed: a.decode.seed,
+            stream: a.stream,
+            chat: a.chat.chat,
+            ..LoadConfig::new(format!("http://{}", server.addr()), "bench")
+        };
+        let report = run_blocking(&cfg)?;
+        for (r, want) in report.responses.iter().zip(&texts) {
+            if &r.text != want {
+                bail!(
+                    "concurrency {c}: the response to prompt {} differs from the driver's \
+                     decode:\n  server: {:?}\n  driver: {want:?}",
+                    set[r.index].id,
+                    r.text
+                );
+            }
+        }
+        let wall = report.wall.as_secs_f64();
+        rows.push(Row {
+            what: format!("server, concurrency {c}"),
+            wall,
+            tokens_per_s: tokens as f64 / wall,
+            p50: report.latency_percentile(0.5),
+            p95: report.latency_percentile(0.95),
+        });
+    }
+    server.stop()?;
+    report(a, set.len(), tokens, &rows)
+}
+
+fn report(a: &BenchServeArgs, prompts: usize, tokens: usize, rows: &[Row]) -> Result<()> {
+    let base = rows[0].tokens_per_s;
+    println!(
+        "{prompts} prompts from {}, method {}, {} tokens in all, {} responses{}; every \
+         response equal to the driver's decode\n",
+        a.prompts.display(),
+        a.decode.method.name(),
+        tokens,
+        if a.stream { "streamed" } else { "plain" },
+        if a.chat.chat { ", chat" } else { "" },
+    );
+    println!("| run | wall s | tokens/s | x driver | p50 latency s | p95 latency s |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!(
+            "| {} | {:.2} | {:.1} | {:.3} | {:.3} | {:.3} |",
+            r.what,
+            r.wall,
+            r.tokens_per_s,
+            r.tokens_per_s / base,
+            r.p50,
+            r.p95
+        );
+    }
+    if let Some(path) = &a.json {
+        let rows: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({"run": r.what, "wall_s": r.wall, "tokens_per_s": r.tokens_per_s,
+                    "x_driver": r.tokens_per_s / base,
+                    "p50_s": if r.p50.is_nan() { None } else { Some(r.p50) },
+                    "p95_s": if r.p95.is_nan() { None } else { Some(r.p95) }})
+            })
+            .collect();
+        let v = serde_json::json!({"prompts": prompts, "tokens": tokens,
+            "method": a.decode.method.name(), "stream": a.stream, "rows": rows});
+        std::fs::write(path, serde_json::to_string_pretty(&v)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
