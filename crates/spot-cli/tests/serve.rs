@@ -1,0 +1,136 @@
+//! `spot serve` on the shipped model: every response equals `spot generate --json` with the
+//! same prompt, seed, method and budget (the method named per request), plain and streamed;
+//! a method or budget the server cannot use is a 400.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{Value, json};
+use spot_serve::load::{LoadConfig, LoadError, run_blocking};
+
+/// A running `spot serve` (killed when dropped) and its base URL.
+struct Served(Child, String);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn serve(args: &[&str]) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spot"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spot serve starts");
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("spot serve printed its address")
+            .unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || for _ in lines {});
+    Served(child, url)
+}
+
+/// `spot generate --json` over every prompt (one process): text and NFE per prompt.
+fn generate(method: &str, prompts: &[&str], temperature: f32, seed: u64) -> Vec<Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompts.jsonl");
+    let lines: Vec<String> = prompts
+        .iter()
+        .map(|p| json!({"prompt": p}).to_string())
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_spot"))
+        .args([
+            "generate",
+            "--json",
+            "--max-new-tokens",
+            "32",
+            "--budget",
+            "6",
+        ])
+        .args(["--method", method, "--prompts", file.to_str().unwrap()])
+        .args([
+            "--temperature",
+            &temperature.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn responses_equal_spot_generate() {
+    let served = serve(&["--max-new-tokens", "32", "--budget", "6"]);
+    let prompts = ["def fib(n):", "import sys\n"];
+    // (Speculative methods decode one prompt each: the debug binary runs them slowly.)
+    for (method, temperature, stream, n) in [
+        ("df", 0.0f32, false, 2),
+        ("blockspec", 1.0, true, 1),
+        ("spot", 1.0, false, 1),
+    ] {
+        let prompts = &prompts[..n];
+        let cfg = LoadConfig {
+            prompts: prompts.iter().map(|p| p.to_string()).collect(),
+            concurrency: 2,
+            max_tokens: 32,
+            temperature,
+            seed: 5,
+            stream,
+            spot: Some(json!({"method": method})),
+            ..LoadConfig::new(&served.1, "sdar-tiny-code")
+        };
+        let report = run_blocking(&cfg).unwrap();
+        let want = generate(method, prompts, temperature, 5);
+        for (r, w) in report.responses.iter().zip(&want) {
+            assert_eq!(
+                r.text,
+                w["text"].as_str().unwrap(),
+                "{method} T {temperature}"
+            );
+            assert_eq!(r.nfe, w["nfe"].as_u64(), "{method} T {temperature}");
+        }
+    }
+    // What the server cannot do is a 400 naming it.
+    for (spot, needle) in [
+        (json!({"method": "nope"}), "unknown `spot.method`"),
+        (json!({"budget": 0}), "`spot.budget`"),
+        (json!({"method": "specdiff"}), "autoregressive"),
+    ] {
+        let cfg = LoadConfig {
+            prompts: vec!["x".into()],
+            spot: Some(spot),
+            ..LoadConfig::new(&served.1, "sdar-tiny-code")
+        };
+        match run_blocking(&cfg) {
+            Err(LoadError::Status {
+                status: 400, body, ..
+            }) => {
+                assert!(body.contains(needle), "{body}");
+            }
+            other => panic!("expected a 400, got {other:?}"),
+        }
+    }
+}
