@@ -132,16 +132,22 @@ fn long_cfg() -> DecodeConfig {
     }
 }
 
-/// A request cancelled while its forward runs (from another thread: a server's client that
-/// went away) drops that forward's answer and finishes as cancelled, not failed.
-#[test]
-fn cancellation_during_a_forward_is_not_a_failure() {
+/// The toy model, the long decode's config and info, and the draft-free decode of `[3, 4, 5]`.
+fn long_case() -> (ToyModel, DecodeConfig, spot_dlm::ModelInfo, DecodeOutput) {
     let mut m = toy();
     let cfg = long_cfg();
     let info = m.info().clone();
     let reference = DraftFreeDecoder::new()
         .decode(&mut m, &[3, 4, 5], &cfg)
         .unwrap();
+    (m, cfg, info, reference)
+}
+
+/// A request cancelled while its forward runs (from another thread: a server's client that
+/// went away) drops that forward's answer and finishes as cancelled, not failed.
+#[test]
+fn cancellation_during_a_forward_is_not_a_failure() {
+    let (mut m, cfg, info, reference) = long_case();
     for cancel_at in [0usize, 1, 5] {
         let mut r = Request::new(&[3, 4, 5], &cfg, &info, DraftFreeDecoder::new()).unwrap();
         let handle = r.cancel_handle();
@@ -195,12 +201,7 @@ fn cancellation_during_a_forward_is_not_a_failure() {
 /// returns the blocks it finished; the other requests of the batch are unaffected.
 #[test]
 fn cancellation_stops_within_one_forward() {
-    let mut m = toy();
-    let cfg = long_cfg();
-    let info = m.info().clone();
-    let reference = DraftFreeDecoder::new()
-        .decode(&mut m, &[3, 4, 5], &cfg)
-        .unwrap();
+    let (mut m, cfg, info, reference) = long_case();
     let mut driver = BatchDriver::new(2).unwrap();
     let a = driver.submit(Request::new(&[3, 4, 5], &cfg, &info, Decoder::draft_free()).unwrap());
     let b = driver.submit(Request::new(&[3, 4, 5], &cfg, &info, Decoder::draft_free()).unwrap());

@@ -11,7 +11,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, Transition};
 
 use crate::bench_report::{Cell, Key, Skipped, write_outputs};
-use crate::methods::{self, BlockEndArgs, DraftFiles, Drafters, Method, Settings};
+use crate::methods::{self, BlockEndArgs, DraftFiles, DrafterFileArgs, Drafters, Method, Settings};
 use crate::{load, model_dir};
 use spot_models::Family;
 
@@ -87,19 +87,8 @@ pub struct BenchArgs {
     /// Seed of the coupled noise.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
-    /// Drafter checkpoint (default: the model folder's `spot-drafter.safetensors`).
-    #[arg(long)]
-    pub(crate) drafter: Option<PathBuf>,
-    /// Spiffy graph (default: the model folder's `spiffy-graph.json`).
-    #[arg(long)]
-    pub(crate) spiffy: Option<PathBuf>,
-    /// SPOT-Sets tables (default: the model folder's `spot-sets.json`).
-    #[arg(long)]
-    pub(crate) sets: Option<PathBuf>,
-    /// The learned set drafter for `--method sets-net` (default: the model folder's
-    /// `spot-sets-net.json`).
-    #[arg(long)]
-    pub(crate) sets_net: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) files: DrafterFileArgs,
     /// The reference decoder: `exact` (one commit per forward) or `threshold` (`--tau`).
     #[arg(long, value_enum, default_value_t = Reference::Exact)]
     pub(crate) reference: Reference,
@@ -111,11 +100,6 @@ pub struct BenchArgs {
     /// step's share of the block is, else that many of the most confident).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) steps: Option<u32>,
-    /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
-    /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
-    /// so that they differ from `spot` only in the commit order).
-    #[arg(long)]
-    pub(crate) uncalibrated_baselines: bool,
     /// Mass floor of `spot-gamma`.
     #[arg(long, default_value_t = 0.02)]
     pub(crate) spot_gamma: f32,
@@ -244,14 +228,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if !Family::detect(&dir)?.is_diffusion() {
         return crate::bench_ar::run(a, &dir);
     }
-    let files = DraftFiles {
-        dir: &dir,
-        drafter: a.drafter.as_deref(),
-        spiffy: a.spiffy.as_deref(),
-        sets: a.sets.as_deref(),
-        sets_net: a.sets_net.as_deref(),
-        calibrate_baselines: !a.uncalibrated_baselines,
-    };
+    let files = a.files.files(&dir);
     let (spec, skipped) = runnable(a, &files)?;
     let mut model = load(&dir, a.dtype)?;
     let drafters = Drafters::load(&spec, &files)?;

@@ -1,8 +1,6 @@
 //! The decoding options `spot generate` and `spot serve` share: one definition, so that the
 //! server's defaults are `spot generate`'s and a response equals its output.
 
-use std::path::{Path, PathBuf};
-
 use anyhow::Result;
 use spot_dlm::{
     BlockDiffusionModel, BlockLayout, ConfidenceRule, DecodeConfig, Request, Strategy, Transition,
@@ -10,7 +8,7 @@ use spot_dlm::{
 use spot_models::{DiffusionModel, StopStrings};
 
 use crate::Backend;
-use crate::methods::{self, BlockEndArgs, DraftFiles, Drafters, Method, Settings};
+use crate::methods::{self, BlockEndArgs, DrafterFileArgs, Drafters, Method, Settings};
 
 /// How to decode: method, block plan, sampling and drafter files (flattened into the
 /// commands' arguments).
@@ -69,28 +67,8 @@ pub struct DecodeArgs {
     /// Draft budget D (nodes per round) for speculative methods.
     #[arg(long, default_value_t = 8)]
     pub(crate) budget: usize,
-    /// Drafter checkpoint for `--method spot` (default: `spot-drafter.safetensors` in the
-    /// model folder); for `--method specdiff`, a drafter folder (`specdiff-drafter.json`;
-    /// default: `specdiff-drafter/` in the model folder, else `lookup`) or `lookup` (the
-    /// training-free prompt-lookup drafter).
-    #[arg(long)]
-    pub(crate) drafter: Option<PathBuf>,
-    /// Spiffy graph for `--method spiffy` (default: `spiffy-graph.json` in the model folder).
-    #[arg(long)]
-    pub(crate) spiffy: Option<PathBuf>,
-    /// SPOT-Sets tables for `--method sets` / `sets-gamma` (default: `spot-sets.json` in the
-    /// model folder).
-    #[arg(long)]
-    pub(crate) sets: Option<PathBuf>,
-    /// The learned set drafter for `--method sets-net` (default: the model folder's
-    /// `spot-sets-net.json`).
-    #[arg(long)]
-    pub(crate) sets_net: Option<PathBuf>,
-    /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
-    /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
-    /// so that they differ from `spot` only in the commit order).
-    #[arg(long)]
-    pub(crate) uncalibrated_baselines: bool,
+    #[command(flatten)]
+    pub(crate) files: DrafterFileArgs,
     /// Mass floor γ for speculative methods other than `spot-gamma`.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub(crate) gamma: f32,
@@ -125,18 +103,6 @@ impl DecodeArgs {
             gamma: self.gamma,
             spot_gamma: self.spot_gamma,
             block_ends: self.block_ends.into(),
-        }
-    }
-
-    /// The drafter files these options name, found in the model folder `dir` by default.
-    pub(crate) fn draft_files<'a>(&'a self, dir: &'a Path) -> DraftFiles<'a> {
-        DraftFiles {
-            dir,
-            drafter: self.drafter.as_deref(),
-            spiffy: self.spiffy.as_deref(),
-            sets: self.sets.as_deref(),
-            sets_net: self.sets_net.as_deref(),
-            calibrate_baselines: !self.uncalibrated_baselines,
         }
     }
 

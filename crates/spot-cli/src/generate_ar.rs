@@ -142,7 +142,11 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
         Method::Specdiff => Some((
             SpecDiffDecoder::new(a.specdiff.config(a.decode.seed))
                 .context("--k / --draft-tokens / --drafter-temperature / --min-draft-prob")?,
-            drafter(a.decode.drafter.as_deref(), dir, model.ar_info().vocab_size)?,
+            drafter(
+                a.decode.files.drafter.as_deref(),
+                dir,
+                model.ar_info().vocab_size,
+            )?,
         )),
         _ => None,
     };

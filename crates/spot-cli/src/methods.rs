@@ -183,6 +183,49 @@ impl From<BlockEndArgs> for BlockEnds {
     }
 }
 
+/// The drafter files of the speculative methods (`--drafter`, `--spiffy`, `--sets`,
+/// `--sets-net`) and `--uncalibrated-baselines`, as `spot generate`, `spot serve` and `spot
+/// bench` take them.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DrafterFileArgs {
+    /// Drafter checkpoint for `--method spot` (default: `spot-drafter.safetensors` in the
+    /// model folder); for `--method specdiff`, a drafter folder (`specdiff-drafter.json`;
+    /// default: `specdiff-drafter/` in the model folder, else `lookup`) or `lookup` (the
+    /// training-free prompt-lookup drafter).
+    #[arg(long)]
+    pub drafter: Option<PathBuf>,
+    /// Spiffy graph for `--method spiffy` (default: `spiffy-graph.json` in the model folder).
+    #[arg(long)]
+    pub spiffy: Option<PathBuf>,
+    /// SPOT-Sets tables for `--method sets` / `sets-gamma` (default: `spot-sets.json` in the
+    /// model folder).
+    #[arg(long)]
+    pub sets: Option<PathBuf>,
+    /// The learned set drafter for `--method sets-net` (default: the model folder's
+    /// `spot-sets-net.json`).
+    #[arg(long)]
+    pub sets_net: Option<PathBuf>,
+    /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
+    /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
+    /// so that they differ from `spot` only in the commit order).
+    #[arg(long)]
+    pub uncalibrated_baselines: bool,
+}
+
+impl DrafterFileArgs {
+    /// The files named, found in the model folder `dir` by default.
+    pub fn files<'a>(&'a self, dir: &'a Path) -> DraftFiles<'a> {
+        DraftFiles {
+            dir,
+            drafter: self.drafter.as_deref(),
+            spiffy: self.spiffy.as_deref(),
+            sets: self.sets.as_deref(),
+            sets_net: self.sets_net.as_deref(),
+            calibrate_baselines: !self.uncalibrated_baselines,
+        }
+    }
+}
+
 /// Where the drafter files of a model folder are: `--drafter` / `--spiffy` when given, else
 /// `DIR/spot-drafter.safetensors` and `DIR/spiffy-graph.json`.
 #[derive(Clone, Copy, Debug)]

@@ -2,6 +2,7 @@
 //! `spot generate`'s decoding options as its defaults.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -103,7 +104,7 @@ pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
         let mut drafters = HashMap::new();
         drafters.insert(
             decode.method,
-            Drafters::load(&[decode.method], &decode.draft_files(&dir))?,
+            Drafters::load(&[decode.method], &decode.files.files(&dir))?,
         );
         let info = model.info().clone();
         let frontend = Frontend {
@@ -161,15 +162,14 @@ fn job_request(
         }
         d.budget = b;
     }
-    if !drafters.contains_key(&d.method) {
-        let loaded = Drafters::load(&[d.method], &d.draft_files(dir))
-            .with_context(|| format!("`spot.method` `{}`", d.method.name()))?;
-        drafters.insert(d.method, loaded);
-    }
+    let drafters = match drafters.entry(d.method) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => e.insert(
+            Drafters::load(&[d.method], &d.files.files(dir))
+                .with_context(|| format!("`spot.method` `{}`", d.method.name()))?,
+        ),
+    };
     let cfg = d.config(model);
-    let drafters = drafters
-        .get(&d.method)
-        .context("the method's drafters were not loaded")?;
     d.request(drafters, model, (&job.prompt, &cfg), None)
 }
 

@@ -14,7 +14,7 @@ use spot_core::{
 
 use crate::attention::{Attend, Kv};
 use crate::error::Result;
-use crate::frame::{Frame, NoiseCache, slot_bytes};
+use crate::frame::{Frame, NoiseCache};
 use crate::head::RowPlan;
 use crate::logits::Logits;
 use crate::transformer::{Net, Segment};
@@ -127,16 +127,7 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
         self.slots.close(slot);
     }
 
-    fn open_slots(&self) -> usize {
-        self.slots.open_count()
-    }
-
-    fn cache_bytes(&self) -> u64 {
-        self.slots
-            .iter()
-            .map(|s| slot_bytes(&s.cache, &s.noise, &s.prefix))
-            .sum()
-    }
+    crate::frame::slot_accounting!();
 
     fn set_generation_end_in(&mut self, slot: CacheSlot, _end: usize) -> spot_core::Result<()> {
         self.slots.get(slot).map(|_| ())

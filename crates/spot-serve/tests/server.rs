@@ -2,6 +2,7 @@
 //! equal decoding alone (plain, streamed, `n` choices, stop strings, concurrent), faults are
 //! 400s with OpenAI's body, a client that goes away frees its cache, and 64 concurrent
 //! streams lose and cross nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -9,9 +10,7 @@ use std::time::{Duration, Instant};
 
 use burn_flex::Flex;
 use serde_json::{Value, json};
-use spot_core::{
-    BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, MultiRequestModel, Request, run_request,
-};
+use spot_core::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, Request, run_request};
 use spot_models::{DiffusionModel, StopStrings, hf::Tokenizer};
 use spot_serve::load::{LoadConfig, LoadError, run_blocking};
 use spot_serve::{Defaults, Engine, EngineStats, Frontend, JobSpec, ServeConfig, Server};
