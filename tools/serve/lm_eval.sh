@@ -67,17 +67,9 @@ log="$OUT/serve.log"
 serve_args=(serve --port 0 --max-new-tokens "${MAX_TOKENS:-256}" --served-model-name spot)
 [ -n "${MODEL:-}" ] && serve_args+=(--model "$MODEL")
 [ -n "${METHOD:-}" ] && serve_args+=(--method "$METHOD")
-"$SPOT" "${serve_args[@]}" 2>"$log" &
-pid=$!
-trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
-url=""
-for _ in $(seq 600); do
-    url=$(sed -n 's/.*listening on \(http:[^ ]*\).*/\1/p' "$log")
-    [ -n "$url" ] && break
-    kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }
-    sleep 0.1
-done
-[ -n "$url" ] || { echo "spot serve did not start"; cat "$log"; exit 1; }
+# shellcheck source=tools/serve/start_server.sh
+. tools/serve/start_server.sh
+start_spot_serve "$log" "$SPOT" "${serve_args[@]}"
 limit=()
 [ -n "${LIMIT:-}" ] && limit=(--limit "$LIMIT")
 start=$(date +%s)
