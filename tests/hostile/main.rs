@@ -418,6 +418,35 @@ fn specdiff_drafter() {
     );
 }
 
+/// A SpecDiff-2 lookup store (one continuation, as `spot generate --json` writes it).
+#[test]
+fn lookup_store() {
+    let dir = scratch();
+    let ids = |from: u32, n: u32| (from..from + n).map(|i| i % 50).collect::<Vec<_>>();
+    std::fs::write(
+        dir.join("specdiff-lookup.jsonl"),
+        format!(
+            "{{\"id\": \"line 1\", \"prompt_ids\": {:?}, \"tokens\": {:?}, \"nfe\": 60}}\n",
+            ids(3, 20),
+            ids(7, 60)
+        ),
+    )
+    .unwrap();
+    run(
+        "SpecDiff-2 lookup store",
+        vec![Seed {
+            dir,
+            file: "specdiff-lookup.jsonl".into(),
+            format: Format::Json,
+            load: |d| {
+                spot_specdiff::LookupStore::open(&d.join("specdiff-lookup.jsonl"), 64)
+                    .map(drop)
+                    .map_err(kind)
+            },
+        }],
+    );
+}
+
 /// A trajectory directory: one recorded sample and its manifest.
 fn trajectory_dir() -> PathBuf {
     use spot_core::toy::{ToyConfig, ToyModel};

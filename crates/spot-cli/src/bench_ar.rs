@@ -16,14 +16,15 @@ use spot_specdiff::{DiffusionDrafter, SpecDiffConfig, SpecDiffDecoder, SpecDiffR
 
 use crate::Backend;
 use crate::bench::{BenchArgs, Protocol, Reference};
-use crate::generate_ar::{DEFAULT_SPECDIFF_DRAFTER, SelectionArg, drafter};
+use crate::generate_ar::{DEFAULT_LOOKUP_STORE, DEFAULT_SPECDIFF_DRAFTER, SelectionArg, drafter};
 use crate::methods::Method;
 
 /// The SpecDiff-2 grid of `spot bench` on an autoregressive folder.
 #[derive(clap::Args, Clone, Debug)]
 pub struct ArBenchArgs {
-    /// Autoregressive folders: SpecDiff-2 drafters, each a column (`lookup` or a drafter
-    /// folder; default: the folder's `specdiff-drafter/` when present, and `lookup`).
+    /// Autoregressive folders: SpecDiff-2 drafters, each a column (`lookup`, a lookup store
+    /// file or a drafter folder; default: the folder's `specdiff-drafter/` and
+    /// `specdiff-lookup.jsonl` when present, and `lookup`).
     #[arg(long, value_delimiter = ',')]
     specdiff_drafters: Vec<PathBuf>,
     /// Autoregressive folders: drafts per round K, each a configuration (1 to 8).
@@ -145,7 +146,12 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
     let choices: Vec<PathBuf> = if g.specdiff_drafters.is_empty() {
         let own = dir.join(DEFAULT_SPECDIFF_DRAFTER);
         let own = own.join(spot_models::DRAFTER_FILE).is_file().then_some(own);
-        own.into_iter().chain([PathBuf::from("lookup")]).collect()
+        let store = dir.join(DEFAULT_LOOKUP_STORE);
+        let store = store.is_file().then_some(store);
+        own.into_iter()
+            .chain(store)
+            .chain([PathBuf::from("lookup")])
+            .collect()
     } else {
         g.specdiff_drafters.clone()
     };
@@ -260,14 +266,8 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
                         ref_wall,
                         true,
                     );
-                    let j = crate::generate_ar::result_json(
-                        "",
-                        ids.len(),
-                        &reference,
-                        "",
-                        ref_wall,
-                        None,
-                    );
+                    let j =
+                        crate::generate_ar::result_json("", ids, &reference, "", ref_wall, None);
                     writeln!(samples, "{}", line("ar", j, true))?;
                     bar.inc(1);
                     for (c, cell) in configs.iter().zip(&mut cells[1..]) {
@@ -302,7 +302,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
                         };
                         let j = crate::generate_ar::result_json(
                             "",
-                            ids.len(),
+                            ids,
                             &as_ar,
                             "",
                             wall,

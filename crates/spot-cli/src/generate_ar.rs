@@ -6,10 +6,11 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use spot_dlm::{ArConfig, ArOutput, AutoregressiveModel, decode_autoregressive};
+use spot_dlm::{ArConfig, ArOutput, AutoregressiveModel, TokenId, decode_autoregressive};
 use spot_models::{CausalLm, MaskedDrafter};
 use spot_specdiff::{
-    DiffusionDrafter, LookupDrafter, Selection, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport,
+    Acceptance, DiffusionDrafter, LookupDrafter, LookupStore, Selection, SpecDiffConfig,
+    SpecDiffDecoder, SpecDiffReport,
 };
 
 use crate::Backend;
@@ -38,6 +39,21 @@ pub struct SpecDiffArgs {
     /// with none is a plain forward.
     #[arg(long, default_value_t = 0.0)]
     min_draft_prob: f32,
+    /// `--method specdiff`: how drafted tokens are accepted: `coupled` (a drafted token is
+    /// accepted iff it is the target's own choice: the output is `df`'s, token for token) or
+    /// `classic` (`min(1, p/q)` with residual resampling, `--k 1` only: each token is
+    /// distributed as `df`'s, but the tokens differ from `df`'s with the same seed at T > 0).
+    #[arg(long, value_enum, default_value_t = AcceptanceArg::Coupled)]
+    acceptance: AcceptanceArg,
+}
+
+/// [`Acceptance`] on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcceptanceArg {
+    /// Token-identical to plain decoding.
+    Coupled,
+    /// Classic speculative sampling (distribution-preserving, `--k 1`).
+    Classic,
 }
 
 /// [`Selection`] on the command line.
@@ -76,6 +92,10 @@ impl SpecDiffArgs {
             selection: self.selection.selection(),
             draft_seed: seed,
             min_draft_prob: self.min_draft_prob,
+            acceptance: match self.acceptance {
+                AcceptanceArg::Coupled => Acceptance::Coupled,
+                AcceptanceArg::Classic => Acceptance::Classic,
+            },
             ..SpecDiffConfig::default()
         }
     }
@@ -84,9 +104,15 @@ impl SpecDiffArgs {
 /// The default drafter folder of a target: `specdiff-drafter/` inside its folder.
 pub const DEFAULT_SPECDIFF_DRAFTER: &str = "specdiff-drafter";
 
-/// The drafter of `--method specdiff`: `lookup` (prompt lookup, training-free), a drafter
-/// folder (`spot_models::MaskedDrafter`), or by default (`None`) `DIR/specdiff-drafter/` when
-/// it exists, else the lookup drafter.
+/// The default lookup store of a target: `specdiff-lookup.jsonl` inside its folder
+/// (`tools/specdiff/setup_lookup.sh` writes it).
+pub const DEFAULT_LOOKUP_STORE: &str = "specdiff-lookup.jsonl";
+
+/// The drafter of `--method specdiff`: `lookup` (prompt lookup, training-free), a lookup
+/// store file (`spot_specdiff::LookupStore`: prompt lookup plus retrieval from the target's
+/// own continuations, calibrated), a drafter folder (`spot_models::MaskedDrafter`), or by
+/// default (`None`) `DIR/specdiff-drafter/` when it exists, else `DIR/specdiff-lookup.jsonl`
+/// when it exists, else the lookup drafter.
 pub(crate) fn drafter(
     choice: Option<&Path>,
     dir: &Path,
@@ -95,13 +121,20 @@ pub(crate) fn drafter(
     let lookup = || -> Box<dyn DiffusionDrafter> { Box::new(LookupDrafter::new(vocab, 3, 4)) };
     let folder = match choice {
         Some(p) if p == Path::new("lookup") => return Ok(lookup()),
+        Some(p) if p.is_file() => return store_drafter(p, vocab),
         Some(p) => p.to_path_buf(),
         None => {
             let d = dir.join(DEFAULT_SPECDIFF_DRAFTER);
             if !d.join(spot_models::DRAFTER_FILE).is_file() {
+                let store = dir.join(DEFAULT_LOOKUP_STORE);
+                if store.is_file() {
+                    eprintln!("drafter: lookup store {}", store.display());
+                    return store_drafter(&store, vocab);
+                }
                 eprintln!(
-                    "drafter: lookup (training-free; no {} in {})",
+                    "drafter: lookup (training-free; no {} or {} in {})",
                     DEFAULT_SPECDIFF_DRAFTER,
+                    DEFAULT_LOOKUP_STORE,
                     dir.display()
                 );
                 return Ok(lookup());
@@ -112,6 +145,12 @@ pub(crate) fn drafter(
     let d = MaskedDrafter::<Backend>::load(&folder, &crate::backend::device()?)
         .with_context(|| format!("loading the SpecDiff-2 drafter {}", folder.display()))?;
     Ok(Box::new(d))
+}
+
+/// The retrieval drafter over the lookup store file `path`.
+fn store_drafter(path: &Path, vocab: usize) -> Result<Box<dyn DiffusionDrafter>> {
+    let store = LookupStore::open(path, vocab)?;
+    Ok(Box::new(LookupDrafter::with_store(vocab, store, 4)))
 }
 
 /// Decodes the prompt(s) of `a` with the autoregressive model in `dir`.
@@ -140,8 +179,9 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
     };
     let mut specdiff = match a.decode.method {
         Method::Specdiff => Some((
-            SpecDiffDecoder::new(a.specdiff.config(a.decode.seed))
-                .context("--k / --draft-tokens / --drafter-temperature / --min-draft-prob")?,
+            SpecDiffDecoder::new(a.specdiff.config(a.decode.seed)).context(
+                "--k / --draft-tokens / --drafter-temperature / --min-draft-prob / --acceptance",
+            )?,
             drafter(
                 a.decode.files.drafter.as_deref(),
                 dir,
@@ -178,7 +218,7 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
         if a.json || a.prompts.is_some() {
             println!(
                 "{}",
-                result_json(id, ids.len(), &out, &text, wall, report.as_ref())
+                result_json(id, ids, &out, &text, wall, report.as_ref())
             );
         } else {
             println!("{text}");
@@ -203,7 +243,7 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
 
 pub(crate) fn result_json(
     id: &str,
-    prompt_tokens: usize,
+    prompt: &[TokenId],
     out: &ArOutput,
     text: &str,
     wall: f64,
@@ -211,7 +251,8 @@ pub(crate) fn result_json(
 ) -> serde_json::Value {
     let mut j = serde_json::json!({
         "method": if report.is_some() { "specdiff" } else { "ar" },
-        "prompt_tokens": prompt_tokens,
+        "prompt_tokens": prompt.len(),
+        "prompt_ids": prompt,
         "tokens": out.tokens,
         "text": text,
         "stopped": out.stopped,

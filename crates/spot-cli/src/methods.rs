@@ -84,7 +84,8 @@ pub enum Method {
     /// reports how often it agrees (the `equal` column) instead of failing.
     SetsMax,
     /// SpecDiff-2, for autoregressive models only: `K` drafts of a drafter (`--drafter DIR`,
-    /// a masked-diffusion drafter folder, or `lookup`, training-free prompt lookup) verified
+    /// a masked-diffusion drafter folder, a lookup store file, or `lookup`, training-free
+    /// prompt lookup) verified
     /// in one forward per round; the output equals `df`'s.
     Specdiff,
 }
@@ -190,7 +191,9 @@ impl From<BlockEndArgs> for BlockEnds {
 pub struct DrafterFileArgs {
     /// Drafter checkpoint for `--method spot` (default: `spot-drafter.safetensors` in the
     /// model folder); for `--method specdiff`, a drafter folder (`specdiff-drafter.json`;
-    /// default: `specdiff-drafter/` in the model folder, else `lookup`) or `lookup` (the
+    /// default: `specdiff-drafter/` in the model folder, else `specdiff-lookup.jsonl` there,
+    /// else `lookup`), a lookup store file (the target's own continuations, JSON lines with
+    /// `prompt_ids` and `tokens`: prompt lookup plus retrieval, calibrated) or `lookup` (the
     /// training-free prompt-lookup drafter).
     #[arg(long)]
     pub drafter: Option<PathBuf>,

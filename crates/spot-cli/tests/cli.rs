@@ -1136,9 +1136,6 @@ fn sets_are_calibrated_and_equal_threshold_decoding() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("oracle"));
 }
 
-/// `--method specdiff --drafter DIR` drafts with a drafter folder (here the `llama-tiny`
-/// fixture itself with a mask token) and returns `df`'s tokens; `DIR/specdiff-drafter/` is
-/// the default.
 /// A copy of the `llama-tiny` fixture with itself as its SpecDiff-2 drafter folder
 /// (`specdiff-drafter/`, mask token 3); returns the folder and the drafter's path.
 fn llama_with_drafter() -> (tempfile::TempDir, PathBuf) {
@@ -1162,6 +1159,9 @@ fn llama_with_drafter() -> (tempfile::TempDir, PathBuf) {
     (target, drafter)
 }
 
+/// `--method specdiff --drafter DIR` drafts with a drafter folder (here the `llama-tiny`
+/// fixture itself with a mask token) and returns `df`'s tokens; `DIR/specdiff-drafter/` is
+/// the default.
 #[test]
 fn generate_specdiff_with_a_drafter_folder() {
     let (target, drafter) = llama_with_drafter();
@@ -1192,6 +1192,96 @@ fn generate_specdiff_with_a_drafter_folder() {
         // The drafter has the target's weights: its first drafted token is always right.
         assert!(s["nfe"].as_u64() < df["nfe"].as_u64(), "{s}");
     }
+}
+
+/// `--drafter FILE` drafts from a lookup store: the target's own continuations as `spot
+/// generate --json` writes them; `DIR/specdiff-lookup.jsonl` is the default when the folder
+/// has no drafter folder. Same tokens as `df`, fewer forwards on a continuation the store
+/// holds; a damaged store is an error naming the file and line. `--acceptance classic` runs
+/// with one draft and is refused with more.
+#[test]
+fn generate_specdiff_with_a_lookup_store() {
+    let target = tempfile::tempdir().unwrap();
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ] {
+        std::fs::copy(fixture("llama-tiny").join(f), target.path().join(f)).unwrap();
+    }
+    let t = target.path().to_str().unwrap();
+    let run = |prompt: &str, extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            t,
+            "--prompt-ids",
+            prompt,
+            "--max-new-tokens",
+            "24",
+            "--no-early-stop",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        spot(&args)
+    };
+    let mut lines = String::new();
+    for prompt in ["5,6,7", "9,4", "12,13,14,15"] {
+        lines += &json(&run(prompt, &["--method", "df"])).to_string();
+        lines.push('\n');
+    }
+    let store = target.path().join("specdiff-lookup.jsonl");
+    std::fs::write(&store, lines).unwrap();
+    let df = json(&run("5,6,7", &["--method", "df"]));
+    let plain = json(&run(
+        "5,6,7",
+        &["--method", "specdiff", "--drafter", "lookup"],
+    ));
+    let s = store.to_str().unwrap();
+    for extra in [
+        &["--method", "specdiff", "--drafter", s][..],
+        &["--method", "specdiff"][..],
+    ] {
+        let out = run("5,6,7", extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        if extra.len() == 2 {
+            assert!(err.contains("drafter: lookup store"), "{err}");
+        }
+        let j = json(&out);
+        assert_eq!(j["tokens"], df["tokens"], "{extra:?}");
+        assert!(j["nfe"].as_u64() < plain["nfe"].as_u64(), "{j} vs {plain}");
+    }
+    // The classic rule (one draft) runs at T = 1; with several drafts it is refused.
+    let classic = [
+        "--method",
+        "specdiff",
+        "--drafter",
+        "lookup",
+        "--acceptance",
+        "classic",
+        "--temperature",
+        "1",
+    ];
+    let j = json(&run("5,6,7", &[&classic[..], &["--k", "1"]].concat()));
+    assert_eq!(j["tokens"].as_array().map(Vec::len), Some(24), "{j}");
+    let out = run("5,6,7", &classic);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("`acceptance`"),
+        "{err}"
+    );
+    std::fs::write(
+        &store,
+        "{\"prompt_ids\": [1], \"tokens\": [2]}\n{\"tokens\": [3]}\n",
+    )
+    .unwrap();
+    let out = run("5,6,7", &["--method", "specdiff", "--drafter", s]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("specdiff-lookup.jsonl, line 2"),
+        "{err}"
+    );
 }
 
 /// `spot bench` on an autoregressive folder runs token-by-token decoding as the reference and

@@ -3,11 +3,12 @@
 use std::time::{Duration, Instant};
 
 use spot_core::autoregressive::{check_inputs, check_stats};
+use spot_core::state::mix64;
 use spot_core::{
     ArConfig, ArInfo, AutoregressiveModel, BlockStats, Error, Result, StatsQuery, TokenId,
 };
 
-use crate::drafter::{DiffusionDrafter, Marginals, sample_drafts};
+use crate::drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts};
 use crate::select::{Scored, Selection, select};
 
 /// Settings of [`SpecDiffDecoder`].
@@ -34,6 +35,42 @@ pub struct SpecDiffConfig {
     /// the output; this trades drafted rows, which cost compute in every forward, against
     /// tokens accepted per round.
     pub min_draft_prob: f32,
+    /// How drafted tokens are accepted: coupled (the default, token-identical to plain
+    /// decoding) or the classic rule (distribution-preserving only; `k` = 1).
+    pub acceptance: Acceptance,
+}
+
+/// How a round accepts drafted tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Acceptance {
+    /// A drafted token is accepted iff it equals the target's own choice
+    /// `argmax_v(logit_v / T + G[p, v])` at its position: the output is token-identical to
+    /// [`decode_autoregressive`](spot_core::decode_autoregressive) with the same seed.
+    #[default]
+    Coupled,
+    /// Classic speculative sampling (Leviathan et al., Chen et al.), for one draft (`k` = 1):
+    /// drafted token `x` is accepted with probability `min(1, p(x) / q(x))`, where `p` is the
+    /// target's tempered distribution and `q` the distribution the draft was drawn from
+    /// ([`draft_distribution`]: a point mass for a greedy draft); the first rejected position
+    /// takes a token drawn from the residual `max(0, p - q)` (renormalised) and ends the
+    /// round; a fully accepted draft adds the target's own choice after it. The uniforms
+    /// depend on (seed, absolute position) only, and sampled drafts are drawn with the
+    /// decode's seed mixed into `draft_seed`, so that over seeds `x ~ q` as the rule needs. Each generated token is distributed as
+    /// plain sampling's, but the tokens are **not** those of `decode_autoregressive` with the
+    /// same seed. At `T = 0` it is the coupled rule. The target's statistics must then carry
+    /// its whole distribution: the request asks for the full top list, which costs a sort
+    /// of the vocabulary per drafted position.
+    Classic,
+}
+
+impl Acceptance {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Acceptance::Coupled => "coupled",
+            Acceptance::Classic => "classic",
+        }
+    }
 }
 
 impl Default for SpecDiffConfig {
@@ -47,6 +84,7 @@ impl Default for SpecDiffConfig {
             draft_seed: 0,
             target_top_k: 8,
             min_draft_prob: 0.0,
+            acceptance: Acceptance::Coupled,
         }
     }
 }
@@ -80,6 +118,15 @@ impl SpecDiffConfig {
             return Err(Error::config(
                 "min_draft_prob",
                 format!("must be in [0, 1], got {}", self.min_draft_prob),
+            ));
+        }
+        if self.acceptance == Acceptance::Classic && self.k != 1 {
+            return Err(Error::config(
+                "acceptance",
+                format!(
+                    "the classic rule verifies one draft (k = 1), got k = {}",
+                    self.k
+                ),
             ));
         }
         Ok(())
@@ -201,6 +248,10 @@ pub struct SpecDiffRequest {
     pending: usize,
     generated: usize,
     drafts: Vec<Vec<TokenId>>,
+    /// Classic rule: the distribution each drafted token of draft 0 was drawn from.
+    draft_q: Vec<Vec<(TokenId, f64)>>,
+    /// Classic rule at `T > 0`: the seed of its uniforms.
+    classic_seed: Option<u64>,
     phase: Phase,
     stopped: bool,
     report: SpecDiffReport,
@@ -230,6 +281,7 @@ impl SpecDiffRequest {
         } else {
             ar.stop_ids.clone()
         };
+        let classic = cfg.acceptance == Acceptance::Classic && ar.temperature > 0.0;
         let mut r = Self {
             cfg,
             max_new_tokens: ar.max_new_tokens,
@@ -237,13 +289,20 @@ impl SpecDiffRequest {
             stops,
             vocab: info.vocab_size,
             query: StatsQuery {
-                top_k: cfg.target_top_k,
+                // The classic rule reads the target's whole distribution.
+                top_k: if classic {
+                    info.vocab_size
+                } else {
+                    cfg.target_top_k
+                },
                 ..StatsQuery::new(ar.temperature, ar.seed)
             },
             context: prompt.to_vec(),
             pending: prompt.len(),
             generated: 0,
             drafts: Vec::new(),
+            draft_q: Vec::new(),
+            classic_seed: classic.then_some(ar.seed),
             phase: Phase::Draft,
             stopped: false,
             report: SpecDiffReport::default(),
@@ -299,12 +358,18 @@ impl SpecDiffRequest {
         } else {
             1
         };
+        // The classic rule needs drafts drawn afresh for every seed of the decode: its
+        // guarantee is over the drafts' randomness too.
+        let draft_seed = match self.classic_seed {
+            Some(seed) => self.cfg.draft_seed ^ mix64(seed ^ 0xd4af_7c1a_55ed_0001),
+            None => self.cfg.draft_seed,
+        };
         sample_drafts(
             m,
             k,
             self.cfg.drafter_temperature,
             self.cfg.greedy_first,
-            (self.cfg.draft_seed, self.context.len()),
+            (draft_seed, self.context.len()),
             &mut self.drafts,
         );
         if let Some(bad) = self
@@ -325,6 +390,14 @@ impl SpecDiffRequest {
         }
         for d in &mut self.drafts {
             d.truncate(keep);
+        }
+        self.draft_q.clear();
+        if self.classic_seed.is_some() && !self.drafts.is_empty() {
+            let greedy = self.cfg.greedy_first || self.cfg.drafter_temperature <= 0.0;
+            self.draft_q.extend((0..keep).map(|i| {
+                let (ids, probs) = m.at(i);
+                draft_distribution(ids, probs, self.cfg.drafter_temperature, greedy)
+            }));
         }
         self.phase = Phase::Score;
         Ok(())
@@ -362,6 +435,9 @@ impl SpecDiffRequest {
         // The chosen branch's accepted tokens, then the target's own token after them.
         let (pick, n, next) = if scored.is_empty() {
             (0, 0, first.token(last.1))
+        } else if let Some(seed) = self.classic_seed {
+            let (n, next) = self.classic(seed, &scored[0]);
+            (0, n, next)
         } else {
             let (pick, accepted) = select(self.cfg.selection, &self.drafts, &scored);
             let n = accepted[pick];
@@ -390,6 +466,33 @@ impl SpecDiffRequest {
         self.pending = new.len();
         self.start_round();
         Ok(())
+    }
+
+    /// The classic rule on draft 0: its accepted length and the token after it.
+    fn classic(&self, seed: u64, s: &Scored<'_>) -> (usize, TokenId) {
+        let draft = &self.drafts[0];
+        let mut p = Vec::new();
+        for (i, (&x, q)) in draft.iter().zip(&self.draft_q).enumerate() {
+            let (stats, j) = s.at(i);
+            dense_distribution(stats, j, self.vocab, &mut p);
+            let position = (self.context.len() + i) as u64;
+            let qx: f64 = q.iter().filter(|e| e.0 == x).map(|e| e.1).sum();
+            if qx > 0.0 && uniform(seed, position, 0) < (p[x as usize] / qx).min(1.0) {
+                continue;
+            }
+            // Rejected: a token from the residual max(0, p - q).
+            for &(id, mass) in q {
+                p[id as usize] -= mass;
+            }
+            let mut residual: Vec<f64> = p.iter().map(|&r| r.max(0.0)).collect();
+            if residual.iter().sum::<f64>() <= 0.0 {
+                // p == q up to rounding: rejection had probability 0; draw from p.
+                dense_distribution(stats, j, self.vocab, &mut residual);
+            }
+            return (i, draw(&residual, uniform(seed, position, 1)));
+        }
+        // Every drafted token accepted: the target's own choice after them (a draw from p).
+        (draft.len(), s.choice(draft.len()))
     }
 
     fn expect(&self, phase: Phase) -> Result<()> {
@@ -428,6 +531,53 @@ impl SpecDiffRequest {
             report: self.report.clone(),
         })
     }
+}
+
+/// The target's tempered distribution at entry `j` of `stats` over the whole vocabulary: its
+/// top list, and the tail mass spread evenly over the ids the list leaves out (none or one
+/// when the list holds the whole vocabulary, as the classic rule asks).
+fn dense_distribution(stats: &BlockStats, j: usize, vocab: usize, out: &mut Vec<f64>) {
+    out.clear();
+    out.resize(vocab, 0.0);
+    let (ids, probs) = stats.top(j);
+    let mut listed = vec![false; vocab];
+    for (&id, &prob) in ids.iter().zip(probs) {
+        if !listed[id as usize] {
+            listed[id as usize] = true;
+            out[id as usize] = f64::from(prob);
+        }
+    }
+    let missing = listed.iter().filter(|&&l| !l).count();
+    let tail = f64::from(stats.tail_mass(j));
+    if missing > 0 && tail > 0.0 {
+        for (o, _) in out.iter_mut().zip(&listed).filter(|(_, l)| !**l) {
+            *o = tail / missing as f64;
+        }
+    }
+}
+
+/// A uniform draw in `[0, 1)` of the classic rule at absolute `position` (`stream` 0: accept
+/// or not, 1: the residual draw), from (`seed`, position, stream) only.
+fn uniform(seed: u64, position: u64, stream: u64) -> f64 {
+    let h = mix64(seed ^ mix64(position ^ mix64(stream ^ 0x5eed_c1a5_51c0_0000)));
+    (h >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The index of a distribution `w` (non-negative, not necessarily normalised) at uniform `u`.
+fn draw(w: &[f64], u: f64) -> TokenId {
+    let total: f64 = w.iter().sum();
+    let mut acc = 0.0;
+    let mut last = 0;
+    for (v, &x) in w.iter().enumerate() {
+        if x > 0.0 {
+            acc += x / total;
+            last = v;
+            if u < acc {
+                return v as TokenId;
+            }
+        }
+    }
+    last as TokenId
 }
 
 /// The longest prefix length `n` such that some draft's running product of its tokens'

@@ -130,19 +130,40 @@ pub fn sample_drafts(
 
 /// The candidate at uniform draw `u` of `probs^(1/T)` (the first when all are 0).
 fn pick(ids: &[TokenId], probs: &[f32], t: f32, u: f64) -> TokenId {
-    let w = |p: f32| f64::from(p).powf(1.0 / f64::from(t));
-    let total: f64 = probs.iter().map(|&p| w(p)).sum();
-    if !(total > 0.0 && total.is_finite()) {
-        return ids[0];
-    }
+    let q = draft_distribution(ids, probs, t, false);
     let mut acc = 0.0;
-    for (&id, &p) in ids.iter().zip(probs) {
-        acc += w(p) / total;
+    for &(id, p) in &q {
+        acc += p;
         if u < acc {
             return id;
         }
     }
-    ids[ids.len() - 1]
+    q[q.len() - 1].0
+}
+
+/// The distribution a drafted token is drawn from at one position with candidates `ids` and
+/// probabilities `probs`, as [`sample_drafts`] draws it: the first candidate with probability
+/// 1 when `greedy` (or when every probability is 0), otherwise `probs^(1/T)` renormalised
+/// (one entry per candidate, in order; a repeated id appears more than once).
+pub fn draft_distribution(
+    ids: &[TokenId],
+    probs: &[f32],
+    t: f32,
+    greedy: bool,
+) -> Vec<(TokenId, f64)> {
+    let w = |p: f32| f64::from(p).powf(1.0 / f64::from(t));
+    let total: f64 = if greedy || t <= 0.0 {
+        0.0
+    } else {
+        probs.iter().map(|&p| w(p)).sum()
+    };
+    if !(total > 0.0 && total.is_finite()) {
+        return vec![(ids[0], 1.0)];
+    }
+    ids.iter()
+        .zip(probs)
+        .map(|(&id, &p)| (id, w(p) / total))
+        .collect()
 }
 
 #[cfg(test)]

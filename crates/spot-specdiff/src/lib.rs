@@ -16,6 +16,8 @@
 //! - [`SpecDiffRequest`]: one decode as a state machine (what it needs next: the drafter's
 //!   marginals or one target forward), and [`SpecDiffDecoder`], its one-request driver;
 //! - [`lookup`]: a training-free drafter (prompt lookup) that needs no weights;
+//! - [`store`]: retrieval for it: the target's own continuations of training-side prompts,
+//!   indexed by n-gram, with acceptance rates measured on them (calibrated probabilities);
 //! - [`toy`]: a toy target and drafter for tests and examples.
 //!
 //! ```
@@ -38,11 +40,14 @@ pub mod decoder;
 pub mod drafter;
 pub mod lookup;
 pub mod select;
+pub mod store;
 pub mod toy;
 
 pub use decoder::{
-    ArNeed, SpecDiffConfig, SpecDiffDecoder, SpecDiffOutput, SpecDiffReport, SpecDiffRequest,
+    Acceptance, ArNeed, SpecDiffConfig, SpecDiffDecoder, SpecDiffOutput, SpecDiffReport,
+    SpecDiffRequest,
 };
-pub use drafter::{DiffusionDrafter, Marginals, sample_drafts};
+pub use drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts};
 pub use lookup::LookupDrafter;
 pub use select::{Scored, Selection};
+pub use store::{Continuation, LookupStore, StoreError};

@@ -2,20 +2,28 @@
 //! the text so far). Not a diffusion model; a baseline, and a drafter that needs no weights,
 //! so the SpecDiff-2 round can run on real targets before a trained drafter exists.
 
+use std::sync::Arc;
+
 use spot_core::{Result, TokenId};
 
 use crate::drafter::{DiffusionDrafter, Marginals};
+use crate::store::{LookupStore, context_followers};
 
 /// Drafts by prompt lookup: for each drafted position, the tokens that followed earlier
 /// occurrences of the last `n` tokens (longest `n` first, down to 1), most recent first, each
 /// weighted by how often it followed; a position with no match repeats the previous guess's
 /// candidates. The guess for each position is its most frequent candidate, which the next
 /// position's lookup continues from.
+///
+/// [`with_store`](Self::with_store) adds retrieval: the longer of the text's own match and a
+/// [`LookupStore`]'s (the target's continuations of training-side prompts), with calibrated
+/// probabilities (see [`crate::store`]).
 #[derive(Clone, Debug)]
 pub struct LookupDrafter {
     vocab: usize,
     max_n: usize,
     candidates: usize,
+    store: Option<Arc<LookupStore>>,
 }
 
 impl LookupDrafter {
@@ -26,26 +34,63 @@ impl LookupDrafter {
             vocab,
             max_n: max_n.max(1),
             candidates: candidates.max(1),
+            store: None,
         }
     }
 
-    /// Counts of the tokens that followed the longest matched suffix of `text`.
-    fn followers(&self, text: &[TokenId], out: &mut Vec<(TokenId, u32, usize)>) {
-        out.clear();
-        for n in (1..=self.max_n.min(text.len().saturating_sub(1))).rev() {
-            let key = &text[text.len() - n..];
-            // Most recent occurrence first (recency breaks count ties).
-            for start in (0..text.len() - n).rev() {
-                if &text[start..start + n] == key {
-                    let next = text[start + n];
-                    match out.iter_mut().find(|c| c.0 == next) {
-                        Some(c) => c.1 += 1,
-                        None => out.push((next, 1, out.len())),
-                    }
+    /// A retrieval drafter over `vocab` tokens with `candidates` tokens per position: each
+    /// position drafts the more probable of two guesses, from the text so far (up to 3
+    /// tokens matched) and from `store` (2 to 6), at the acceptance rate the store measured
+    /// for such guesses (see [`crate::store`]); a position with no match at all drafts the
+    /// last token at probability 0.
+    ///
+    /// ```
+    /// use spot_specdiff::store::{Continuation, LookupStore};
+    /// use spot_specdiff::{DiffusionDrafter, LookupDrafter, Marginals};
+    ///
+    /// let said = |p: u32| Continuation { prompt: vec![p], tokens: (10..30).collect() };
+    /// let store = LookupStore::new(&(0..4).map(said).collect::<Vec<_>>());
+    /// let mut drafter = LookupDrafter::with_store(64, store, 2);
+    /// let mut m = Marginals::default();
+    /// drafter.propose(&[7, 10, 11, 12, 13, 14], 3, &mut m)?;
+    /// assert_eq!((m.at(0).0[0], m.at(1).0[0], m.at(2).0[0]), (15, 16, 17));
+    /// assert!(m.at(0).1[0] > 0.9, "the target always wrote this: calibrated high");
+    /// # Ok::<(), spot_core::Error>(())
+    /// ```
+    pub fn with_store(vocab: usize, store: LookupStore, candidates: usize) -> Self {
+        Self {
+            store: Some(Arc::new(store)),
+            ..Self::new(vocab, crate::store::CONTEXT_MAX_N, candidates)
+        }
+    }
+
+    /// The store, when the drafter has one.
+    pub fn store(&self) -> Option<&LookupStore> {
+        self.store.as_deref()
+    }
+
+    /// Candidates and probabilities of one position from the store and the text so far.
+    fn retrieve(
+        &self,
+        store: &LookupStore,
+        text: &[TokenId],
+        scratch: &mut Vec<(TokenId, u32)>,
+        ids: &mut Vec<TokenId>,
+        probs: &mut Vec<f32>,
+    ) {
+        ids.clear();
+        probs.clear();
+        match store.guess(text, scratch) {
+            Some((g, p)) => {
+                let top = g.followers[0].1 as f32;
+                for &(id, count) in g.followers.iter().take(self.candidates) {
+                    ids.push(id);
+                    probs.push(p * count as f32 / top);
                 }
             }
-            if !out.is_empty() {
-                return;
+            None => {
+                ids.push(text.last().copied().unwrap_or(0));
+                probs.push(0.0);
             }
         }
     }
@@ -53,7 +98,11 @@ impl LookupDrafter {
 
 impl DiffusionDrafter for LookupDrafter {
     fn name(&self) -> &str {
-        "lookup"
+        if self.store.is_some() {
+            "lookup+store"
+        } else {
+            "lookup"
+        }
     }
 
     fn vocab_size(&self) -> usize {
@@ -66,9 +115,9 @@ impl DiffusionDrafter for LookupDrafter {
         let mut found = Vec::new();
         let (mut ids, mut probs) = (Vec::new(), Vec::new());
         for _ in 0..gamma {
-            self.followers(&text, &mut found);
-            if !found.is_empty() {
-                found.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)));
+            if let Some(store) = &self.store {
+                self.retrieve(store, &text, &mut found, &mut ids, &mut probs);
+            } else if context_followers(&text, self.max_n, &mut found) > 0 {
                 let total: u32 = found.iter().map(|c| c.1).sum();
                 ids.clear();
                 probs.clear();

@@ -38,7 +38,7 @@ pub struct Scored<'a> {
 
 impl Scored<'_> {
     /// The statistics entry predicting drafted position `i`.
-    fn at(&self, i: usize) -> (&BlockStats, usize) {
+    pub(crate) fn at(&self, i: usize) -> (&BlockStats, usize) {
         if i == 0 {
             self.first
         } else {

@@ -5,7 +5,10 @@
 use proptest::prelude::*;
 use spot_core::{ArConfig, Error, Result, TokenId, decode_autoregressive};
 use spot_specdiff::toy::{ToyCausalModel, ToyDrafter};
-use spot_specdiff::{DiffusionDrafter, Marginals, Selection, SpecDiffConfig, SpecDiffDecoder};
+use spot_specdiff::{
+    Continuation, DiffusionDrafter, LookupDrafter, LookupStore, Marginals, Selection,
+    SpecDiffConfig, SpecDiffDecoder,
+};
 
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
@@ -49,6 +52,92 @@ proptest! {
         // The last round may cut its tokens at a stop id or the length limit.
         prop_assert!(committed >= fast.tokens.len() as u64);
     }
+}
+
+/// A lookup store of the target's own greedy continuations of `prompts`.
+fn own_store(target: &mut ToyCausalModel, prompts: &[Vec<TokenId>], n: usize) -> LookupStore {
+    let cfg = ArConfig {
+        max_new_tokens: n,
+        early_stop: false,
+        ..ArConfig::default()
+    };
+    let conts: Vec<Continuation> = prompts
+        .iter()
+        .map(|p| Continuation {
+            prompt: p.clone(),
+            tokens: decode_autoregressive(target, p, &cfg).unwrap().tokens,
+        })
+        .collect();
+    LookupStore::new(&conts)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases() / 4, ..ProptestConfig::default() })]
+
+    /// Retrieval drafting (a store of the target's own continuations, calibrated) changes
+    /// how many forwards a decode takes, never its tokens.
+    #[test]
+    fn store_drafting_equals_autoregressive(
+        vocab in 6usize..40, model_seed in any::<u64>(),
+        stored in prop::collection::vec(prop::collection::vec(0u32..6, 1..6), 1..6),
+        k in 1usize..=4, gamma in 1usize..=16,
+        temperature in prop_oneof![Just(0.0f32), Just(1.0), Just(2.0)],
+        seed in any::<u64>(), prompt in prop::collection::vec(0u32..6, 1..8),
+        max_new in 1usize..60, min_draft_prob in prop_oneof![Just(0.0f32), 0.0f32..=1.0],
+    ) {
+        let mut target = ToyCausalModel::new(vocab, model_seed);
+        let store = own_store(&mut target, &stored, 40);
+        let mut drafter = LookupDrafter::with_store(vocab, store, 3);
+        let cfg = ArConfig { max_new_tokens: max_new, temperature, seed, ..ArConfig::default() };
+        let plain = decode_autoregressive(&mut target, &prompt, &cfg).unwrap();
+        let sd = SpecDiffConfig { k, gamma, min_draft_prob, ..SpecDiffConfig::default() };
+        let fast = SpecDiffDecoder::new(sd).unwrap().decode(&mut target, &mut drafter, &prompt, &cfg).unwrap();
+        prop_assert_eq!(&fast.tokens, &plain.tokens);
+        prop_assert_eq!(fast.stopped, plain.stopped);
+        prop_assert!(fast.forwards <= plain.forwards);
+    }
+}
+
+/// Retrieval finds what the target wrote before: on a prompt whose continuation is in the
+/// store, drafting from the store takes far fewer forwards than prompt lookup alone.
+#[test]
+fn the_store_drafts_what_the_target_wrote_before() {
+    let mut target = ToyCausalModel::new(40, 11);
+    let prompts: Vec<Vec<TokenId>> = (0..6).map(|i| vec![i, i + 1, 2 * i]).collect();
+    let store = own_store(&mut target, &prompts, 48);
+    assert_eq!((store.continuations(), store.tokens()), (6, 6 * 48));
+    let cfg = ArConfig {
+        max_new_tokens: 48,
+        early_stop: false,
+        ..ArConfig::default()
+    };
+    let sd = SpecDiffConfig {
+        k: 1,
+        gamma: 8,
+        ..SpecDiffConfig::default()
+    };
+    let mut forwards = Vec::new();
+    for mut drafter in [
+        LookupDrafter::new(40, 3, 3),
+        LookupDrafter::with_store(40, store, 3),
+    ] {
+        let out = SpecDiffDecoder::new(sd)
+            .unwrap()
+            .decode(&mut target, &mut drafter, &prompts[2], &cfg)
+            .unwrap();
+        assert_eq!(
+            out.tokens,
+            decode_autoregressive(&mut target, &prompts[2], &cfg)
+                .unwrap()
+                .tokens
+        );
+        forwards.push(out.forwards);
+    }
+    // 48 tokens in rounds of up to 9: at least 6 forwards.
+    assert!(
+        forwards[1] <= 10 && forwards[1] * 2 < forwards[0],
+        "{forwards:?}"
+    );
 }
 
 /// A good drafter cuts the forwards: with the target's own argmax (error 0) at T = 0 every
