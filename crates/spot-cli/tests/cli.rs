@@ -1,7 +1,7 @@
 //! The `spot` binary on the committed SDAR fixtures.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn fixture(name: &str) -> PathBuf {
@@ -1136,21 +1136,26 @@ fn sets_are_calibrated_and_equal_threshold_decoding() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("oracle"));
 }
 
-/// A copy of the `llama-tiny` fixture with itself as its SpecDiff-2 drafter folder
-/// (`specdiff-drafter/`, mask token 3); returns the folder and the drafter's path.
-fn llama_with_drafter() -> (tempfile::TempDir, PathBuf) {
-    let target = tempfile::tempdir().unwrap();
-    let drafter = target.path().join("specdiff-drafter");
-    std::fs::create_dir(&drafter).unwrap();
+/// Copies the `llama-tiny` fixture's model files into `dir`.
+fn copy_llama_tiny(dir: &Path) {
     for f in [
         "config.json",
         "generation_config.json",
         "model.safetensors",
         "tokenizer.json",
     ] {
-        std::fs::copy(fixture("llama-tiny").join(f), target.path().join(f)).unwrap();
-        std::fs::copy(fixture("llama-tiny").join(f), drafter.join(f)).unwrap();
+        std::fs::copy(fixture("llama-tiny").join(f), dir.join(f)).unwrap();
     }
+}
+
+/// A copy of the `llama-tiny` fixture with itself as its SpecDiff-2 drafter folder
+/// (`specdiff-drafter/`, mask token 3); returns the folder and the drafter's path.
+fn llama_with_drafter() -> (tempfile::TempDir, PathBuf) {
+    let target = tempfile::tempdir().unwrap();
+    let drafter = target.path().join("specdiff-drafter");
+    std::fs::create_dir(&drafter).unwrap();
+    copy_llama_tiny(target.path());
+    copy_llama_tiny(&drafter);
     std::fs::write(
         drafter.join("specdiff-drafter.json"),
         r#"{"format": "spot-specdiff-drafter", "version": 1, "mask_token_id": 3}"#,
@@ -1202,14 +1207,7 @@ fn generate_specdiff_with_a_drafter_folder() {
 #[test]
 fn generate_specdiff_with_a_lookup_store() {
     let target = tempfile::tempdir().unwrap();
-    for f in [
-        "config.json",
-        "generation_config.json",
-        "model.safetensors",
-        "tokenizer.json",
-    ] {
-        std::fs::copy(fixture("llama-tiny").join(f), target.path().join(f)).unwrap();
-    }
+    copy_llama_tiny(target.path());
     let t = target.path().to_str().unwrap();
     let run = |prompt: &str, extra: &[&str]| {
         let mut args = vec![
