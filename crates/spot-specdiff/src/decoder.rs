@@ -8,7 +8,7 @@ use spot_core::{
     ArConfig, ArInfo, AutoregressiveModel, BlockStats, Error, Result, StatsQuery, TokenId,
 };
 
-use crate::drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts};
+use crate::drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts, unit};
 use crate::select::{Scored, Selection, select};
 
 /// Settings of [`SpecDiffDecoder`].
@@ -559,8 +559,9 @@ fn dense_distribution(stats: &BlockStats, j: usize, vocab: usize, out: &mut Vec<
 /// A uniform draw in `[0, 1)` of the classic rule at absolute `position` (`stream` 0: accept
 /// or not, 1: the residual draw), from (`seed`, position, stream) only.
 fn uniform(seed: u64, position: u64, stream: u64) -> f64 {
-    let h = mix64(seed ^ mix64(position ^ mix64(stream ^ 0x5eed_c1a5_51c0_0000)));
-    (h >> 11) as f64 / (1u64 << 53) as f64
+    unit(mix64(
+        seed ^ mix64(position ^ mix64(stream ^ 0x5eed_c1a5_51c0_0000)),
+    ))
 }
 
 /// The index of a distribution `w` (non-negative, not necessarily normalised) at uniform `u`.

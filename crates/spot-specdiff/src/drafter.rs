@@ -120,12 +120,17 @@ pub fn sample_drafts(
                     return ids[0];
                 }
                 let key = seed ^ mix64((position + i) as u64 ^ mix64(d as u64 + 1));
-                let u = (mix64(key) >> 11) as f64 / (1u64 << 53) as f64;
+                let u = unit(mix64(key));
                 pick(ids, probs, temperature, u)
             })
             .collect();
         out.push(draft);
     }
+}
+
+/// A uniform draw in `[0, 1)` from the 53 high bits of a hash.
+pub(crate) fn unit(h: u64) -> f64 {
+    (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The candidate at uniform draw `u` of `probs^(1/T)` (the first when all are 0).

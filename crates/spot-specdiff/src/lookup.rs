@@ -15,9 +15,9 @@ use crate::store::{LookupStore, context_followers};
 /// candidates. The guess for each position is its most frequent candidate, which the next
 /// position's lookup continues from.
 ///
-/// [`with_store`](Self::with_store) adds retrieval: the longer of the text's own match and a
-/// [`LookupStore`]'s (the target's continuations of training-side prompts), with calibrated
-/// probabilities (see [`crate::store`]).
+/// [`with_store`](Self::with_store) adds retrieval: each position drafts the more probable of
+/// the text's own match and a [`LookupStore`]'s (the target's continuations of training-side
+/// prompts), at calibrated probabilities (see [`crate::store`]).
 #[derive(Clone, Debug)]
 pub struct LookupDrafter {
     vocab: usize,

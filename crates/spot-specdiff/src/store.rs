@@ -151,7 +151,7 @@ struct Index {
 }
 
 impl Index {
-    fn build(conts: &[Continuation]) -> Self {
+    fn build<'a>(conts: impl IntoIterator<Item = &'a Continuation>) -> Self {
         let mut map: HashMap<Vec<TokenId>, Vec<(TokenId, u32)>> = HashMap::new();
         for c in conts {
             let t = &c.tokens;
@@ -251,11 +251,8 @@ impl LookupStore {
         let folds = conts.len().clamp(1, FOLDS);
         let mut calibration = Calibration::new();
         for fold in 0..folds {
-            let others: Vec<Continuation> = (0..conts.len())
-                .filter(|i| i % folds != fold)
-                .map(|i| conts[i].clone())
-                .collect();
-            let index = Index::build(&others);
+            let others = conts.iter().enumerate().filter(|(i, _)| i % folds != fold);
+            let index = Index::build(others.map(|(_, c)| c));
             for c in conts.iter().skip(fold).step_by(folds) {
                 score(c, &index, &mut calibration);
             }
