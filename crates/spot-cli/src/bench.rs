@@ -61,8 +61,8 @@ pub struct BenchArgs {
     /// First N prompts of each set.
     #[arg(long)]
     pub(crate) limit: Option<usize>,
-    /// Methods (df always runs: it is the reference). Default: ssd, blockspec, spiffy, spot,
-    /// spot-gamma, oracle (oracle-token and oracle-joint only when named), skipping (with a
+    /// Methods (df always runs: it is the reference). Default: ssd, blockspec, spiffy, mrp,
+    /// spot, spot-gamma, oracle (oracle-token and oracle-joint only when named), skipping (with a
     /// note) those whose drafter file the folder lacks; a method named here that cannot run is
     /// an error.
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -118,10 +118,11 @@ pub struct BenchArgs {
 }
 
 /// The methods `spot bench` runs when `--methods` is not given.
-pub const DEFAULT_METHODS: [Method; 6] = [
+pub const DEFAULT_METHODS: [Method; 7] = [
     Method::Ssd,
     Method::Blockspec,
     Method::Spiffy,
+    Method::Mrp,
     Method::Spot,
     Method::SpotGamma,
     Method::Oracle,
@@ -165,6 +166,7 @@ fn runnable(a: &BenchArgs, files: &DraftFiles<'_>) -> Result<(Vec<Method>, Vec<S
             let asked = match m {
                 _ if explicit => "--methods",
                 Method::Spiffy => "--spiffy",
+                Method::Mrp => "--mrp",
                 _ => "--drafter",
             };
             bail!(

@@ -2,6 +2,7 @@
 //! `threshold`, all speculative ones under the same verifier.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -15,6 +16,7 @@ use spot_drafter::sets_net::SetsNet;
 use spot_drafter::{
     Calibrated, LearnedScorer, OrderModel, SetsDrafter, SpiffyGraph, SpiffyScorer, TokenCalibration,
 };
+use spot_models::{DEFAULT_MRP, Mrp, MrpScorer};
 
 use crate::Backend;
 
@@ -52,6 +54,10 @@ pub enum Method {
     /// 1, no hedge) instead of the checkpoint's calibrated token weights: the ablation that
     /// separates the order from the token weights.
     SpotUnit,
+    /// Speculative baseline: MRP (multi-token residual prediction, arXiv 2605.18817), a chain
+    /// drafted by a small module that corrects the stale logits from the target's hidden
+    /// states (`--mrp`, default `MODEL/mrp.json`; `tools/mrp/train_mrp.py`).
+    Mrp,
     /// Speculative upper bound: the true future commit positions (from a draft-free pass) with
     /// stale tokens. Its NFE excludes that pass.
     Oracle,
@@ -103,6 +109,7 @@ impl Method {
             Method::SpotGamma => "spot-gamma",
             Method::SpotAdaptive => "spot-adaptive",
             Method::SpotUnit => "spot-unit",
+            Method::Mrp => "mrp",
             Method::Oracle => "oracle",
             Method::OracleToken => "oracle-token",
             Method::OracleJoint => "oracle-joint",
@@ -208,6 +215,10 @@ pub struct DrafterFileArgs {
     /// `spot-sets-net.json`).
     #[arg(long)]
     pub sets_net: Option<PathBuf>,
+    /// The MRP baseline's module for `--method mrp` (default: the model folder's `mrp.json`,
+    /// weights in `mrp.safetensors` next to it).
+    #[arg(long)]
+    pub mrp: Option<PathBuf>,
     /// Give `blockspec` and `spiffy` their papers' token weights (stale probabilities) instead
     /// of the drafter checkpoint's token calibration (the default when the checkpoint exists,
     /// so that they differ from `spot` only in the commit order).
@@ -224,6 +235,7 @@ impl DrafterFileArgs {
             spiffy: self.spiffy.as_deref(),
             sets: self.sets.as_deref(),
             sets_net: self.sets_net.as_deref(),
+            mrp: self.mrp.as_deref(),
             calibrate_baselines: !self.uncalibrated_baselines,
         }
     }
@@ -243,6 +255,8 @@ pub struct DraftFiles<'a> {
     pub sets: Option<&'a Path>,
     /// `--sets-net`.
     pub sets_net: Option<&'a Path>,
+    /// `--mrp`.
+    pub mrp: Option<&'a Path>,
     /// Whether `blockspec` and `spiffy` take the drafter checkpoint's token calibration (when
     /// it exists; `--uncalibrated-baselines` turns it off).
     pub calibrate_baselines: bool,
@@ -272,6 +286,11 @@ impl DraftFiles<'_> {
                 let config = spot_drafter::checkpoint::config_path(&weights);
                 vec![path(self.sets_net, DEFAULT_SETS_NET), weights, config]
             }
+            Method::Mrp => {
+                let file = path(self.mrp, DEFAULT_MRP);
+                let weights = spot_models::mrp_weights_path(&file);
+                vec![file, weights]
+            }
             _ => Vec::new(),
         }
     }
@@ -287,6 +306,7 @@ impl DraftFiles<'_> {
                 self.sets.is_some() || self.drafter.is_some()
             }
             Method::SetsNet => self.sets_net.is_some() || self.drafter.is_some(),
+            Method::Mrp => self.mrp.is_some(),
             _ => false,
         }
     }
@@ -323,6 +343,7 @@ pub fn missing_hint(method: Method) -> &'static str {
             "fit the tables with `spot calibrate-sets`, or pass --sets PATH"
         }
         Method::SetsNet => "train the set drafter with `spot train-sets`, or pass --sets-net PATH",
+        Method::Mrp => "train the module with tools/mrp/train_mrp.py, or pass --mrp PATH",
         _ => "train a drafter with `spot train-drafter`, or pass --drafter PATH",
     }
 }
@@ -334,6 +355,7 @@ pub struct Drafters {
     spiffy: Option<SpiffyGraph>,
     sets: Option<SetsDrafter>,
     sets_net: Option<SetsNet>,
+    mrp: Option<Arc<Mrp<Backend>>>,
     /// Token calibrations for the baselines (empty: their papers' token weights).
     calibration: Vec<TokenCalibration>,
 }
@@ -413,6 +435,12 @@ impl Drafters {
         if let Some(p) = first(Method::SetsNet).filter(|_| methods.contains(&Method::SetsNet)) {
             d.sets_net = Some(SetsNet::load(&p)?);
         }
+        if let Some(p) = first(Method::Mrp).filter(|_| methods.contains(&Method::Mrp)) {
+            d.mrp = Some(Arc::new(
+                Mrp::load(files.dir, &p, &crate::backend::device()?)
+                    .with_context(|| format!("loading the MRP module {}", p.display()))?,
+            ));
+        }
         Ok(d)
     }
 }
@@ -486,6 +514,15 @@ pub fn strategy(
             )
         }
         Method::Ssd => b.chain(),
+        Method::Mrp => {
+            let Some(m) = &drafters.mrp else {
+                bail!("--method mrp needs the MRP module (--mrp)");
+            };
+            // One child per node: a chain of D drafts, as MRP's speculative mode.
+            b.scorer(MrpScorer::new(Arc::clone(m)))
+                .max_depth(settings.budget.max(1))
+                .hedge(None)
+        }
         Method::Blockspec => b.scorer(Calibrated::new(
             StaleConfidenceScorer,
             drafters.calibration.clone(),

@@ -474,8 +474,11 @@ impl StepStrategy for SpotDecoder {
         };
         // A drafter reading hidden states gets them from every forward: each forward's
         // statistics are a later round's stale ones.
-        q.hidden_states |=
-            matches!(&self.drafter, Drafter::Sets(m, _, _) if m.wants_hidden_states());
+        q.hidden_states |= match &self.drafter {
+            Drafter::Sets(m, order, _) => m.wants_hidden_states() || order.wants_hidden_states(),
+            Drafter::Tree(scorer) => scorer.wants_hidden_states(),
+            Drafter::Chain => false,
+        };
         q
     }
 

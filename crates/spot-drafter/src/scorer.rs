@@ -182,6 +182,10 @@ impl<S: OrderScorer> OrderScorer for Calibrated<S> {
         self.inner.name()
     }
 
+    fn wants_hidden_states(&self) -> bool {
+        self.inner.wants_hidden_states()
+    }
+
     fn score(
         &mut self,
         ctx: &ScoreContext<'_>,

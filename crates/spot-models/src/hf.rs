@@ -96,33 +96,56 @@ impl Weights {
                 ),
             ));
         };
-        let mut shards = Vec::new();
-        let mut index = BTreeMap::new();
-        for path in files {
-            let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
-            // SAFETY-free: memmap2's `map` is safe to call; the file must not be truncated while
-            // mapped, which the loader documents.
-            let mmap = map(&file).map_err(|e| ModelError::io(&path, e))?;
-            let (header_len, metadata) =
-                SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
-            for name in metadata.tensors().into_keys() {
-                index.insert(name, shards.len());
-            }
-            shards.push(Shard {
-                path,
-                mmap,
-                header_len,
-                metadata,
-            });
-        }
-        Ok(Self {
-            shards,
-            index,
+        let mut weights = Self {
+            shards: Vec::new(),
+            index: BTreeMap::new(),
             dir: dir.to_path_buf(),
-        })
+        };
+        for path in files {
+            weights.add(path)?;
+        }
+        Ok(weights)
+    }
+
+    /// These weights and the tensors of the safetensors file `path` (a module trained on top
+    /// of a model, such as the MRP baseline, which shares the model's embedding). A name both
+    /// hold is an error naming `path`.
+    pub fn with_file(mut self, path: &Path) -> Result<Self> {
+        self.add(path.to_path_buf())?;
+        Ok(self)
+    }
+
+    fn add(&mut self, path: PathBuf) -> Result<()> {
+        let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
+        // SAFETY-free: memmap2's `map` is safe to call; the file must not be truncated while
+        // mapped, which the loader documents.
+        let mmap = map(&file).map_err(|e| ModelError::io(&path, e))?;
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        for name in metadata.tensors().into_keys() {
+            let shard = self.shards.len();
+            if let Some(old) = self.index.insert(name.clone(), shard)
+                && old != shard
+            {
+                return Err(ModelError::Safetensors {
+                    path,
+                    message: format!(
+                        "tensor {name} is also in {}",
+                        self.shards[old].path.display()
+                    ),
+                });
+            }
+        }
+        self.shards.push(Shard {
+            path,
+            mmap,
+            header_len,
+            metadata,
+        });
+        Ok(())
     }
 
     /// Whether the weights contain `name`.

@@ -62,6 +62,7 @@ mod loader;
 mod logits;
 mod masked_drafter;
 mod moe;
+mod mrp;
 mod precision;
 mod reduce;
 mod rope;
@@ -86,6 +87,10 @@ pub use llada::{Llada, LladaConfig};
 pub use llada2::{Llada2Config, Llada2Moe};
 pub use logits::Logits;
 pub use masked_drafter::{DRAFTER_FILE, DRAFTER_FORMAT, DrafterFile, MaskedDrafter};
+pub use mrp::{
+    DEFAULT_MRP, MRP_FORMAT, Mrp, MrpFile, MrpReference, MrpScorer, ReferencePosition,
+    mrp_weights_path,
+};
 pub use precision::Precision;
 pub use sdar::{Sdar, SdarConfig};
 pub use stop::StopStrings;

@@ -328,30 +328,40 @@ impl<B: Backend> Net<B> {
         segments: &[Segment<'_, B>],
         attend: Attend,
     ) -> (Tensor<B, 2>, Vec<Vec<Kv<B>>>) {
+        let rows: usize = segments.iter().map(|s| s.n * s.len).sum();
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
+        self.run_embedded(self.embed.clone().select(0, ids), segments, attend)
+    }
+
+    /// [`Net::run_segments`] from input rows `x` `[rows, hidden]` instead of token ids (a
+    /// module that mixes the embedding with other inputs, as the MRP baseline does).
+    pub fn run_embedded(
+        &self,
+        x: Tensor<B, 2>,
+        segments: &[Segment<'_, B>],
+        attend: Attend,
+    ) -> (Tensor<B, 2>, Vec<Vec<Kv<B>>>) {
         let host = crate::head::runs_on_host::<B>(&self.device);
         if host {
             // On a worker of the CPU backends' thread pool: the many small parallel operations
             // of a forward then split work between the pool's threads without handing every
             // one over from (and back to) the calling thread.
-            rayon::scope(|_| self.run_segments_on(ids, segments, (attend, host)))
+            rayon::scope(|_| self.run_segments_on(x, segments, (attend, host)))
         } else {
-            self.run_segments_on(ids, segments, (attend, host))
+            self.run_segments_on(x, segments, (attend, host))
         }
     }
 
-    /// [`Net::run_segments`]; `host`: the backend is a CPU one.
+    /// [`Net::run_embedded`]; `host`: the backend is a CPU one.
     fn run_segments_on(
         &self,
-        ids: Vec<i64>,
+        mut x: Tensor<B, 2>,
         segments: &[Segment<'_, B>],
         (attend, host): (Attend, bool),
     ) -> (Tensor<B, 2>, Vec<Vec<Kv<B>>>) {
         let c = &self.geo;
         let (nh, kvh, d) = (c.heads, c.kv_heads, c.head_dim);
         let g = nh / kvh;
-        let rows: usize = segments.iter().map(|s| s.n * s.len).sum();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), &self.device);
-        let mut x = self.embed.clone().select(0, ids);
         let rope = |heads, seg: &Segment<'_, B>| {
             let shape = (heads, d, c.rotary_dim);
             Rope::<B>::new(

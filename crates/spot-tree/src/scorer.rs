@@ -156,6 +156,15 @@ pub trait OrderScorer {
         out: &mut [f32],
     ) -> Result<(), TreeError>;
 
+    /// Whether the scorer reads the target's hidden states
+    /// ([`BlockStats::hidden`](spot_core::BlockStats::hidden)) in [`ScoreContext::stale`]: the
+    /// decoder then asks every forward for them
+    /// ([`StatsQuery::hidden_states`](spot_core::StatsQuery::hidden_states)). `false` by
+    /// default.
+    fn wants_hidden_states(&self) -> bool {
+        false
+    }
+
     /// Optionally replaces the token hypotheses `H(s)` for `position` of the `i`-th node.
     /// Return `true` after writing `(token, probability)` pairs into `out`; the default returns
     /// `false` and the builder uses the stale choice (and the hedge).

@@ -1,0 +1,540 @@
+//! The MRP baseline (multi-token residual prediction, Xu et al., arXiv 2605.18817): a small
+//! module on top of an SDAR target that predicts how the target's logits move when more of a
+//! block is committed, so that a chain of drafts needs no target forward between its steps.
+//!
+//! The module reads the target's final hidden states `h` of a block (after the final norm, the
+//! stale statistics' [`BlockStats::hidden`]) and the block's current tokens, and returns a
+//! residual in hidden space:
+//!
+//! `h_C = norm(layers(W [enorm(embed(ids)); hnorm(h)]))`, logits `head(h + h_C)`
+//!
+//! with `layers` decoder layers of the target's own shape attending bidirectionally within the
+//! block, and the target's embedding and head (frozen in training). Applied recursively along
+//! a chain: the step at a node reads `h_A + Σ h_C` of its ancestors and the node's tokens.
+//! [`MrpScorer`] drafts with it under the shared verifier: at every node the target's own rule
+//! (the most confident masked position with its choice, under the coupled noise at `T > 0`)
+//! applied to the corrected logits, one child per node, so the tree is MRP's chain.
+//!
+//! Files: `mrp.safetensors` (the module's tensors: `mrp.enorm`, `mrp.hnorm`, `mrp.eh_proj`,
+//! `mrp.layers.N.*` with the Qwen3 layer names, `mrp.norm`) and `mrp.json` ([`MrpFile`]) next
+//! to it, written by `tools/mrp/train_mrp.py`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use burn_tensor::backend::Backend;
+use burn_tensor::{Int, Tensor, TensorData};
+use serde::Deserialize;
+use spot_core::{BlockStats, TokenId};
+use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
+
+use crate::attention::Attend;
+use crate::config::DecoderConfig;
+use crate::dense::{DenseNames, QWEN_NAMES, dense_net};
+use crate::error::{ModelError, Result};
+use crate::head::host_values;
+use crate::hf::{Weights, read_json};
+use crate::loader::Loader;
+use crate::precision::Precision;
+use crate::transformer::{Net, Segment, rms_norm};
+
+/// File name of a model folder's default MRP module description (`mrp.safetensors` next to
+/// it holds the weights).
+pub const DEFAULT_MRP: &str = "mrp.json";
+
+/// The format name in [`MrpFile`].
+pub const MRP_FORMAT: &str = "spot-mrp";
+
+/// The most decoder layers an MRP module may declare.
+const MAX_LAYERS: usize = 64;
+
+/// The tensor names of the module's layers (the embedding and head are the target's).
+const MRP_NAMES: DenseNames = DenseNames {
+    norm: "mrp.norm.weight",
+    layer: "mrp.layers.{n}.",
+    ..QWEN_NAMES
+};
+
+/// What `mrp.json` holds.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MrpFile {
+    /// Always [`MRP_FORMAT`].
+    pub format: String,
+    /// Format version (1).
+    pub version: u32,
+    /// Decoder layers of the module.
+    pub layers: usize,
+    /// Parameters of the module (its own tensors).
+    pub parameters: usize,
+    /// Free text.
+    #[serde(default)]
+    pub description: String,
+    /// The training record (kept as written; not read).
+    #[serde(default)]
+    pub training: serde_json::Value,
+    /// A reference output of the module on one held-out state (the tests recompute it).
+    #[serde(default)]
+    pub reference: Option<MrpReference>,
+}
+
+/// One state and the trainer's corrected logits for it.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MrpReference {
+    /// Prefix and block tokens (the block is the last `block_size`).
+    pub ids: Vec<TokenId>,
+    /// Corrected logits at some masked positions of the block.
+    pub positions: Vec<ReferencePosition>,
+}
+
+/// The top corrected logits at one block position.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ReferencePosition {
+    /// Position in the block.
+    pub position: usize,
+    /// Token ids, largest logit first.
+    pub ids: Vec<TokenId>,
+    /// Their logits.
+    pub logits: Vec<f32>,
+}
+
+/// The MRP module on backend `B`, with the target's embedding and head.
+///
+/// ```no_run
+/// use spot_models::{CpuBackend, Mrp};
+/// let dir = std::path::Path::new("models/sdar-tiny-code");
+/// let mrp = Mrp::<CpuBackend>::load(dir, &dir.join("mrp.json"), &Default::default())?;
+/// println!("{} layers", mrp.file().layers);
+/// # Ok::<(), spot_models::ModelError>(())
+/// ```
+pub struct Mrp<B: Backend> {
+    net: Net<B>,
+    enorm: Tensor<B, 2>,
+    hnorm: Tensor<B, 2>,
+    eh_proj: Tensor<B, 2>,
+    file: MrpFile,
+    hidden: usize,
+    vocab: usize,
+}
+
+impl<B: Backend> std::fmt::Debug for Mrp<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mrp")
+            .field("layers", &self.file.layers)
+            .field("hidden", &self.hidden)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Mrp<B> {
+    /// Loads the module described by `file` (`mrp.json`; weights in `mrp.safetensors` next to
+    /// it) for the SDAR target folder `target` (its `config.json` gives the layers' shape, its
+    /// weights the embedding and head). f32 weights.
+    pub fn load(target: &Path, file: &Path, device: &B::Device) -> Result<Self> {
+        let meta: MrpFile = read_json(file)?;
+        let bad = |field: &'static str, reason: String| ModelError::InvalidConfig {
+            path: file.to_path_buf(),
+            field,
+            reason,
+        };
+        if meta.format != MRP_FORMAT {
+            return Err(bad(
+                "format",
+                format!("expected {MRP_FORMAT:?}, got {:?}", meta.format),
+            ));
+        }
+        if meta.version != 1 {
+            return Err(bad(
+                "version",
+                format!("this build reads version 1, got {}", meta.version),
+            ));
+        }
+        if meta.layers == 0 || meta.layers > MAX_LAYERS {
+            return Err(bad(
+                "layers",
+                format!("must be in [1, {MAX_LAYERS}], got {}", meta.layers),
+            ));
+        }
+        let (cfg, path) = DecoderConfig::read(target)?;
+        cfg.check(&path, &["sdar", "qwen3"])?;
+        let weights = Weights::open(target)?.with_file(&mrp_weights_path(file))?;
+        let mut spec = cfg.dense_spec(false, true);
+        spec.layers = meta.layers;
+        let net = dense_net(&spec, &MRP_NAMES, &weights, (device, Precision::F32))?;
+        let ld = Loader::<B> {
+            weights: &weights,
+            device: device.clone(),
+            dtype: Precision::F32.resolve::<B>(&weights, device)?,
+        };
+        let h = cfg.hidden_size;
+        Ok(Self {
+            enorm: ld.row("mrp.enorm.weight", h)?,
+            hnorm: ld.row("mrp.hnorm.weight", h)?,
+            eh_proj: ld.linear("mrp.eh_proj.weight", h, 2 * h)?,
+            net,
+            file: meta,
+            hidden: h,
+            vocab: cfg.vocab_size,
+        })
+    }
+
+    /// The description file.
+    pub fn file(&self) -> &MrpFile {
+        &self.file
+    }
+
+    /// Width of the hidden states it reads.
+    pub fn hidden_size(&self) -> usize {
+        self.hidden
+    }
+
+    /// Vocabulary size of the head.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab
+    }
+
+    /// One step over `n` states of a block of `len` positions: `ids` their tokens (`n * len`),
+    /// `hidden` the hidden states it reads (`n * len * hidden_size`: the target's, plus the
+    /// residuals of the earlier steps of a chain). Returns the residuals `h_C`, same layout.
+    pub fn step(&self, ids: &[TokenId], hidden: &[f32], n: usize, len: usize) -> Result<Vec<f32>> {
+        let rows = n * len;
+        let h = self.hidden;
+        if ids.len() != rows || hidden.len() != rows * h {
+            return Err(ModelError::Request(format!(
+                "MRP step over {n} x {len} positions got {} ids and {} hidden values",
+                ids.len(),
+                hidden.len()
+            )));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(ModelError::Request(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.vocab
+            )));
+        }
+        let device = &self.net.device;
+        let dtype = self.net.dtype;
+        let ids: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), device);
+        let e = self.net.embed.clone().select(0, ids);
+        let x = Tensor::<B, 2>::from_data(TensorData::new(hidden.to_vec(), [rows, h]), device)
+            .cast(dtype);
+        let eps = self.net.geo.eps;
+        let x = Tensor::cat(
+            vec![rms_norm(e, &self.enorm, eps), rms_norm(x, &self.hnorm, eps)],
+            1,
+        )
+        .matmul(self.eh_proj.clone());
+        let segment = Segment {
+            n,
+            len,
+            start: 0,
+            cache: &[],
+            after: None,
+        };
+        let (out, _) = self.net.run_embedded(x, &[segment], Attend::Bidirectional);
+        Ok(host_values(out))
+    }
+
+    /// The head's logits of `rows` hidden states (`rows * hidden_size` values), row-major.
+    pub fn logits(&self, hidden: &[f32], rows: usize) -> Vec<f32> {
+        let t = Tensor::<B, 2>::from_data(
+            TensorData::new(hidden.to_vec(), [rows, self.hidden]),
+            &self.net.device,
+        )
+        .cast(self.net.dtype);
+        self.net.head.logits_host(t).into_vec()
+    }
+}
+
+/// `mrp.safetensors` next to the description file `file`.
+pub fn mrp_weights_path(file: &Path) -> PathBuf {
+    file.with_file_name("mrp.safetensors")
+}
+
+/// The target's rule on one row of logits: the choice (`argmax(l / T + G)`, `argmax l` at
+/// `T = 0`, never the mask) and its tempered probability.
+fn choose(row: &[f32], mask: TokenId, temperature: f32, noise: Option<&[f32]>) -> (TokenId, f32) {
+    let t = if temperature > 0.0 { temperature } else { 1.0 };
+    let mut best = (0usize, f32::NEG_INFINITY);
+    let mut max = f32::NEG_INFINITY;
+    for (v, &l) in row.iter().enumerate() {
+        if v == mask as usize {
+            continue;
+        }
+        let z = l / t;
+        max = max.max(z);
+        let score = match noise {
+            Some(g) if temperature > 0.0 => z + g[v],
+            _ => z,
+        };
+        if score > best.1 {
+            best = (v, score);
+        }
+    }
+    let sum: f64 = row
+        .iter()
+        .enumerate()
+        .filter(|(v, _)| *v != mask as usize)
+        .map(|(_, &l)| f64::from(l / t - max).exp())
+        .sum();
+    let p = f64::from(row[best.0] / t - max).exp() / sum;
+    (best.0 as TokenId, p as f32)
+}
+
+/// One scored node: the residual it accumulated and its choice per block position (`None`
+/// where committed).
+struct Scored {
+    acc: Vec<f32>,
+    choice: Vec<Option<(TokenId, f32)>>,
+}
+
+/// MRP's drafts as an [`OrderScorer`]: at every node, the position the target's rule picks
+/// under the corrected logits (score 1, every other position 0) and its choice as the only
+/// token hypothesis, so the best-first builder grows one chain of `D` nodes. Where the stale
+/// statistics carry no hidden states (a block's first forward served by a look-ahead), it
+/// falls back to the stale statistics (the SSD chain's rule).
+pub struct MrpScorer<B: Backend> {
+    mrp: std::sync::Arc<Mrp<B>>,
+    memo: HashMap<Vec<TokenId>, Scored>,
+    fallback: bool,
+    steps: u64,
+    noise_row: Vec<f32>,
+}
+
+impl<B: Backend> std::fmt::Debug for MrpScorer<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MrpScorer")
+            .field("mrp", &self.mrp)
+            .field("steps", &self.steps)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> MrpScorer<B> {
+    /// A scorer drafting with `mrp` (shared: one module serves every decoder).
+    pub fn new(mrp: std::sync::Arc<Mrp<B>>) -> Self {
+        Self {
+            mrp,
+            memo: HashMap::new(),
+            fallback: false,
+            steps: 0,
+            noise_row: Vec::new(),
+        }
+    }
+
+    /// Module steps run so far (one per drafted node).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    fn error(&self, reason: impl Into<String>) -> TreeError {
+        TreeError::Scorer {
+            scorer: "mrp".to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The stale hidden states, checked against the block.
+    fn stale_hidden<'s>(&self, stale: &'s BlockStats, l: usize) -> Result<&'s [f32], TreeError> {
+        let Some((dim, values)) = stale.hidden() else {
+            return Ok(&[]);
+        };
+        if dim != self.mrp.hidden || values.len() != l * dim {
+            return Err(self.error(format!(
+                "hidden states of width {dim} ({} values) for a block of {l}; the module reads \
+                 width {}",
+                values.len(),
+                self.mrp.hidden
+            )));
+        }
+        Ok(values)
+    }
+}
+
+impl<B: Backend> OrderScorer for MrpScorer<B> {
+    fn name(&self) -> &str {
+        "mrp"
+    }
+
+    fn wants_hidden_states(&self) -> bool {
+        true
+    }
+
+    fn score(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), TreeError> {
+        let l = ctx.root.len();
+        let mask = nodes.mask_id();
+        if nodes.is_empty() {
+            return Ok(());
+        }
+        if nodes.depth(0) == 0 {
+            self.memo.clear();
+        }
+        let base = self.stale_hidden(ctx.stale, l)?;
+        self.fallback = base.is_empty();
+        if self.fallback {
+            // The stale rule: the most confident masked position.
+            for i in 0..nodes.len() {
+                let best = best_position(nodes.tokens(i), mask, |s| ctx.stale.token_prob(s));
+                if let Some(s) = best {
+                    out[i * l + s] = 1.0;
+                }
+            }
+            return Ok(());
+        }
+        let h = self.mrp.hidden;
+        // 1. Each node's input: the stale hidden states plus its parent's residuals.
+        let mut ids = Vec::with_capacity(nodes.len() * l);
+        let mut input = Vec::with_capacity(nodes.len() * l * h);
+        let mut parents = Vec::with_capacity(nodes.len());
+        let mut path = Vec::new();
+        for i in 0..nodes.len() {
+            let tokens = nodes.tokens(i);
+            ids.extend_from_slice(tokens);
+            nodes.path(i, &mut path);
+            let parent = path.last().and_then(|c| {
+                let mut p = tokens.to_vec();
+                p[c.position] = mask;
+                self.memo.get(&p).map(|s| s.acc.clone())
+            });
+            let acc = parent.unwrap_or_else(|| vec![0.0; l * h]);
+            input.extend(base.iter().zip(&acc).map(|(a, b)| a + b));
+            parents.push(acc);
+        }
+        let hc = self
+            .mrp
+            .step(&ids, &input, nodes.len(), l)
+            .map_err(|e| self.error(e.to_string()))?;
+        self.steps += nodes.len() as u64;
+        // 2. Corrected logits at the masked positions; the target's rule on them.
+        for (i, mut acc) in parents.into_iter().enumerate() {
+            let tokens = nodes.tokens(i);
+            acc.iter_mut()
+                .zip(&hc[i * l * h..(i + 1) * l * h])
+                .for_each(|(a, c)| *a += c);
+            let masked: Vec<usize> = (0..l).filter(|&s| tokens[s] == mask).collect();
+            if masked.is_empty() {
+                self.memo.insert(
+                    tokens.to_vec(),
+                    Scored {
+                        acc,
+                        choice: vec![None; l],
+                    },
+                );
+                continue;
+            }
+            let mut rows = Vec::with_capacity(masked.len() * h);
+            for &s in &masked {
+                rows.extend(
+                    base[s * h..(s + 1) * h]
+                        .iter()
+                        .zip(&acc[s * h..(s + 1) * h])
+                        .map(|(a, b)| a + b),
+                );
+            }
+            let logits = self.mrp.logits(&rows, masked.len());
+            let v = self.mrp.vocab;
+            let mut choice = vec![None; l];
+            for (r, &s) in masked.iter().enumerate() {
+                let noise = match ctx.noise {
+                    Some(g) if ctx.temperature > 0.0 => {
+                        self.noise_row.resize(v, 0.0);
+                        g.fill_row((ctx.block_start + s) as u64, &mut self.noise_row);
+                        Some(self.noise_row.as_slice())
+                    }
+                    _ => None,
+                };
+                choice[s] = Some(choose(
+                    &logits[r * v..(r + 1) * v],
+                    mask,
+                    ctx.temperature,
+                    noise,
+                ));
+            }
+            let best = best_position(tokens, mask, |s| choice[s].map_or(0.0, |c| c.1));
+            if let Some(s) = best {
+                out[i * l + s] = 1.0;
+            }
+            self.memo.insert(tokens.to_vec(), Scored { acc, choice });
+        }
+        Ok(())
+    }
+
+    fn token_hypotheses(
+        &mut self,
+        _ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        i: usize,
+        position: usize,
+        out: &mut Vec<(TokenId, f32)>,
+    ) -> bool {
+        if self.fallback {
+            return false;
+        }
+        match self
+            .memo
+            .get(nodes.tokens(i))
+            .and_then(|s| s.choice.get(position).copied().flatten())
+        {
+            Some(c) => {
+                out.push(c);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The masked position of `tokens` with the highest `conf` (ties to the lower index).
+fn best_position(tokens: &[TokenId], mask: TokenId, conf: impl Fn(usize) -> f32) -> Option<usize> {
+    let mut best: Option<(usize, f32)> = None;
+    for (s, &t) in tokens.iter().enumerate() {
+        if t != mask {
+            continue;
+        }
+        let c = conf(s);
+        if best.is_none_or(|b| c > b.1) {
+            best = Some((s, c));
+        }
+    }
+    best.map(|b| b.0)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_rule_skips_the_mask_and_reads_the_noise() {
+        let row = [0.0, 2.0, 1.0, 5.0];
+        // Greedy: the mask (3) is never chosen.
+        let (t, p) = choose(&row, 3, 0.0, None);
+        assert_eq!(t, 1);
+        let z: f32 = [0.0f32, 2.0, 1.0].iter().map(|x| x.exp()).sum();
+        assert!((p - 2.0f32.exp() / z).abs() < 1e-6);
+        // At T = 1 the noise can move the choice; the probability is the tempered one.
+        let (t, p) = choose(&row, 3, 1.0, Some(&[3.0, 0.0, 0.0, 0.0]));
+        assert_eq!(t, 0);
+        assert!((p - 1.0 / z).abs() < 1e-6);
+        // T = 2 tempers.
+        let (_, p2) = choose(&row, 3, 2.0, Some(&[0.0; 4]));
+        let z2: f32 = [0.0f32, 1.0, 0.5].iter().map(|x| x.exp()).sum();
+        assert!((p2 - 1.0f32.exp() / z2).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_best_position_is_masked_and_ties_go_low() {
+        let tokens = [9, 0, 0, 9, 0];
+        let conf = [0.9, 0.5, 0.7, 0.9, 0.7];
+        assert_eq!(best_position(&tokens, 0, |s| conf[s]), Some(2));
+        assert_eq!(best_position(&[1, 2], 0, |_| 1.0), None);
+    }
+}

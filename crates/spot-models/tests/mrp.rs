@@ -1,0 +1,172 @@
+//! The MRP baseline on the shipped target: the module reproduces its trainer's output, its
+//! drafts under the shared verifier decode exactly what draft-free decoding does, and bad
+//! files are typed errors naming the file.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use spot_core::{BlockDiffusionModel, BlockState, StatsQuery};
+use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder};
+use spot_models::{CpuBackend, DEFAULT_MRP, ModelError, Mrp, MrpFile, MrpScorer, Sdar};
+
+fn model_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/sdar-tiny-code")
+}
+
+fn load_mrp() -> Mrp<CpuBackend> {
+    let dir = model_dir();
+    Mrp::<CpuBackend>::load(&dir, &dir.join(DEFAULT_MRP), &Default::default())
+        .expect("the shipped MRP module loads")
+}
+
+/// One MRP step on the trainer's held-out state gives the trainer's corrected logits (top 5
+/// ids and values at three masked positions), from the target's own hidden states.
+#[test]
+fn mrp_reproduces_its_trainer() {
+    let dir = model_dir();
+    let file: MrpFile =
+        serde_json::from_str(&std::fs::read_to_string(dir.join(DEFAULT_MRP)).unwrap()).unwrap();
+    let reference = file.reference.expect("mrp.json carries a reference");
+    let mut target = Sdar::<CpuBackend>::load(&dir, &Default::default()).unwrap();
+    let l = 32;
+    let (prefix, block) = reference.ids.split_at(reference.ids.len() - l);
+    let mask = target.info().mask_id;
+    target.reset_prefix(prefix, l).unwrap();
+    let query = StatsQuery {
+        hidden_states: true,
+        ..StatsQuery::new(0.0, 0)
+    };
+    let state = BlockState::from_tokens(block.to_vec(), mask);
+    let stats = target.forward(&[state], &query).unwrap();
+    let (dim, hidden) = stats[0].hidden().expect("hidden states");
+    let mrp = load_mrp();
+    assert_eq!(dim, mrp.hidden_size());
+    let hc = mrp.step(block, hidden, 1, l).unwrap();
+    assert!(!reference.positions.is_empty());
+    for p in &reference.positions {
+        let s = p.position;
+        let row: Vec<f32> = (0..dim)
+            .map(|j| hidden[s * dim + j] + hc[s * dim + j])
+            .collect();
+        let logits = mrp.logits(&row, 1);
+        for (&id, &want) in p.ids.iter().zip(&p.logits) {
+            let got = logits[id as usize];
+            assert!(
+                (got - want).abs() < 2e-3,
+                "position {s}, token {id}: {got} vs the trainer's {want}"
+            );
+        }
+        // The trainer's first id is the corrected argmax here too (the mask aside).
+        let best = (0..logits.len())
+            .filter(|&v| v != mask as usize)
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap();
+        assert_eq!(best as u32, p.ids[0], "position {s}");
+    }
+}
+
+/// MRP's chain under the shared verifier returns draft-free decoding's tokens at T = 0, 1 and
+/// 2, in fewer forwards at T = 0.
+#[test]
+fn mrp_drafting_equals_draft_free() {
+    let dir = model_dir();
+    let mut target = Sdar::<CpuBackend>::load(&dir, &Default::default()).unwrap();
+    let mrp = Arc::new(load_mrp());
+    let prompt: Vec<u32> = (40..75).collect();
+    for temperature in [0.0, 1.0, 2.0] {
+        let cfg = DecodeConfig {
+            block_size: 32,
+            max_new_tokens: 64,
+            temperature,
+            seed: 5,
+            ..DecodeConfig::default()
+        };
+        let df = DraftFreeDecoder::new()
+            .decode(&mut target, &prompt, &cfg)
+            .unwrap();
+        let mut spec = SpotDecoder::builder()
+            .scorer(MrpScorer::new(Arc::clone(&mrp)))
+            .budget(8)
+            .max_depth(8)
+            .hedge(None)
+            .build()
+            .unwrap();
+        let out = spec.decode(&mut target, &prompt, &cfg).unwrap();
+        assert_eq!(out.tokens, df.tokens, "T = {temperature}");
+        if temperature == 0.0 {
+            assert!(
+                out.stats.work.block_forwards < df.stats.work.block_forwards,
+                "{} vs {}",
+                out.stats.work.block_forwards,
+                df.stats.work.block_forwards
+            );
+        }
+    }
+}
+
+/// Damaged or foreign files are typed errors naming the file.
+#[test]
+fn bad_mrp_files_are_named_errors() {
+    let dir = model_dir();
+    let tmp = std::env::temp_dir().join(format!("spot-mrp-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let good = std::fs::read_to_string(dir.join(DEFAULT_MRP)).unwrap();
+    let weights = std::fs::read(dir.join("mrp.safetensors")).unwrap();
+    let device = Default::default();
+    let load = |json: &str, w: Option<&[u8]>| {
+        let file = tmp.join(DEFAULT_MRP);
+        std::fs::write(&file, json).unwrap();
+        let wpath = tmp.join("mrp.safetensors");
+        let _ = std::fs::remove_file(&wpath);
+        if let Some(w) = w {
+            std::fs::write(&wpath, w).unwrap();
+        }
+        Mrp::<CpuBackend>::load(&dir, &file, &device).map(|_| ())
+    };
+    let edit = |field: &str, value: serde_json::Value| {
+        let mut v: serde_json::Value = serde_json::from_str(&good).unwrap();
+        v[field] = value;
+        v.to_string()
+    };
+    let field = |e: ModelError| match e {
+        ModelError::InvalidConfig { field, path, .. } => {
+            assert!(path.ends_with(DEFAULT_MRP));
+            field
+        }
+        other => panic!("expected InvalidConfig, got {other}"),
+    };
+    assert!(load(&good, Some(&weights)).is_ok());
+    assert_eq!(
+        field(load(&edit("format", "x".into()), Some(&weights)).unwrap_err()),
+        "format"
+    );
+    assert_eq!(
+        field(load(&edit("version", 2.into()), Some(&weights)).unwrap_err()),
+        "version"
+    );
+    assert_eq!(
+        field(load(&edit("layers", 0.into()), Some(&weights)).unwrap_err()),
+        "layers"
+    );
+    // An unknown field, a missing weights file, truncated weights, too many layers for the
+    // weights: each names its file or tensor.
+    let msg = load(&edit("surprise", 1.into()), Some(&weights))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("surprise") && msg.contains(DEFAULT_MRP),
+        "{msg}"
+    );
+    let msg = load(&good, None).unwrap_err().to_string();
+    assert!(msg.contains("mrp.safetensors"), "{msg}");
+    let msg = load(&good, Some(&weights[..weights.len() / 2]))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("mrp.safetensors"), "{msg}");
+    let msg = load(&edit("layers", 3.into()), Some(&weights))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("mrp.layers.1."), "{msg}");
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

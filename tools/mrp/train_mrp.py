@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""Trains the MRP baseline (multi-token residual prediction, arXiv 2605.18817) for an
+SDAR-format target: a small module that reads the target's final hidden states `h_A` of a
+block and the block's current tokens, and predicts the hidden-space residual that turns the
+stale logits `A = head(h_A)` into the logits of the state one commit later,
+`head(h_A + h_C)` (`head` is the target's own, frozen).
+
+    python tools/mrp/train_mrp.py --target models/sdar-tiny-code --data ../shared/data \
+        --out models/sdar-tiny-code --minutes 20
+
+Module (as the paper's code builds it): `h_C = norm(layers(W [enorm(embed(ids)); hnorm(h)]))`
+with `layers` decoder layers of the target's own shape attending bidirectionally within the
+block (the prefix reaches it only through `h`). Applied recursively for a chain of drafts:
+step `k` reads `h_A + Σ_{i<k} h_C,i` and the tokens after `k` commits, and its logits are
+`head(h_A + Σ_{i≤k} h_C,i)`.
+
+Training, as the paper: the target frozen; forward KL from the target's logits at the next
+state to the corrected ones, over the positions still masked, `--steps-ahead` recursive steps
+(the paper trains 1-3). Two choices differ, both to make the baseline stronger for exact
+single-commit decoding: the text is training-side ground truth (GSM8K train, MBPP 601-974),
+noised per block as SDAR's recipe does, and each step commits what the target itself would
+(the most confident masked position with its choice; the paper reveals a random position
+with its ground-truth token).
+
+Writes OUT/mrp.safetensors (the module's tensors, `mrp.` names) and OUT/mrp.json (shape,
+training record, a reference output the Rust tests compare with). Resumes from
+OUT/mrp-train.pt. Never add evaluation prompts (GSM8K test, HumanEval, MATH-500, MBPP 11-510).
+"""
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3DecoderLayer,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+)
+
+FORMAT = "spot-mrp"
+NEG = -1e30
+
+
+def load_target(folder: Path):
+    cfg = json.loads((folder / "config.json").read_text())
+    keep = {k: cfg[k] for k in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act",
+        "max_position_embeddings", "rms_norm_eps", "rope_theta", "attention_bias",
+        "tie_word_embeddings")}
+    qc = Qwen3Config(**keep, attention_dropout=0.0, use_sliding_window=False, use_cache=False)
+    qc._attn_implementation = "eager"
+    model = Qwen3ForCausalLM(qc).to(torch.float32)
+    state = load_file(str(folder / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [m for m in missing if m != "lm_head.weight"]:
+        raise SystemExit(f"target weights do not fit: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.eval().requires_grad_(False)
+    return model, cfg
+
+
+class Mrp(torch.nn.Module):
+    def __init__(self, qc, layers: int):
+        super().__init__()
+        h = qc.hidden_size
+        self.enorm = Qwen3RMSNorm(h, eps=qc.rms_norm_eps)
+        self.hnorm = Qwen3RMSNorm(h, eps=qc.rms_norm_eps)
+        self.eh_proj = torch.nn.Linear(2 * h, h, bias=False)
+        self.layers = torch.nn.ModuleList(Qwen3DecoderLayer(qc, i) for i in range(layers))
+        self.norm = Qwen3RMSNorm(h, eps=qc.rms_norm_eps)
+        self.rotary = Qwen3RotaryEmbedding(qc)
+        for p in self.layers.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+        torch.nn.init.normal_(self.eh_proj.weight, std=0.02)
+        with torch.no_grad():
+            self.norm.weight.fill_(0.1)  # start near the stale logits
+
+    def forward(self, emb, h):
+        b, n, _ = emb.shape
+        x = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(h)], -1))
+        pos = torch.arange(n)[None].expand(b, n)
+        pe = self.rotary(x, pos)
+        full = torch.zeros(b, 1, n, n)  # bidirectional within the block
+        for layer in self.layers:
+            out = layer(x, attention_mask=full, position_ids=pos, position_embeddings=pe)
+            x = out[0] if isinstance(out, tuple) else out
+        return self.norm(x)
+
+
+def docs(data: Path, tok: Tokenizer):
+    out = []
+    for line in (data / "gsm8k_train.jsonl").open():
+        r = json.loads(line)
+        out.append(r["question"] + "\n" + r["answer"])
+    for r in [json.loads(line) for line in (data / "mbpp.jsonl").open()][600:974]:
+        out.append(r["text"].strip() + "\n" + r["code"])
+    return [tok.encode(d).ids for d in out]
+
+
+def stream(ids_list, eot: int):
+    s = []
+    for ids in ids_list:
+        s.extend(ids)
+        s.append(eot)
+    return torch.tensor(s)
+
+
+def block_causal(n: int, block: int):
+    b = torch.arange(n) // block
+    return torch.zeros(n, n).masked_fill(~(b[None, :] <= b[:, None]), float("-inf"))[None, None]
+
+
+class Batches:
+    def __init__(self, data, block, prefix_blocks, steps, rng):
+        self.data, self.block, self.pb, self.steps, self.rng = data, block, prefix_blocks, steps, rng
+
+    def sample(self, b: int, mask_id: int):
+        n = (self.pb + 1) * self.block
+        starts = [self.rng.randrange(0, len(self.data) - n) for _ in range(b)]
+        x0 = torch.stack([self.data[s:s + n] for s in starts])
+        t = torch.tensor([self.rng.uniform(0.05, 1.0) for _ in range(b)])
+        g = torch.Generator().manual_seed(self.rng.randrange(1 << 30))
+        blk = torch.rand(b, self.block, generator=g) < t[:, None]
+        for i in range(b):  # at least steps + 1 masked positions
+            while int(blk[i].sum()) < self.steps + 1:
+                blk[i, self.rng.randrange(self.block)] = True
+        xt = x0.clone()
+        xt[:, -self.block:][blk] = mask_id
+        return xt
+
+
+def block_forward(target, ids, mask4d, block):
+    n = ids.shape[1]
+    h = target.model(input_ids=ids, attention_mask=mask4d.expand(ids.shape[0], 1, n, n),
+                     position_ids=torch.arange(n)[None].expand(ids.shape[0], n)).last_hidden_state
+    return h[:, -block:]
+
+
+def masked_logits(target, h, mask_id):
+    lg = target.lm_head(h)
+    lg[..., mask_id] = NEG
+    return lg
+
+
+def commit(lg, state, mask_id):
+    """The target's own step: the most confident masked position with its choice."""
+    conf, tok = torch.softmax(lg, -1).max(-1)
+    conf = conf.masked_fill(state != mask_id, -1.0)
+    s = conf.argmax(-1)
+    rows = torch.arange(state.shape[0])
+    new = state.clone()
+    new[rows, s] = tok[rows, s]
+    return new, s, tok[rows, s]
+
+
+def run(target, mrp, xt, a, steps, train: bool):
+    """Returns the loss and, per step, how often the corrected and the stale logits name the
+    target's next commit (position and token)."""
+    mask_id, block = a.mask_id, a.block
+    mask4d = block_causal(xt.shape[1], block)
+    with torch.no_grad():
+        ha = block_forward(target, xt, mask4d, block)
+        stale = masked_logits(target, ha, mask_id)
+    state, true_lg = xt[:, -block:], stale
+    acc = torch.zeros_like(ha)
+    loss, hits = 0.0, []
+    for _ in range(steps):
+        state, _, _ = commit(true_lg, state, mask_id)
+        with torch.no_grad():
+            ids = torch.cat([xt[:, :-block], state], 1)
+            true_lg = masked_logits(target, block_forward(target, ids, mask4d, block), mask_id)
+        emb = target.model.embed_tokens(state)
+        acc = acc + mrp(emb, ha + acc)
+        pred = masked_logits(target, ha + acc, mask_id)
+        still = state == mask_id
+        kl = torch.sum(torch.softmax(true_lg, -1) * (torch.log_softmax(true_lg, -1)
+                                                      - torch.log_softmax(pred, -1)), -1)
+        loss = loss + (kl * still).sum() / still.sum() / steps
+        with torch.no_grad():
+            _, s_true, v_true = commit(true_lg, state, mask_id)
+            _, s_pred, v_pred = commit(pred, state, mask_id)
+            _, s_old, v_old = commit(stale, state, mask_id)
+            hits.append(((s_pred == s_true) & (v_pred == v_true)).float().mean().item())
+            hits.append(((s_old == s_true) & (v_old == v_true)).float().mean().item())
+        if not train:
+            acc = acc.detach()
+    return loss, hits
+
+
+def export(mrp, qc, out: Path, a, record, target, held):
+    tensors = {}
+    for k, v in mrp.state_dict().items():
+        if k.startswith("rotary"):
+            continue
+        tensors["mrp." + k] = v.detach().contiguous()
+    save_file(tensors, str(out / "mrp.safetensors"))
+    # A reference the Rust tests recompute: one held-out state, its stale hidden states from the
+    # target, one MRP step; the top-5 corrected logits at the first three masked positions.
+    xt = held[:1]
+    with torch.no_grad():
+        mask4d = block_causal(xt.shape[1], a.block)
+        ha = block_forward(target, xt, mask4d, a.block)
+        state = xt[:, -a.block:]
+        hc = mrp(target.model.embed_tokens(state), ha)
+        lg = masked_logits(target, ha + hc, a.mask_id)[0]
+    ref = []
+    for s in [i for i in range(a.block) if int(state[0, i]) == a.mask_id][:3]:
+        v, i = lg[s].topk(5)
+        ref.append({"position": s, "ids": i.tolist(), "logits": [float(x) for x in v]})
+    meta = {
+        "format": FORMAT,
+        "version": 1,
+        "layers": a.layers,
+        "parameters": sum(t.numel() for t in tensors.values()),
+        "description": "MRP baseline (arXiv 2605.18817) trained by tools/mrp/train_mrp.py",
+        "training": record,
+        "reference": {"ids": xt[0].tolist(), "positions": ref},
+    }
+    (out / "mrp.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", type=Path, required=True)
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--steps-ahead", type=int, default=2)
+    ap.add_argument("--prefix-blocks", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--minutes", type=float, default=20.0)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    target, cfg = load_target(a.target)
+    a.block, a.mask_id = cfg["block_size"], cfg["mask_token_id"]
+    tok = Tokenizer.from_file(str(a.target / "tokenizer.json"))
+    ids = docs(a.data, tok)
+    random.Random(a.seed).shuffle(ids)
+    cut = max(1, len(ids) // 20)
+    eot = cfg.get("eos_token_id", a.mask_id - 2)
+    train = Batches(stream(ids[cut:], eot), a.block, a.prefix_blocks, a.steps_ahead,
+                    random.Random(a.seed + 1))
+    held = Batches(stream(ids[:cut], eot), a.block, a.prefix_blocks, a.steps_ahead,
+                   random.Random(a.seed + 2)).sample(256, a.mask_id)
+    mrp = Mrp(target.config, a.layers)
+    opt = torch.optim.AdamW(mrp.parameters(), lr=a.lr, weight_decay=0.0)
+    a.out.mkdir(parents=True, exist_ok=True)
+    ckpt = a.out / "mrp-train.pt"
+    step, spent, log = 0, 0.0, []
+    if ckpt.exists():
+        st = torch.load(ckpt)
+        mrp.load_state_dict(st["mrp"])
+        opt.load_state_dict(st["opt"])
+        step, spent, log = st["step"], st["spent"], st["log"]
+        print(f"resumed at step {step} ({spent / 60:.1f} min)", flush=True)
+    budget = a.minutes * 60
+    total_est = max(1, int(budget / max(1e-3, spent / step))) if step else None
+    t0 = time.time() - spent
+    best = None
+    while time.time() - t0 < budget:
+        frac = (time.time() - t0) / budget
+        for g in opt.param_groups:
+            g["lr"] = a.lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * frac))
+        mrp.train()
+        loss, _ = run(target, mrp, train.sample(a.batch, a.mask_id), a, a.steps_ahead, True)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(mrp.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % a.eval_every == 0 or time.time() - t0 >= budget:
+            mrp.eval()
+            with torch.no_grad():
+                hl, hits = run(target, mrp, held, a, a.steps_ahead, False)
+            rec = {"step": step, "minutes": round((time.time() - t0) / 60, 2),
+                   "train_kl": round(loss.item(), 4), "heldout_kl": round(hl.item(), 4),
+                   "next_commit_mrp": [round(h, 4) for h in hits[0::2]],
+                   "next_commit_stale": [round(h, 4) for h in hits[1::2]]}
+            log.append(rec)
+            print(json.dumps(rec), flush=True)
+            if best is None or rec["heldout_kl"] < best["heldout_kl"]:
+                best = rec
+                record = {"log": log, "kept": rec, "args": {k: str(v) for k, v in vars(a).items()},
+                          "total_steps_estimate": total_est}
+                export(mrp, target.config, a.out, a, record, target, held)
+            torch.save({"mrp": mrp.state_dict(), "opt": opt.state_dict(), "step": step,
+                        "spent": time.time() - t0, "log": log}, ckpt)
+    print(f"done: {step} steps; kept step {best['step'] if best else None}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
