@@ -447,6 +447,98 @@ fn lookup_store() {
     );
 }
 
+/// The MRP baseline's module for the sdar-tiny fixture (its layer 0 and norms renamed, a small
+/// fusion matrix), next to the fixture's own files.
+fn mrp_seed(file: &str, format: Format) -> Vec<Seed> {
+    let dir = workdir(&fixture("sdar-tiny"), FOLDER);
+    let w = spot_models::hf::Weights::open(&dir).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut put = |name: String, shape: Vec<usize>, values: Vec<f32>| {
+        tensors.push((
+            name,
+            shape,
+            values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        ));
+    };
+    for (part, shape) in [
+        ("input_layernorm", vec![64]),
+        ("self_attn.q_proj", vec![64, 64]),
+        ("self_attn.k_proj", vec![32, 64]),
+        ("self_attn.v_proj", vec![32, 64]),
+        ("self_attn.o_proj", vec![64, 64]),
+        ("self_attn.q_norm", vec![16]),
+        ("self_attn.k_norm", vec![16]),
+        ("post_attention_layernorm", vec![64]),
+        ("mlp.gate_proj", vec![128, 64]),
+        ("mlp.up_proj", vec![128, 64]),
+        ("mlp.down_proj", vec![64, 128]),
+    ] {
+        let v = w
+            .load_f32(&format!("model.layers.0.{part}.weight"), &shape)
+            .unwrap();
+        put(format!("mrp.layers.0.{part}.weight"), shape, v);
+    }
+    let norm = w.load_f32("model.norm.weight", &[64]).unwrap();
+    for n in ["enorm", "hnorm", "norm"] {
+        put(format!("mrp.{n}.weight"), vec![64], norm.clone());
+    }
+    let eh: Vec<f32> = (0..64 * 128)
+        .map(|i| 0.01 * (i % 7) as f32 - 0.03)
+        .collect();
+    put("mrp.eh_proj.weight".into(), vec![64, 128], eh);
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, shape, bytes)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .unwrap();
+            (n.clone(), view)
+        })
+        .collect();
+    std::fs::write(
+        dir.join("mrp.safetensors"),
+        safetensors::serialize(views, None).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join(spot_models::DEFAULT_MRP),
+        r#"{"format": "spot-mrp", "version": 1, "layers": 1, "parameters": 57536, "description": "tiny"}"#,
+    )
+    .unwrap();
+    let load: harness::LoadFn = |d| {
+        spot_models::Mrp::<CpuBackend>::load(
+            d,
+            &d.join(spot_models::DEFAULT_MRP),
+            &Default::default(),
+        )
+        .map(drop)
+        .map_err(kind)
+    };
+    assert!(load(&dir).is_ok(), "the seed loads");
+    vec![Seed {
+        dir,
+        file: file.into(),
+        format,
+        load,
+    }]
+}
+
+#[test]
+fn mrp_module_file() {
+    run(
+        "MRP module file",
+        mrp_seed(spot_models::DEFAULT_MRP, Format::Json),
+    );
+}
+
+#[test]
+fn mrp_module_weights() {
+    run(
+        "MRP module weights",
+        mrp_seed("mrp.safetensors", Format::Safetensors),
+    );
+}
+
 /// A trajectory directory: one recorded sample and its manifest.
 fn trajectory_dir() -> PathBuf {
     use spot_core::toy::{ToyConfig, ToyModel};

@@ -672,15 +672,15 @@ fn bench_runs_every_method_and_agrees_with_draft_free() {
     assert_eq!(groups.len(), 4, "one group per temperature and protocol");
     for g in groups {
         let rows = g["rows"].as_array().unwrap();
-        // df + 6 speculative methods x 2 budgets
-        assert_eq!(rows.len(), 13);
+        // df + 7 speculative methods (mrp included) x 2 budgets
+        assert_eq!(rows.len(), 15);
         for r in rows {
             assert_eq!(r["equal"], r["samples"], "{r}");
             assert!(r["mean_nfe"].as_f64().unwrap() > 0.0);
         }
     }
     let lines = std::fs::read_to_string(dir.join("samples.jsonl")).unwrap();
-    assert_eq!(lines.lines().count(), 52);
+    assert_eq!(lines.lines().count(), 60);
     assert!(
         std::fs::read_to_string(dir.join("bench.svg"))
             .unwrap()
@@ -688,6 +688,7 @@ fn bench_runs_every_method_and_agrees_with_draft_free() {
     );
     let md = std::fs::read_to_string(dir.join("bench.md")).unwrap();
     assert!(md.contains("| spot-gamma | 6 | 1/1 |"), "{md}");
+    assert!(md.contains("| mrp | 6 | 1/1 |"), "{md}");
     let _ = std::fs::remove_dir_all(&dir);
 
     // Bad input: a zero budget and an inexact method are refused.
@@ -755,6 +756,7 @@ fn bench_skips_default_methods_the_folder_cannot_run() {
         ("spiffy", "spiffy-graph.json"),
         ("spot", "spot-drafter.safetensors"),
         ("spot-gamma", "spot-drafter.safetensors"),
+        ("mrp", "mrp.json"),
     ] {
         assert!(
             err.contains(&format!("spot bench: skipped {method}: no {file}")),
@@ -770,7 +772,7 @@ fn bench_skips_default_methods_the_folder_cannot_run() {
         .iter()
         .map(|s| s["method"].as_str().unwrap())
         .collect();
-    assert_eq!(skipped, ["spiffy", "spot", "spot-gamma"]);
+    assert_eq!(skipped, ["spiffy", "spot", "spot-gamma", "mrp"]);
     let rows = summary["groups"][0]["rows"].as_array().unwrap();
     let ran: Vec<&str> = rows.iter().map(|r| r["method"].as_str().unwrap()).collect();
     assert_eq!(ran, ["df", "ssd", "blockspec", "oracle"]);
