@@ -16,11 +16,12 @@ step `k` reads `h_A + Σ_{i<k} h_C,i` and the tokens after `k` commits, and its 
 
 Training, as the paper: the target frozen; forward KL from the target's logits at the next
 state to the corrected ones, over the positions still masked, `--steps-ahead` recursive steps
-(the paper trains 1-3). Two choices differ, both to make the baseline stronger for exact
-single-commit decoding: the text is training-side ground truth (GSM8K train, MBPP 601-974),
-noised per block as SDAR's recipe does, and each step commits what the target itself would
-(the most confident masked position with its choice; the paper reveals a random position
-with its ground-truth token).
+(the paper trains 1-3). The states differ from the paper's, to make the baseline as strong as
+it can be for exact single-commit decoding: each step draws windows of training-side text
+(GSM8K train, MBPP 601-974), decodes each window's last block draft-free with the target (the
+most confident masked position with its choice, one per forward) and trains on random steps of
+those decodes, so the module sees the states and commits it will draft from (the paper masks
+ground-truth text at random and reveals a random position with its ground-truth token).
 
 Writes OUT/mrp.safetensors (the module's tensors, `mrp.` names) and OUT/mrp.json (shape,
 training record, a reference output the Rust tests compare with). Resumes from
@@ -119,23 +120,18 @@ def block_causal(n: int, block: int):
     return torch.zeros(n, n).masked_fill(~(b[None, :] <= b[:, None]), float("-inf"))[None, None]
 
 
-class Batches:
-    def __init__(self, data, block, prefix_blocks, steps, rng):
-        self.data, self.block, self.pb, self.steps, self.rng = data, block, prefix_blocks, steps, rng
+class Windows:
+    """Training-side text windows: `prefix_blocks` clean blocks, then a masked block."""
+
+    def __init__(self, data, block, prefix_blocks, rng):
+        self.data, self.block, self.pb, self.rng = data, block, prefix_blocks, rng
 
     def sample(self, b: int, mask_id: int):
         n = (self.pb + 1) * self.block
         starts = [self.rng.randrange(0, len(self.data) - n) for _ in range(b)]
-        x0 = torch.stack([self.data[s:s + n] for s in starts])
-        t = torch.tensor([self.rng.uniform(0.05, 1.0) for _ in range(b)])
-        g = torch.Generator().manual_seed(self.rng.randrange(1 << 30))
-        blk = torch.rand(b, self.block, generator=g) < t[:, None]
-        for i in range(b):  # at least steps + 1 masked positions
-            while int(blk[i].sum()) < self.steps + 1:
-                blk[i, self.rng.randrange(self.block)] = True
-        xt = x0.clone()
-        xt[:, -self.block:][blk] = mask_id
-        return xt
+        x = torch.stack([self.data[s:s + n] for s in starts])
+        x[:, -self.block:] = mask_id
+        return x
 
 
 def block_forward(target, ids, mask4d, block):
@@ -162,56 +158,78 @@ def commit(lg, state, mask_id):
     return new, s, tok[rows, s]
 
 
-def run(target, mrp, xt, a, steps, train: bool):
+@torch.no_grad()
+def rollout(target, x, a):
+    """Draft-free decoding of each window's block: per step, the state, the target's hidden
+    states and logits there ([B, L] ids, [B, L, H], [B, L, V] per step)."""
+    mask4d = block_causal(x.shape[1], a.block)
+    state = x[:, -a.block:]
+    states, hs, lgs = [], [], []
+    for _ in range(a.block):
+        h = block_forward(target, torch.cat([x[:, :-a.block], state], 1), mask4d, a.block)
+        lg = masked_logits(target, h, a.mask_id)
+        states.append(state)
+        hs.append(h)
+        lgs.append(lg)
+        state, _, _ = commit(lg, state, a.mask_id)
+    return torch.stack(states, 1), torch.stack(hs, 1), torch.stack(lgs, 1)
+
+
+def examples(roll, per_window: int, steps: int, rng: random.Random):
+    """`per_window` random steps `k` of each rollout: the stale hidden states at `k`, then the
+    states and target logits of the `steps` steps after it."""
+    states, hs, lgs = roll
+    b, n = states.shape[0], states.shape[1]
+    rows = [(i, rng.randrange(0, n - steps)) for i in range(b) for _ in range(per_window)]
+    bi = torch.tensor([r[0] for r in rows])
+    ki = torch.tensor([r[1] for r in rows])
+    h = hs[bi, ki]
+    stale = lgs[bi, ki]
+    nxt = [(states[bi, ki + s], lgs[bi, ki + s]) for s in range(1, steps + 1)]
+    return h, stale, nxt
+
+
+def run(target, mrp, ex, a, steps):
     """Returns the loss and, per step, how often the corrected and the stale logits name the
     target's next commit (position and token)."""
-    mask_id, block = a.mask_id, a.block
-    mask4d = block_causal(xt.shape[1], block)
-    with torch.no_grad():
-        ha = block_forward(target, xt, mask4d, block)
-        stale = masked_logits(target, ha, mask_id)
-    state, true_lg = xt[:, -block:], stale
+    ha, stale, nxt = ex
+    mask_id = a.mask_id
     acc = torch.zeros_like(ha)
     loss, hits = 0.0, []
-    for _ in range(steps):
-        state, _, _ = commit(true_lg, state, mask_id)
-        with torch.no_grad():
-            ids = torch.cat([xt[:, :-block], state], 1)
-            true_lg = masked_logits(target, block_forward(target, ids, mask4d, block), mask_id)
+    for state, true_lg in nxt[:steps]:
         emb = target.model.embed_tokens(state)
         acc = acc + mrp(emb, ha + acc)
         pred = masked_logits(target, ha + acc, mask_id)
         still = state == mask_id
         kl = torch.sum(torch.softmax(true_lg, -1) * (torch.log_softmax(true_lg, -1)
                                                       - torch.log_softmax(pred, -1)), -1)
-        loss = loss + (kl * still).sum() / still.sum() / steps
+        loss = loss + (kl * still).sum() / still.sum().clamp_min(1) / steps
         with torch.no_grad():
             _, s_true, v_true = commit(true_lg, state, mask_id)
             _, s_pred, v_pred = commit(pred, state, mask_id)
             _, s_old, v_old = commit(stale, state, mask_id)
             hits.append(((s_pred == s_true) & (v_pred == v_true)).float().mean().item())
             hits.append(((s_old == s_true) & (v_old == v_true)).float().mean().item())
-        if not train:
-            acc = acc.detach()
     return loss, hits
 
 
-def export(mrp, qc, out: Path, a, record, target, held):
+def export(mrp, out: Path, a, record, target, held_x):
     tensors = {}
     for k, v in mrp.state_dict().items():
         if k.startswith("rotary"):
             continue
         tensors["mrp." + k] = v.detach().contiguous()
     save_file(tensors, str(out / "mrp.safetensors"))
-    # A reference the Rust tests recompute: one held-out state, its stale hidden states from the
-    # target, one MRP step; the top-5 corrected logits at the first three masked positions.
-    xt = held[:1]
+    # A reference the Rust tests recompute: one held-out state (four steps into a draft-free
+    # decode of its block), its hidden states from the target, one MRP step on the state one
+    # commit later; the top-5 corrected logits at the first three masked positions.
+    x = held_x[:1]
     with torch.no_grad():
-        mask4d = block_causal(xt.shape[1], a.block)
-        ha = block_forward(target, xt, mask4d, a.block)
-        state = xt[:, -a.block:]
-        hc = mrp(target.model.embed_tokens(state), ha)
-        lg = masked_logits(target, ha + hc, a.mask_id)[0]
+        states, hs, _ = rollout(target, x, a)
+        state = states[:, 5]
+        hc = mrp(target.model.embed_tokens(state), hs[:, 4])
+        lg = masked_logits(target, hs[:, 4] + hc, a.mask_id)[0]
+        ids = torch.cat([x[0, :-a.block], states[0, 4]]).tolist()
     ref = []
     for s in [i for i in range(a.block) if int(state[0, i]) == a.mask_id][:3]:
         v, i = lg[s].topk(5)
@@ -223,7 +241,7 @@ def export(mrp, qc, out: Path, a, record, target, held):
         "parameters": sum(t.numel() for t in tensors.values()),
         "description": "MRP baseline (arXiv 2605.18817) trained by tools/mrp/train_mrp.py",
         "training": record,
-        "reference": {"ids": xt[0].tolist(), "positions": ref},
+        "reference": {"ids": ids, "next": states[0, 5].tolist(), "positions": ref},
     }
     (out / "mrp.json").write_text(json.dumps(meta, indent=1) + "\n")
 
@@ -236,7 +254,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--steps-ahead", type=int, default=2)
     ap.add_argument("--prefix-blocks", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=16, help="text windows per step")
+    ap.add_argument("--per-window", type=int, default=8,
+                    help="training states drawn from each window's draft-free rollout")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--eval-every", type=int, default=250)
@@ -253,10 +273,11 @@ def main() -> None:
     random.Random(a.seed).shuffle(ids)
     cut = max(1, len(ids) // 20)
     eot = cfg.get("eos_token_id", a.mask_id - 2)
-    train = Batches(stream(ids[cut:], eot), a.block, a.prefix_blocks, a.steps_ahead,
-                    random.Random(a.seed + 1))
-    held = Batches(stream(ids[:cut], eot), a.block, a.prefix_blocks, a.steps_ahead,
-                   random.Random(a.seed + 2)).sample(256, a.mask_id)
+    train = Windows(stream(ids[cut:], eot), a.block, a.prefix_blocks, random.Random(a.seed + 1))
+    held_x = Windows(stream(ids[:cut], eot), a.block, a.prefix_blocks,
+                     random.Random(a.seed + 2)).sample(64, a.mask_id)
+    held = examples(rollout(target, held_x, a), 4, a.steps_ahead, random.Random(a.seed + 3))
+    pick = random.Random(a.seed + 4)
     mrp = Mrp(target.config, a.layers)
     opt = torch.optim.AdamW(mrp.parameters(), lr=a.lr, weight_decay=0.0)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -277,7 +298,9 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = a.lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * frac))
         mrp.train()
-        loss, _ = run(target, mrp, train.sample(a.batch, a.mask_id), a, a.steps_ahead, True)
+        roll = rollout(target, train.sample(a.batch, a.mask_id), a)
+        loss, _ = run(target, mrp, examples(roll, a.per_window, a.steps_ahead, pick), a,
+                      a.steps_ahead)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(mrp.parameters(), 1.0)
@@ -286,7 +309,7 @@ def main() -> None:
         if step % a.eval_every == 0 or time.time() - t0 >= budget:
             mrp.eval()
             with torch.no_grad():
-                hl, hits = run(target, mrp, held, a, a.steps_ahead, False)
+                hl, hits = run(target, mrp, held, a, a.steps_ahead)
             rec = {"step": step, "minutes": round((time.time() - t0) / 60, 2),
                    "train_kl": round(loss.item(), 4), "heldout_kl": round(hl.item(), 4),
                    "next_commit_mrp": [round(h, 4) for h in hits[0::2]],
@@ -297,7 +320,7 @@ def main() -> None:
                 best = rec
                 record = {"log": log, "kept": rec, "args": {k: str(v) for k, v in vars(a).items()},
                           "total_steps_estimate": total_est}
-                export(mrp, target.config, a.out, a, record, target, held)
+                export(mrp, a.out, a, record, target, held_x)
             torch.save({"mrp": mrp.state_dict(), "opt": opt.state_dict(), "step": step,
                         "spent": time.time() - t0, "log": log}, ckpt)
     print(f"done: {step} steps; kept step {best['step'] if best else None}", flush=True)

@@ -82,9 +82,11 @@ pub struct MrpFile {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct MrpReference {
-    /// Prefix and block tokens (the block is the last `block_size`).
+    /// Prefix and block tokens of the stale state (the block is the last `block_size`).
     pub ids: Vec<TokenId>,
-    /// Corrected logits at some masked positions of the block.
+    /// The block one commit later: the tokens the module step reads.
+    pub next: Vec<TokenId>,
+    /// Corrected logits at some masked positions of `next`.
     pub positions: Vec<ReferencePosition>,
 }
 
