@@ -16,7 +16,7 @@ use spot_drafter::sets_net::SetsNet;
 use spot_drafter::{
     Calibrated, LearnedScorer, OrderModel, SetsDrafter, SpiffyGraph, SpiffyScorer, TokenCalibration,
 };
-use spot_models::{DEFAULT_MRP, Mrp, MrpScorer};
+use spot_models::{DEFAULT_MRP, Mrp, MrpScorer, MrpTokens};
 
 use crate::Backend;
 
@@ -58,6 +58,9 @@ pub enum Method {
     /// drafted by a small module that corrects the stale logits from the target's hidden
     /// states (`--mrp`, default `MODEL/mrp.json`; `tools/mrp/train_mrp.py`).
     Mrp,
+    /// SPOT's learned order (`--drafter`) with MRP's tokens (`--mrp`): each drafted position
+    /// takes the module's corrected choice instead of the stale one.
+    SpotMrp,
     /// Speculative upper bound: the true future commit positions (from a draft-free pass) with
     /// stale tokens. Its NFE excludes that pass.
     Oracle,
@@ -110,6 +113,7 @@ impl Method {
             Method::SpotAdaptive => "spot-adaptive",
             Method::SpotUnit => "spot-unit",
             Method::Mrp => "mrp",
+            Method::SpotMrp => "spot-mrp",
             Method::Oracle => "oracle",
             Method::OracleToken => "oracle-token",
             Method::OracleJoint => "oracle-joint",
@@ -286,10 +290,16 @@ impl DraftFiles<'_> {
                 let config = spot_drafter::checkpoint::config_path(&weights);
                 vec![path(self.sets_net, DEFAULT_SETS_NET), weights, config]
             }
-            Method::Mrp => {
+            Method::Mrp | Method::SpotMrp => {
                 let file = path(self.mrp, DEFAULT_MRP);
                 let weights = spot_models::mrp_weights_path(&file);
-                vec![file, weights]
+                let mut v = vec![file, weights];
+                if method == Method::SpotMrp {
+                    let drafter = path(self.drafter, DEFAULT_DRAFTER);
+                    let config = spot_drafter::checkpoint::config_path(&drafter);
+                    v.extend([drafter, config]);
+                }
+                v
             }
             _ => Vec::new(),
         }
@@ -307,6 +317,7 @@ impl DraftFiles<'_> {
             }
             Method::SetsNet => self.sets_net.is_some() || self.drafter.is_some(),
             Method::Mrp => self.mrp.is_some(),
+            Method::SpotMrp => self.mrp.is_some() || self.drafter.is_some(),
             _ => false,
         }
     }
@@ -343,7 +354,9 @@ pub fn missing_hint(method: Method) -> &'static str {
             "fit the tables with `spot calibrate-sets`, or pass --sets PATH"
         }
         Method::SetsNet => "train the set drafter with `spot train-sets`, or pass --sets-net PATH",
-        Method::Mrp => "train the module with tools/mrp/train_mrp.py, or pass --mrp PATH",
+        Method::Mrp | Method::SpotMrp => {
+            "train the module with tools/mrp/train_mrp.py (and a drafter for spot-mrp), or pass --mrp PATH"
+        }
         _ => "train a drafter with `spot train-drafter`, or pass --drafter PATH",
     }
 }
@@ -379,6 +392,7 @@ impl Drafters {
                     Method::Spot
                         | Method::SpotGamma
                         | Method::SpotUnit
+                        | Method::SpotMrp
                         | Method::SpotAdaptive
                         | Method::Sets
                         | Method::SetsGamma
@@ -435,7 +449,9 @@ impl Drafters {
         if let Some(p) = first(Method::SetsNet).filter(|_| methods.contains(&Method::SetsNet)) {
             d.sets_net = Some(SetsNet::load(&p)?);
         }
-        if let Some(p) = first(Method::Mrp).filter(|_| methods.contains(&Method::Mrp)) {
+        if let Some(p) = first(Method::Mrp)
+            .filter(|_| methods.contains(&Method::Mrp) || methods.contains(&Method::SpotMrp))
+        {
             d.mrp = Some(Arc::new(
                 Mrp::load(files.dir, &p, &crate::backend::device()?)
                     .with_context(|| format!("loading the MRP module {}", p.display()))?,
@@ -522,6 +538,15 @@ pub fn strategy(
             b.scorer(MrpScorer::new(Arc::clone(m)))
                 .max_depth(settings.budget.max(1))
                 .hedge(None)
+        }
+        Method::SpotMrp => {
+            let (Some(m), Some(net)) = (&drafters.mrp, &drafters.net) else {
+                bail!("--method spot-mrp needs the MRP module and a drafter checkpoint");
+            };
+            b.scorer(MrpTokens::new(
+                LearnedScorer::new(net.clone()),
+                Arc::clone(m),
+            ))
         }
         Method::Blockspec => b.scorer(Calibrated::new(
             StaleConfidenceScorer,

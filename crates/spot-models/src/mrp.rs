@@ -494,6 +494,73 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
     }
 }
 
+/// An order scorer with MRP's tokens: `order` ranks the positions (SPOT's learned order, say)
+/// and the module's corrected logits write the token of every drafted position (its choice,
+/// at its probability), in place of the stale choice.
+pub struct MrpTokens<S, B: Backend> {
+    order: S,
+    mrp: MrpScorer<B>,
+    scratch: Vec<f32>,
+}
+
+impl<S, B: Backend> MrpTokens<S, B> {
+    /// `order`'s positions with `mrp`'s tokens.
+    pub fn new(order: S, mrp: std::sync::Arc<Mrp<B>>) -> Self {
+        Self {
+            order,
+            mrp: MrpScorer::new(mrp),
+            scratch: Vec::new(),
+        }
+    }
+}
+
+impl<S: OrderScorer, B: Backend> OrderScorer for MrpTokens<S, B> {
+    fn name(&self) -> &str {
+        "spot-mrp"
+    }
+
+    fn wants_hidden_states(&self) -> bool {
+        true
+    }
+
+    fn score(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), TreeError> {
+        self.scratch.clear();
+        self.scratch.resize(out.len(), 0.0);
+        self.mrp.score(ctx, nodes, &mut self.scratch)?;
+        self.order.score(ctx, nodes, out)
+    }
+
+    fn token_hypotheses(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        i: usize,
+        position: usize,
+        out: &mut Vec<(TokenId, f32)>,
+    ) -> bool {
+        let start = out.len();
+        if !self.mrp.token_hypotheses(ctx, nodes, i, position, out) {
+            return self.order.token_hypotheses(ctx, nodes, i, position, out);
+        }
+        // The module's token at the order scorer's weight for its first hypothesis (a
+        // calibrated hit rate for SPOT), when it has one.
+        let mut own = Vec::new();
+        if self
+            .order
+            .token_hypotheses(ctx, nodes, i, position, &mut own)
+            && let Some(&(_, w)) = own.first()
+        {
+            out[start].1 = w;
+        }
+        true
+    }
+}
+
 /// The masked position of `tokens` with the highest `conf` (ties to the lower index).
 fn best_position(tokens: &[TokenId], mask: TokenId, conf: impl Fn(usize) -> f32) -> Option<usize> {
     let mut best: Option<(usize, f32)> = None;

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use spot_core::{BlockDiffusionModel, BlockState, StatsQuery};
-use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder};
-use spot_models::{CpuBackend, DEFAULT_MRP, ModelError, Mrp, MrpFile, MrpScorer, Sdar};
+use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
+use spot_models::{CpuBackend, DEFAULT_MRP, ModelError, Mrp, MrpFile, MrpScorer, MrpTokens, Sdar};
 
 fn model_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/sdar-tiny-code")
@@ -68,8 +68,8 @@ fn mrp_reproduces_its_trainer() {
     }
 }
 
-/// MRP's chain under the shared verifier returns draft-free decoding's tokens at T = 0 and 1,
-/// in fewer forwards at T = 0.
+/// MRP's chain, and a tree whose tokens the module writes, under the shared verifier return
+/// draft-free decoding's tokens at T = 0 and 1 (the chain in fewer forwards at T = 0).
 #[test]
 fn mrp_drafting_equals_draft_free() {
     let dir = model_dir();
@@ -79,7 +79,7 @@ fn mrp_drafting_equals_draft_free() {
     for temperature in [0.0, 1.0] {
         let cfg = DecodeConfig {
             block_size: 32,
-            max_new_tokens: 64,
+            max_new_tokens: 48,
             temperature,
             seed: 5,
             ..DecodeConfig::default()
@@ -96,6 +96,14 @@ fn mrp_drafting_equals_draft_free() {
             .unwrap();
         let out = spec.decode(&mut target, &prompt, &cfg).unwrap();
         assert_eq!(out.tokens, df.tokens, "T = {temperature}");
+        // A best-first tree whose tokens the module writes (stale-confidence order here).
+        let mut tree = SpotDecoder::builder()
+            .scorer(MrpTokens::new(StaleConfidenceScorer, Arc::clone(&mrp)))
+            .budget(8)
+            .build()
+            .unwrap();
+        let tree_out = tree.decode(&mut target, &prompt, &cfg).unwrap();
+        assert_eq!(tree_out.tokens, df.tokens, "tree, T = {temperature}");
         if temperature == 0.0 {
             assert!(
                 out.stats.work.block_forwards < df.stats.work.block_forwards,
