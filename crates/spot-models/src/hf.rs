@@ -102,7 +102,8 @@ impl Weights {
             dir: dir.to_path_buf(),
         };
         for path in files {
-            weights.add(path)?;
+            // A shard may hold more than the index maps to it: the later shard's copy wins.
+            weights.add(path, false)?;
         }
         Ok(weights)
     }
@@ -111,11 +112,12 @@ impl Weights {
     /// of a model, such as the MRP baseline, which shares the model's embedding). A name both
     /// hold is an error naming `path`.
     pub fn with_file(mut self, path: &Path) -> Result<Self> {
-        self.add(path.to_path_buf())?;
+        self.add(path.to_path_buf(), true)?;
         Ok(self)
     }
 
-    fn add(&mut self, path: PathBuf) -> Result<()> {
+    /// Maps `path` and indexes its tensors; `distinct`: a name already indexed is an error.
+    fn add(&mut self, path: PathBuf, distinct: bool) -> Result<()> {
         let file = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
         // SAFETY-free: memmap2's `map` is safe to call; the file must not be truncated while
         // mapped, which the loader documents.
@@ -128,7 +130,7 @@ impl Weights {
         for name in metadata.tensors().into_keys() {
             let shard = self.shards.len();
             if let Some(old) = self.index.insert(name.clone(), shard)
-                && old != shard
+                && distinct
             {
                 return Err(ModelError::Safetensors {
                     path,
