@@ -22,6 +22,10 @@ it can be for exact single-commit decoding: each step draws windows of training-
 most confident masked position with its choice, one per forward) and trains on random steps of
 those decodes, so the module sees the states and commits it will draft from (the paper masks
 ground-truth text at random and reveals a random position with its ground-truth token).
+With `--temperatures 0,1,2` each window is decoded at one of them (the choice
+`argmax(l / T + G)` with Gumbel noise `G`, the confidence its probability under
+`softmax(l / T)`, as the Rust decoder) and the KL compares `softmax(l / T)`; `--init` starts
+from a module already trained (at `T = 0`, say).
 
 Writes OUT/mrp.safetensors (the module's tensors, `mrp.` names) and OUT/mrp.json (shape,
 training record, a reference output the Rust tests compare with). Resumes from
@@ -147,9 +151,29 @@ def masked_logits(target, h, mask_id):
     return lg
 
 
-def commit(lg, state, mask_id):
-    """The target's own step: the most confident masked position with its choice."""
-    conf, tok = torch.softmax(lg, -1).max(-1)
+def gumbel(like, gen=None):
+    """Standard Gumbel noise shaped like `like` (from `gen` when given)."""
+    u = torch.rand(like.shape, generator=gen).clamp_(1e-12, 1.0 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
+def tempered(temps):
+    """Per-row divisor of the logits, `[B, 1, 1]`: `T`, or 1 where `T = 0`."""
+    return torch.where(temps > 0, temps, torch.ones_like(temps))[:, None, None]
+
+
+def commit(lg, state, mask_id, temps=None, noise=None):
+    """The target's own step: the most confident masked position with its choice. With
+    per-row temperatures `temps` (`[B]`) and Gumbel `noise` (`[B, L, V]`), the choice is
+    `argmax(l / T + G)` where `T > 0` (`argmax l` where `T = 0`) and the confidence is its
+    probability under `softmax(l / T)`, as the Rust decoder's default rule."""
+    if temps is None:
+        conf, tok = torch.softmax(lg, -1).max(-1)
+    else:
+        z = lg / tempered(temps)
+        hot = (temps > 0)[:, None, None]
+        tok = torch.where(hot, z + noise, z).argmax(-1)
+        conf = torch.softmax(z, -1).gather(-1, tok[..., None])[..., 0]
     conf = conf.masked_fill(state != mask_id, -1.0)
     s = conf.argmax(-1)
     rows = torch.arange(state.shape[0])
@@ -159,9 +183,10 @@ def commit(lg, state, mask_id):
 
 
 @torch.no_grad()
-def rollout(target, x, a):
-    """Draft-free decoding of each window's block: per step, the state, the target's hidden
-    states and logits there ([B, L] ids, [B, L, H], [B, L, V] per step)."""
+def rollout(target, x, a, temps):
+    """Draft-free decoding of each window's block at its temperature (`temps`, `[B]`; fresh
+    Gumbel noise per step where `T > 0`): per step, the state, the target's hidden states and
+    logits there ([B, L] ids, [B, L, H], [B, L, V] per step)."""
     mask4d = block_causal(x.shape[1], a.block)
     state = x[:, -a.block:]
     states, hs, lgs = [], [], []
@@ -171,14 +196,14 @@ def rollout(target, x, a):
         states.append(state)
         hs.append(h)
         lgs.append(lg)
-        state, _, _ = commit(lg, state, a.mask_id)
-    return torch.stack(states, 1), torch.stack(hs, 1), torch.stack(lgs, 1)
+        state, _, _ = commit(lg, state, a.mask_id, temps, gumbel(lg))
+    return torch.stack(states, 1), torch.stack(hs, 1), torch.stack(lgs, 1), temps
 
 
 def examples(roll, per_window: int, steps: int, rng: random.Random):
     """`per_window` random steps `k` of each rollout: the stale hidden states at `k`, then the
-    states and target logits of the `steps` steps after it."""
-    states, hs, lgs = roll
+    states and target logits of the `steps` steps after it, and each example's temperature."""
+    states, hs, lgs, temps = roll
     b, n = states.shape[0], states.shape[1]
     rows = [(i, rng.randrange(0, n - steps)) for i in range(b) for _ in range(per_window)]
     bi = torch.tensor([r[0] for r in rows])
@@ -186,30 +211,38 @@ def examples(roll, per_window: int, steps: int, rng: random.Random):
     h = hs[bi, ki]
     stale = lgs[bi, ki]
     nxt = [(states[bi, ki + s], lgs[bi, ki + s]) for s in range(1, steps + 1)]
-    return h, stale, nxt
+    return h, stale, nxt, temps[bi]
 
 
-def run(target, mrp, ex, a, steps):
-    """Returns the loss and, per step, how often the corrected and the stale logits name the
-    target's next commit (position and token)."""
-    ha, stale, nxt = ex
+def run(target, mrp, ex, a, steps, gen=None):
+    """Returns the loss (forward KL between the tempered distributions, `softmax(l / T)`,
+    `T = 1` for greedy examples) and, per temperature and step, how often the corrected and
+    the stale logits name the target's next commit (position and token, under one shared
+    draw of the noise): `{T: [mrp step 1, stale step 1, mrp step 2, ...]}`."""
+    ha, stale, nxt, temps = ex
     mask_id = a.mask_id
+    div = tempered(temps)
     acc = torch.zeros_like(ha)
-    loss, hits = 0.0, []
+    loss, hits = 0.0, {}
     for state, true_lg in nxt[:steps]:
         emb = target.model.embed_tokens(state)
         acc = acc + mrp(emb, ha + acc)
         pred = masked_logits(target, ha + acc, mask_id)
         still = state == mask_id
-        kl = torch.sum(torch.softmax(true_lg, -1) * (torch.log_softmax(true_lg, -1)
-                                                      - torch.log_softmax(pred, -1)), -1)
+        kl = torch.sum(torch.softmax(true_lg / div, -1)
+                       * (torch.log_softmax(true_lg / div, -1)
+                          - torch.log_softmax(pred / div, -1)), -1)
         loss = loss + (kl * still).sum() / still.sum().clamp_min(1) / steps
         with torch.no_grad():
-            _, s_true, v_true = commit(true_lg, state, mask_id)
-            _, s_pred, v_pred = commit(pred, state, mask_id)
-            _, s_old, v_old = commit(stale, state, mask_id)
-            hits.append(((s_pred == s_true) & (v_pred == v_true)).float().mean().item())
-            hits.append(((s_old == s_true) & (v_old == v_true)).float().mean().item())
+            g = gumbel(true_lg, gen)
+            _, s_true, v_true = commit(true_lg, state, mask_id, temps, g)
+            _, s_pred, v_pred = commit(pred, state, mask_id, temps, g)
+            _, s_old, v_old = commit(stale, state, mask_id, temps, g)
+            for t in sorted(set(temps.tolist())):
+                sel = temps == t
+                for s_x, v_x in ((s_pred, v_pred), (s_old, v_old)):
+                    hit = (s_x == s_true) & (v_x == v_true)
+                    hits.setdefault(t, []).append(hit[sel].float().mean().item())
     return loss, hits
 
 
@@ -225,7 +258,7 @@ def export(mrp, out: Path, a, record, target, held_x):
     # commit later; the top-5 corrected logits at the first three masked positions.
     x = held_x[:1]
     with torch.no_grad():
-        states, hs, _ = rollout(target, x, a)
+        states, hs, _, _ = rollout(target, x, a, torch.zeros(1))
         state = states[:, 5]
         hc = mrp(target.model.embed_tokens(state), hs[:, 4])
         lg = masked_logits(target, hs[:, 4] + hc, a.mask_id)[0]
@@ -262,6 +295,10 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperatures", default="0",
+                    help="comma-separated decoding temperatures; each window's rollout draws one")
+    ap.add_argument("--init", type=Path,
+                    help="start from this mrp.safetensors (when OUT holds no checkpoint)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -275,8 +312,13 @@ def main() -> None:
     eot = cfg.get("eos_token_id", a.mask_id - 2)
     train = Windows(stream(ids[cut:], eot), a.block, a.prefix_blocks, random.Random(a.seed + 1))
     held_x = Windows(stream(ids[:cut], eot), a.block, a.prefix_blocks,
-                     random.Random(a.seed + 2)).sample(64, a.mask_id)
-    held = examples(rollout(target, held_x, a), 4, a.steps_ahead, random.Random(a.seed + 3))
+                     random.Random(a.seed + 2)).sample(96, a.mask_id)
+    temps = [float(t) for t in a.temperatures.split(",")]
+    if not temps or any(t < 0 or not math.isfinite(t) for t in temps):
+        raise SystemExit(f"--temperatures: finite values >= 0, got {a.temperatures!r}")
+    held_t = torch.tensor([temps[i % len(temps)] for i in range(held_x.shape[0])])
+    held = examples(rollout(target, held_x, a, held_t), 4, a.steps_ahead,
+                    random.Random(a.seed + 3))
     pick = random.Random(a.seed + 4)
     mrp = Mrp(target.config, a.layers)
     opt = torch.optim.AdamW(mrp.parameters(), lr=a.lr, weight_decay=0.0)
@@ -289,6 +331,12 @@ def main() -> None:
         opt.load_state_dict(st["opt"])
         step, spent, log = st["step"], st["spent"], st["log"]
         print(f"resumed at step {step} ({spent / 60:.1f} min)", flush=True)
+    elif a.init:
+        init = {k.removeprefix("mrp."): v for k, v in load_file(str(a.init)).items()}
+        missing, unexpected = mrp.load_state_dict(init, strict=False)
+        if unexpected or [m for m in missing if not m.startswith("rotary")]:
+            raise SystemExit(f"--init {a.init}: missing {missing}, unexpected {unexpected}")
+        print(f"initialised from {a.init}", flush=True)
     budget = a.minutes * 60
     total_est = max(1, int(budget / max(1e-3, spent / step))) if step else None
     t0 = time.time() - spent
@@ -298,7 +346,8 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = a.lr * min(1.0, (step + 1) / 100) * 0.5 * (1 + math.cos(math.pi * frac))
         mrp.train()
-        roll = rollout(target, train.sample(a.batch, a.mask_id), a)
+        window_t = torch.tensor([pick.choice(temps) for _ in range(a.batch)])
+        roll = rollout(target, train.sample(a.batch, a.mask_id), a, window_t)
         loss, _ = run(target, mrp, examples(roll, a.per_window, a.steps_ahead, pick), a,
                       a.steps_ahead)
         opt.zero_grad()
@@ -309,11 +358,14 @@ def main() -> None:
         if step % a.eval_every == 0 or time.time() - t0 >= budget:
             mrp.eval()
             with torch.no_grad():
-                hl, hits = run(target, mrp, held, a, a.steps_ahead)
+                gen = torch.Generator().manual_seed(a.seed + 5)
+                hl, hits = run(target, mrp, held, a, a.steps_ahead, gen)
             rec = {"step": step, "minutes": round((time.time() - t0) / 60, 2),
                    "train_kl": round(loss.item(), 4), "heldout_kl": round(hl.item(), 4),
-                   "next_commit_mrp": [round(h, 4) for h in hits[0::2]],
-                   "next_commit_stale": [round(h, 4) for h in hits[1::2]]}
+                   "next_commit_mrp": {f"T{t:g}": [round(x, 4) for x in h[0::2]]
+                                       for t, h in hits.items()},
+                   "next_commit_stale": {f"T{t:g}": [round(x, 4) for x in h[1::2]]
+                                         for t, h in hits.items()}}
             log.append(rec)
             print(json.dumps(rec), flush=True)
             if best is None or rec["heldout_kl"] < best["heldout_kl"]:

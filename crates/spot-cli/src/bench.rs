@@ -166,7 +166,7 @@ fn runnable(a: &BenchArgs, files: &DraftFiles<'_>) -> Result<(Vec<Method>, Vec<S
             let asked = match m {
                 _ if explicit => "--methods",
                 Method::Spiffy => "--spiffy",
-                Method::Mrp => "--mrp",
+                Method::Mrp | Method::MrpTree => "--mrp",
                 _ => "--drafter",
             };
             bail!(

@@ -58,6 +58,10 @@ pub enum Method {
     /// drafted by a small module that corrects the stale logits from the target's hidden
     /// states (`--mrp`, default `MODEL/mrp.json`; `tools/mrp/train_mrp.py`).
     Mrp,
+    /// MRP's module as a tree drafter: every masked position scored by its corrected
+    /// probability (BlockSpec's rule on the module's corrected statistics), each with the
+    /// module's choice, grown best-first to the budget (`--mrp`).
+    MrpTree,
     /// SPOT's learned order (`--drafter`) with MRP's tokens (`--mrp`): each drafted position
     /// takes the module's corrected choice instead of the stale one.
     SpotMrp,
@@ -113,6 +117,7 @@ impl Method {
             Method::SpotAdaptive => "spot-adaptive",
             Method::SpotUnit => "spot-unit",
             Method::Mrp => "mrp",
+            Method::MrpTree => "mrp-tree",
             Method::SpotMrp => "spot-mrp",
             Method::Oracle => "oracle",
             Method::OracleToken => "oracle-token",
@@ -290,7 +295,7 @@ impl DraftFiles<'_> {
                 let config = spot_drafter::checkpoint::config_path(&weights);
                 vec![path(self.sets_net, DEFAULT_SETS_NET), weights, config]
             }
-            Method::Mrp | Method::SpotMrp => {
+            Method::Mrp | Method::MrpTree | Method::SpotMrp => {
                 let file = path(self.mrp, DEFAULT_MRP);
                 let weights = spot_models::mrp_weights_path(&file);
                 let mut v = vec![file, weights];
@@ -316,7 +321,7 @@ impl DraftFiles<'_> {
                 self.sets.is_some() || self.drafter.is_some()
             }
             Method::SetsNet => self.sets_net.is_some() || self.drafter.is_some(),
-            Method::Mrp => self.mrp.is_some(),
+            Method::Mrp | Method::MrpTree => self.mrp.is_some(),
             Method::SpotMrp => self.mrp.is_some() || self.drafter.is_some(),
             _ => false,
         }
@@ -354,7 +359,7 @@ pub fn missing_hint(method: Method) -> &'static str {
             "fit the tables with `spot calibrate-sets`, or pass --sets PATH"
         }
         Method::SetsNet => "train the set drafter with `spot train-sets`, or pass --sets-net PATH",
-        Method::Mrp | Method::SpotMrp => {
+        Method::Mrp | Method::MrpTree | Method::SpotMrp => {
             "train the module with tools/mrp/train_mrp.py (and a drafter for spot-mrp), or pass --mrp PATH"
         }
         _ => "train a drafter with `spot train-drafter`, or pass --drafter PATH",
@@ -449,9 +454,11 @@ impl Drafters {
         if let Some(p) = first(Method::SetsNet).filter(|_| methods.contains(&Method::SetsNet)) {
             d.sets_net = Some(SetsNet::load(&p)?);
         }
-        if let Some(p) = first(Method::Mrp)
-            .filter(|_| methods.contains(&Method::Mrp) || methods.contains(&Method::SpotMrp))
-        {
+        if let Some(p) = first(Method::Mrp).filter(|_| {
+            methods
+                .iter()
+                .any(|m| matches!(m, Method::Mrp | Method::MrpTree | Method::SpotMrp))
+        }) {
             d.mrp = Some(Arc::new(
                 Mrp::load(files.dir, &p, &crate::backend::device()?)
                     .with_context(|| format!("loading the MRP module {}", p.display()))?,
@@ -535,18 +542,28 @@ pub fn strategy(
                 bail!("--method mrp needs the MRP module (--mrp)");
             };
             // One child per node: a chain of D drafts, as MRP's speculative mode.
-            b.scorer(MrpScorer::new(Arc::clone(m)))
+            b.scorer(MrpScorer::new(Arc::clone(m)).with_rule(cfg.confidence, cfg.sample_top_k))
                 .max_depth(settings.budget.max(1))
                 .hedge(None)
+        }
+        Method::MrpTree => {
+            let Some(m) = &drafters.mrp else {
+                bail!("--method mrp-tree needs the MRP module (--mrp)");
+            };
+            b.scorer(
+                MrpScorer::new(Arc::clone(m))
+                    .with_rule(cfg.confidence, cfg.sample_top_k)
+                    .tree(),
+            )
         }
         Method::SpotMrp => {
             let (Some(m), Some(net)) = (&drafters.mrp, &drafters.net) else {
                 bail!("--method spot-mrp needs the MRP module and a drafter checkpoint");
             };
-            b.scorer(MrpTokens::new(
-                LearnedScorer::new(net.clone()),
-                Arc::clone(m),
-            ))
+            b.scorer(
+                MrpTokens::new(LearnedScorer::new(net.clone()), Arc::clone(m))
+                    .with_rule(cfg.confidence, cfg.sample_top_k),
+            )
         }
         Method::Blockspec => b.scorer(Calibrated::new(
             StaleConfidenceScorer,

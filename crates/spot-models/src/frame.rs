@@ -3,14 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
+use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
-use burn_tensor::{DType, Int, Tensor, TensorData};
 use spot_core::{BlockState, BlockStats, StatsQuery, TokenId};
 
 use crate::error::{ModelError, Result};
-use crate::head::{Head, RowPlan, host_values};
+use crate::head::{Head, MaskTerms, NoiseRows, RowPlan, host_values, mask_bias};
 use crate::hf::{Tokenizer, generation_stop_ids, token_ids};
-use crate::reduce::{noise_table, reduce, upload};
+use crate::host_head::RowJob;
+use crate::reduce::noise_table;
 
 /// Folder-level facts and per-request state shared by the model wrappers.
 pub(crate) struct Frame<B: Backend> {
@@ -231,11 +232,7 @@ impl<B: Backend> Frame<B> {
             mask_id,
             stop_ids,
         } = files;
-        let mask_bias = mask_id.map(|m| {
-            let mut bias = vec![0.0f32; vocab_size];
-            bias[m as usize] = f32::NEG_INFINITY;
-            Tensor::from_data(TensorData::new(bias, [1, vocab_size]), device)
-        });
+        let mask_bias = mask_id.map(|m| mask_bias(m, vocab_size, device));
         Self {
             dir: dir.to_path_buf(),
             tokenizer,
@@ -338,62 +335,37 @@ impl<B: Backend> Frame<B> {
                 }
             }
         }
-        let cache = &mut noise.0;
         let positions: Vec<usize> = plan.rows.iter().map(|r| first + r % len).collect();
         // The final hidden states on the host: the host head reads them, and a query asking
         // for hidden states gets every row of every state.
         let host_hidden = (query.hidden_states
             || (matches!(head, Head::Host(_)) && !plan.rows.is_empty()))
         .then(|| host_values(hidden.clone()));
-        let rows = if plan.rows.is_empty() {
-            Vec::new()
-        } else {
-            match head {
-                Head::Host(h) => {
-                    let jobs: Vec<_> = plan
-                        .rows
-                        .iter()
-                        .map(|&r| crate::host_head::RowJob {
-                            hidden: r,
-                            noise: r % len,
-                        })
-                        .collect();
-                    let noise = cache.as_ref().filter(|_| noisy).map(|n| n.host.as_slice());
-                    h.reduce(
-                        host_hidden.as_deref().unwrap_or_default(),
-                        &jobs,
-                        query,
-                        self.mask_id,
-                        noise,
-                        &positions,
-                    )?
-                }
-                Head::Device(w) => {
-                    let index = |rows: Vec<i64>| {
-                        let n = rows.len();
-                        Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &self.device)
-                    };
-                    let picked = index(plan.rows.iter().map(|&r| r as i64).collect());
-                    // Logits in the model's type, reduced in f32.
-                    let logits = hidden.select(0, picked).matmul(w.clone()).cast(DType::F32);
-                    let noise = match cache.as_mut().filter(|_| noisy) {
-                        Some(n) => {
-                            let (vocab, device) = (self.vocab_size, &self.device);
-                            let table = n
-                                .device
-                                .get_or_insert_with(|| upload(n.host.clone(), n.len, vocab, device))
-                                .clone();
-                            Some(table.select(
-                                0,
-                                index(plan.rows.iter().map(|&r| (r % len) as i64).collect()),
-                            ))
-                        }
-                        None => None,
-                    };
-                    reduce(logits, query, self.mask_bias.as_ref(), noise, &positions)?
-                }
-            }
+        let jobs: Vec<RowJob> = plan
+            .rows
+            .iter()
+            .map(|&r| RowJob {
+                hidden: r,
+                noise: r % len,
+            })
+            .collect();
+        let noise = noise.0.as_mut().filter(|_| noisy).map(|n| NoiseRows {
+            host: &n.host,
+            device: &mut n.device,
+        });
+        let mask = MaskTerms {
+            id: self.mask_id,
+            bias: self.mask_bias.as_ref(),
         };
+        let rows = head.reduce_rows(
+            hidden,
+            host_hidden.as_deref(),
+            &jobs,
+            &positions,
+            query,
+            mask,
+            noise,
+        )?;
         let mut stats = plan.assemble(k, query.rule, rows)?;
         if let Some(values) = host_hidden.filter(|_| query.hidden_states) {
             attach_hidden(&mut stats, &values, plan.len)?;

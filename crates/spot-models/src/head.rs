@@ -3,14 +3,15 @@
 //! forward it reduces.
 
 use burn_tensor::backend::Backend;
-use burn_tensor::{DType, Tensor, TensorData};
+use burn_tensor::{DType, Int, Tensor, TensorData};
 use spot_core::stats::PositionStats;
-use spot_core::{BlockState, BlockStats, ConfidenceRule, TokenId};
+use spot_core::{BlockState, BlockStats, ConfidenceRule, StatsQuery, TokenId};
 
 use crate::error::Result;
-use crate::host_head::{HostHead, RowStats};
+use crate::host_head::{HostHead, RowJob, RowStats};
 use crate::loader::transposed;
 use crate::logits::Logits;
+use crate::reduce::{reduce, upload};
 
 /// Where a model computes its output layer and the reduction to statistics.
 ///
@@ -133,6 +134,94 @@ impl<B: Backend> Head<B> {
             Head::Device(w) => {
                 let vocab = w.dims()[1];
                 Logits::from_vec(host_values(hidden.matmul(w.clone())), vocab)
+            }
+        }
+    }
+}
+
+/// The mask token as a reduction reads it: its id (the host kernel skips it) and the `[1,
+/// vocab]` bias that is `-inf` there (the device reduction adds it); `None` for autoregressive
+/// models.
+pub(crate) struct MaskTerms<'a, B: Backend> {
+    pub id: Option<TokenId>,
+    pub bias: Option<&'a Tensor<B, 2>>,
+}
+
+/// The `[1, vocab]` bias of mask id `mask`: 0, and `-inf` at the mask.
+pub(crate) fn mask_bias<B: Backend>(
+    mask: TokenId,
+    vocab: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let mut bias = vec![0.0f32; vocab];
+    if let Some(b) = bias.get_mut(mask as usize) {
+        *b = f32::NEG_INFINITY;
+    }
+    Tensor::from_data(TensorData::new(bias, [1, vocab]), device)
+}
+
+/// Gumbel rows a reduction reads at `T > 0`: the host table `[rows, vocab]` that the jobs'
+/// `noise` index, and a slot for its device copy (uploaded once, when a device reduction
+/// first reads it, and kept by the caller).
+pub(crate) struct NoiseRows<'a, B: Backend> {
+    pub host: &'a [f32],
+    pub device: &'a mut Option<Tensor<B, 2>>,
+}
+
+impl<B: Backend> Head<B> {
+    /// The target's reduction of the rows `jobs` name of `hidden` `[rows, dim]`: each row's
+    /// choice under `query` (`argmax(l / T + G)` with its Gumbel row at `T > 0`, never the
+    /// mask), its confidence, probability and top list. `host_hidden` is `hidden` already on
+    /// the host, when the caller has it; `positions` are the rows' absolute positions (errors
+    /// name them). The one reduction of the output layer: the models' forwards and the MRP
+    /// module's corrected logits both go through it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_rows(
+        &self,
+        hidden: Tensor<B, 2>,
+        host_hidden: Option<&[f32]>,
+        jobs: &[RowJob],
+        positions: &[usize],
+        query: &StatsQuery,
+        mask: MaskTerms<'_, B>,
+        noise: Option<NoiseRows<'_, B>>,
+    ) -> Result<Vec<RowStats>> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let noise = noise.filter(|_| query.temperature > 0.0);
+        match self {
+            Head::Host(h) => {
+                let owned;
+                let values = match host_hidden {
+                    Some(v) => v,
+                    None => {
+                        owned = host_values(hidden);
+                        &owned
+                    }
+                };
+                let table = noise.as_ref().map(|n| n.host);
+                h.reduce(values, jobs, query, mask.id, table, positions)
+            }
+            Head::Device(w) => {
+                let device = hidden.device();
+                let index = |rows: Vec<i64>| {
+                    let n = rows.len();
+                    Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &device)
+                };
+                let picked = index(jobs.iter().map(|j| j.hidden as i64).collect());
+                // Logits in the model's type, reduced in f32.
+                let logits = hidden.select(0, picked).matmul(w.clone()).cast(DType::F32);
+                let noise = noise.map(|n| {
+                    let vocab = w.dims()[1];
+                    let rows = n.host.len() / vocab.max(1);
+                    let table = n
+                        .device
+                        .get_or_insert_with(|| upload(n.host.to_vec(), rows, vocab, &device))
+                        .clone();
+                    table.select(0, index(jobs.iter().map(|j| j.noise as i64).collect()))
+                });
+                reduce(logits, query, mask.bias, noise, positions)
             }
         }
     }

@@ -25,15 +25,16 @@ use std::path::{Path, PathBuf};
 use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use serde::Deserialize;
-use spot_core::{BlockStats, TokenId};
+use spot_core::{BlockStats, ConfidenceRule, StatsQuery, TokenId};
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
 
 use crate::attention::Attend;
 use crate::config::DecoderConfig;
 use crate::dense::{DenseNames, QWEN_NAMES, dense_net};
 use crate::error::{ModelError, Result};
-use crate::head::host_values;
+use crate::head::{MaskTerms, NoiseRows, host_values, mask_bias};
 use crate::hf::{Weights, read_json};
+use crate::host_head::{RowJob, RowStats};
 use crate::loader::Loader;
 use crate::precision::Precision;
 use crate::transformer::{Net, Segment, rms_norm};
@@ -249,6 +250,27 @@ impl<B: Backend> Mrp<B> {
         .cast(self.net.dtype);
         self.net.head.logits_host(t).into_vec()
     }
+
+    /// The target's reduction (its choice rule under `query`, as a forward applies it) of
+    /// corrected hidden `rows` (`jobs.len() * hidden_size` values, one row per job).
+    fn reduce(
+        &self,
+        rows: Vec<f32>,
+        jobs: &[RowJob],
+        positions: &[usize],
+        query: &StatsQuery,
+        (mask, noise): (MaskTerms<'_, B>, Option<NoiseRows<'_, B>>),
+    ) -> Result<Vec<RowStats>> {
+        let n = jobs.len();
+        let t = Tensor::<B, 2>::from_data(
+            TensorData::new(rows.clone(), [n, self.hidden]),
+            &self.net.device,
+        )
+        .cast(self.net.dtype);
+        self.net
+            .head
+            .reduce_rows(t, Some(&rows), jobs, positions, query, mask, noise)
+    }
 }
 
 /// `mrp.safetensors` next to the description file `file`.
@@ -256,80 +278,111 @@ pub fn mrp_weights_path(file: &Path) -> PathBuf {
     file.with_file_name("mrp.safetensors")
 }
 
-/// The target's rule on one row of logits: the choice (`argmax(l / T + G)`, `argmax l` at
-/// `T = 0`, never the mask) and its tempered probability.
-fn choose(row: &[f32], mask: TokenId, temperature: f32, noise: Option<&[f32]>) -> (TokenId, f32) {
-    let t = if temperature > 0.0 { temperature } else { 1.0 };
-    let mut best = (0usize, f32::NEG_INFINITY);
-    let mut max = f32::NEG_INFINITY;
-    for (v, &l) in row.iter().enumerate() {
-        if v == mask as usize {
-            continue;
-        }
-        let z = l / t;
-        max = max.max(z);
-        let score = match noise {
-            Some(g) if temperature > 0.0 => z + g[v],
-            _ => z,
-        };
-        if score > best.1 {
-            best = (v, score);
-        }
-    }
-    let sum: f64 = row
-        .iter()
-        .enumerate()
-        .filter(|(v, _)| *v != mask as usize)
-        .map(|(_, &l)| f64::from(l / t - max).exp())
-        .sum();
-    let p = f64::from(row[best.0] / t - max).exp() / sum;
-    (best.0 as TokenId, p as f32)
-}
-
-/// One scored node: the residual it accumulated and its choice per block position (`None`
-/// where committed).
+/// One scored node: the residual it accumulated and its choice per block position with its
+/// probability (`None` where committed).
 struct Scored {
     acc: Vec<f32>,
     choice: Vec<Option<(TokenId, f32)>>,
 }
 
+/// The Gumbel rows of one block under one seed (host table, device copy when a device head
+/// reads it).
+struct BlockNoise<B: Backend> {
+    key: (u64, usize, usize),
+    host: Vec<f32>,
+    device: Option<Tensor<B, 2>>,
+}
+
 /// MRP's drafts as an [`OrderScorer`]: at every node, the position the target's rule picks
 /// under the corrected logits (score 1, every other position 0) and its choice as the only
-/// token hypothesis, so the best-first builder grows one chain of `D` nodes. Where the stale
-/// statistics carry no hidden states (a block's first forward served by a look-ahead), it
-/// falls back to the stale statistics (the SSD chain's rule).
+/// token hypothesis, so the best-first builder grows one chain of `D` nodes. The corrected
+/// logits go through the target's own reduction (the fused host kernel on CPU backends): the
+/// choice `argmax(l / T + G)` (never the mask), ranked by the decode's confidence rule
+/// ([`MrpScorer::with_rule`]). Where the stale statistics carry no hidden states (a block's
+/// first forward served by a look-ahead), the target's rule on the stale statistics.
 pub struct MrpScorer<B: Backend> {
     mrp: std::sync::Arc<Mrp<B>>,
     memo: HashMap<Vec<TokenId>, Scored>,
     fallback: bool,
-    steps: u64,
-    noise_row: Vec<f32>,
+    rule: ConfidenceRule,
+    sample_top_k: Option<usize>,
+    tree: bool,
+    noise: Option<BlockNoise<B>>,
+    bias: Option<(TokenId, Tensor<B, 2>)>,
 }
 
 impl<B: Backend> std::fmt::Debug for MrpScorer<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MrpScorer")
             .field("mrp", &self.mrp)
-            .field("steps", &self.steps)
+            .field("rule", &self.rule)
+            .field("sample_top_k", &self.sample_top_k)
             .finish_non_exhaustive()
     }
 }
 
 impl<B: Backend> MrpScorer<B> {
-    /// A scorer drafting with `mrp` (shared: one module serves every decoder).
+    /// A scorer drafting with `mrp` (shared: one module serves every decoder), for decodes
+    /// with the default confidence rule and no top-k truncation.
     pub fn new(mrp: std::sync::Arc<Mrp<B>>) -> Self {
         Self {
             mrp,
             memo: HashMap::new(),
             fallback: false,
-            steps: 0,
-            noise_row: Vec::new(),
+            rule: ConfidenceRule::Probability,
+            sample_top_k: None,
+            tree: false,
+            noise: None,
+            bias: None,
         }
     }
 
-    /// Module steps run so far (one per drafted node).
-    pub fn steps(&self) -> u64 {
-        self.steps
+    /// Scores every masked position by its corrected confidence (normalised over the node's
+    /// masked positions, as BlockSpec scores the stale ones) instead of naming only the most
+    /// confident: the best-first builder then grows a tree over the corrected statistics,
+    /// each drafted position with the module's choice at its corrected probability.
+    pub fn tree(mut self) -> Self {
+        self.tree = true;
+        self
+    }
+
+    /// Drafts under the decode's confidence rule and top-k truncation
+    /// ([`spot_core::DecodeConfig::confidence`], [`spot_core::DecodeConfig::sample_top_k`]),
+    /// so the chain follows the rule the target commits by.
+    pub fn with_rule(mut self, rule: ConfidenceRule, sample_top_k: Option<usize>) -> Self {
+        self.rule = rule;
+        self.sample_top_k = sample_top_k;
+        self
+    }
+
+    /// The query the target's reduction runs under in this round.
+    fn query(&self, ctx: &ScoreContext<'_>) -> StatsQuery {
+        let mut q = StatsQuery::new(ctx.temperature, ctx.noise.map_or(0, |g| g.seed()));
+        q.rule = self.rule;
+        q.sample_top_k = self.sample_top_k;
+        q.top_k = 1;
+        q
+    }
+
+    /// The Gumbel rows of the block `ctx` decodes (made once per block and seed).
+    fn block_noise(&mut self, ctx: &ScoreContext<'_>, l: usize) {
+        let Some(g) = ctx.noise.filter(|_| ctx.temperature > 0.0) else {
+            return;
+        };
+        let key = (g.seed(), ctx.block_start, l);
+        if self.noise.as_ref().is_some_and(|n| n.key == key) {
+            return;
+        }
+        let v = self.mrp.vocab;
+        let mut host = vec![0.0f32; l * v];
+        for (s, row) in host.chunks_mut(v).enumerate() {
+            g.fill_row((ctx.block_start + s) as u64, row);
+        }
+        self.noise = Some(BlockNoise {
+            key,
+            host,
+            device: None,
+        });
     }
 
     fn error(&self, reason: impl Into<String>) -> TreeError {
@@ -358,7 +411,7 @@ impl<B: Backend> MrpScorer<B> {
 
 impl<B: Backend> OrderScorer for MrpScorer<B> {
     fn name(&self) -> &str {
-        "mrp"
+        if self.tree { "mrp-tree" } else { "mrp" }
     }
 
     fn wants_hidden_states(&self) -> bool {
@@ -382,9 +435,9 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
         let base = self.stale_hidden(ctx.stale, l)?;
         self.fallback = base.is_empty();
         if self.fallback {
-            // The stale rule: the most confident masked position.
+            // The target's rule on the stale statistics: its most confident masked position.
             for i in 0..nodes.len() {
-                let best = best_position(nodes.tokens(i), mask, |s| ctx.stale.token_prob(s));
+                let best = best_position(nodes.tokens(i), mask, |s| ctx.stale.confidence(s));
                 if let Some(s) = best {
                     out[i * l + s] = 1.0;
                 }
@@ -414,54 +467,72 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
             .mrp
             .step(&ids, &input, nodes.len(), l)
             .map_err(|e| self.error(e.to_string()))?;
-        self.steps += nodes.len() as u64;
-        // 2. Corrected logits at the masked positions; the target's rule on them.
+        // 2. Corrected hidden states at every masked position of every node, reduced in one
+        // call by the target's rule.
+        let query = self.query(ctx);
+        self.block_noise(ctx, l);
+        let mut accs = Vec::with_capacity(nodes.len());
+        let (mut rows, mut jobs, mut positions) = (Vec::new(), Vec::new(), Vec::new());
         for (i, mut acc) in parents.into_iter().enumerate() {
-            let tokens = nodes.tokens(i);
             acc.iter_mut()
                 .zip(&hc[i * l * h..(i + 1) * l * h])
                 .for_each(|(a, c)| *a += c);
-            let masked: Vec<usize> = (0..l).filter(|&s| tokens[s] == mask).collect();
-            if masked.is_empty() {
-                self.memo.insert(
-                    tokens.to_vec(),
-                    Scored {
-                        acc,
-                        choice: vec![None; l],
-                    },
-                );
-                continue;
-            }
-            let mut rows = Vec::with_capacity(masked.len() * h);
-            for &s in &masked {
+            for s in (0..l).filter(|&s| nodes.tokens(i)[s] == mask) {
                 rows.extend(
                     base[s * h..(s + 1) * h]
                         .iter()
                         .zip(&acc[s * h..(s + 1) * h])
                         .map(|(a, b)| a + b),
                 );
+                jobs.push(RowJob {
+                    hidden: jobs.len(),
+                    noise: s,
+                });
+                positions.push(ctx.block_start + s);
             }
-            let logits = self.mrp.logits(&rows, masked.len());
-            let v = self.mrp.vocab;
+            accs.push(acc);
+        }
+        if self.bias.as_ref().is_none_or(|(m, _)| *m != mask) {
+            let bias = mask_bias(mask, self.mrp.vocab, &self.mrp.net.device);
+            self.bias = Some((mask, bias));
+        }
+        let terms = MaskTerms {
+            id: Some(mask),
+            bias: self.bias.as_ref().map(|(_, b)| b),
+        };
+        let noise = self.noise.as_mut().map(|n| NoiseRows {
+            host: &n.host,
+            device: &mut n.device,
+        });
+        let reduced = self
+            .mrp
+            .reduce(rows, &jobs, &positions, &query, (terms, noise))
+            .map_err(|e| self.error(e.to_string()))?;
+        let mut reduced = reduced.into_iter();
+        for (i, acc) in accs.into_iter().enumerate() {
+            let tokens = nodes.tokens(i);
             let mut choice = vec![None; l];
-            for (r, &s) in masked.iter().enumerate() {
-                let noise = match ctx.noise {
-                    Some(g) if ctx.temperature > 0.0 => {
-                        self.noise_row.resize(v, 0.0);
-                        g.fill_row((ctx.block_start + s) as u64, &mut self.noise_row);
-                        Some(self.noise_row.as_slice())
-                    }
-                    _ => None,
+            let mut conf = vec![f32::NEG_INFINITY; l];
+            for s in (0..l).filter(|&s| tokens[s] == mask) {
+                let Some(r) = reduced.next() else {
+                    return Err(self.error("the reduction returned too few rows"));
                 };
-                choice[s] = Some(choose(
-                    &logits[r * v..(r + 1) * v],
-                    mask,
-                    ctx.temperature,
-                    noise,
-                ));
+                conf[s] = r.confidence(self.rule) as f32;
+                choice[s] = Some((r.token, r.token_prob as f32));
             }
-            let best = best_position(tokens, mask, |s| choice[s].map_or(0.0, |c| c.1));
-            if let Some(s) = best {
+            if self.tree {
+                // The corrected probability of each choice, as BlockSpec weighs the stale ones.
+                let weight = |s: usize| choice[s].map(|c| c.1.max(0.0));
+                let total: f32 = (0..l).filter_map(weight).sum();
+                let masked = (0..l).filter_map(weight).count().max(1) as f32;
+                for (s, o) in out[i * l..(i + 1) * l].iter_mut().enumerate() {
+                    *o = match weight(s) {
+                        None => 0.0,
+                        Some(w) if total > 0.0 => w / total,
+                        Some(_) => 1.0 / masked,
+                    };
+                }
+            } else if let Some(s) = best_position(tokens, mask, |s| conf[s]) {
                 out[i * l + s] = 1.0;
             }
             self.memo.insert(tokens.to_vec(), Scored { acc, choice });
@@ -511,6 +582,13 @@ impl<S, B: Backend> MrpTokens<S, B> {
             mrp: MrpScorer::new(mrp),
             scratch: Vec::new(),
         }
+    }
+
+    /// The module's tokens under the decode's confidence rule and top-k truncation
+    /// ([`MrpScorer::with_rule`]).
+    pub fn with_rule(mut self, rule: ConfidenceRule, sample_top_k: Option<usize>) -> Self {
+        self.mrp = self.mrp.with_rule(rule, sample_top_k);
+        self
     }
 }
 
@@ -580,24 +658,6 @@ fn best_position(tokens: &[TokenId], mask: TokenId, conf: impl Fn(usize) -> f32)
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-
-    #[test]
-    fn the_rule_skips_the_mask_and_reads_the_noise() {
-        let row = [0.0, 2.0, 1.0, 5.0];
-        // Greedy: the mask (3) is never chosen.
-        let (t, p) = choose(&row, 3, 0.0, None);
-        assert_eq!(t, 1);
-        let z: f32 = [0.0f32, 2.0, 1.0].iter().map(|x| x.exp()).sum();
-        assert!((p - 2.0f32.exp() / z).abs() < 1e-6);
-        // At T = 1 the noise can move the choice; the probability is the tempered one.
-        let (t, p) = choose(&row, 3, 1.0, Some(&[3.0, 0.0, 0.0, 0.0]));
-        assert_eq!(t, 0);
-        assert!((p - 1.0 / z).abs() < 1e-6);
-        // T = 2 tempers.
-        let (_, p2) = choose(&row, 3, 2.0, Some(&[0.0; 4]));
-        let z2: f32 = [0.0f32, 1.0, 0.5].iter().map(|x| x.exp()).sum();
-        assert!((p2 - 1.0f32.exp() / z2).abs() < 1e-6);
-    }
 
     #[test]
     fn the_best_position_is_masked_and_ties_go_low() {

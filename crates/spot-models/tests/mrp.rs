@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use spot_core::{BlockDiffusionModel, BlockState, StatsQuery};
+use spot_core::{BlockDiffusionModel, BlockState, ConfidenceRule, StatsQuery};
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_models::{CpuBackend, DEFAULT_MRP, ModelError, Mrp, MrpFile, MrpScorer, MrpTokens, Sdar};
 
@@ -68,42 +68,64 @@ fn mrp_reproduces_its_trainer() {
     }
 }
 
-/// MRP's chain, and a tree whose tokens the module writes, under the shared verifier return
-/// draft-free decoding's tokens at T = 0 and 1 (the chain in fewer forwards at T = 0).
+/// MRP's chain, a tree whose tokens the module writes and the module's own tree (`tree()`)
+/// under the shared verifier return draft-free decoding's tokens: T = 0, T = 1, and T = 2
+/// under the margin rule with top-k truncation (the scorers follow the decode's rule). The
+/// chain takes fewer forwards at T = 0.
 #[test]
 fn mrp_drafting_equals_draft_free() {
     let dir = model_dir();
     let mut target = Sdar::<CpuBackend>::load(&dir, &Default::default()).unwrap();
     let mrp = Arc::new(load_mrp());
     let prompt: Vec<u32> = (40..75).collect();
-    for temperature in [0.0, 1.0] {
+    let settings = [
+        (0.0, ConfidenceRule::Probability, None),
+        (1.0, ConfidenceRule::Probability, None),
+        (2.0, ConfidenceRule::Margin, Some(8)),
+    ];
+    for (temperature, confidence, sample_top_k) in settings {
         let cfg = DecodeConfig {
             block_size: 32,
             max_new_tokens: 48,
             temperature,
             seed: 5,
+            confidence,
+            sample_top_k,
             ..DecodeConfig::default()
         };
         let df = DraftFreeDecoder::new()
             .decode(&mut target, &prompt, &cfg)
             .unwrap();
+        let scorer = || MrpScorer::new(Arc::clone(&mrp)).with_rule(confidence, sample_top_k);
         let mut spec = SpotDecoder::builder()
-            .scorer(MrpScorer::new(Arc::clone(&mrp)))
+            .scorer(scorer())
             .budget(8)
             .max_depth(8)
             .hedge(None)
             .build()
             .unwrap();
         let out = spec.decode(&mut target, &prompt, &cfg).unwrap();
-        assert_eq!(out.tokens, df.tokens, "T = {temperature}");
-        // A best-first tree whose tokens the module writes (stale-confidence order here).
-        let mut tree = SpotDecoder::builder()
-            .scorer(MrpTokens::new(StaleConfidenceScorer, Arc::clone(&mrp)))
-            .budget(8)
-            .build()
-            .unwrap();
-        let tree_out = tree.decode(&mut target, &prompt, &cfg).unwrap();
-        assert_eq!(tree_out.tokens, df.tokens, "tree, T = {temperature}");
+        assert_eq!(out.tokens, df.tokens, "chain, T = {temperature}");
+        if temperature < 2.0 {
+            // A best-first tree whose tokens the module writes (stale-confidence order here).
+            let mut tree = SpotDecoder::builder()
+                .scorer(MrpTokens::new(StaleConfidenceScorer, Arc::clone(&mrp)))
+                .budget(8)
+                .build()
+                .unwrap();
+            let tree_out = tree.decode(&mut target, &prompt, &cfg).unwrap();
+            assert_eq!(tree_out.tokens, df.tokens, "tokens, T = {temperature}");
+        }
+        if temperature != 1.0 {
+            // The module's own tree over its corrected statistics.
+            let mut tree = SpotDecoder::builder()
+                .scorer(scorer().tree())
+                .budget(8)
+                .build()
+                .unwrap();
+            let tree_out = tree.decode(&mut target, &prompt, &cfg).unwrap();
+            assert_eq!(tree_out.tokens, df.tokens, "mrp tree, T = {temperature}");
+        }
         if temperature == 0.0 {
             assert!(
                 out.stats.work.block_forwards < df.stats.work.block_forwards,
