@@ -69,7 +69,8 @@ fn mrp_reproduces_its_trainer() {
 }
 
 /// MRP's chain, a tree whose tokens the module writes and the module's own tree (`tree()`)
-/// under the shared verifier return draft-free decoding's tokens: T = 0, T = 1, and T = 2
+/// under the shared verifier return draft-free decoding's tokens: the chain at T = 0, 1 and 2,
+/// the module's tokens in a stale-order tree at T = 0, the module's tree on one block at T = 2
 /// under the margin rule with top-k truncation (the scorers follow the decode's rule). The
 /// chain takes fewer forwards at T = 0.
 #[test]
@@ -79,14 +80,14 @@ fn mrp_drafting_equals_draft_free() {
     let mrp = Arc::new(load_mrp());
     let prompt: Vec<u32> = (40..75).collect();
     let settings = [
-        (0.0, ConfidenceRule::Probability, None),
-        (1.0, ConfidenceRule::Probability, None),
-        (2.0, ConfidenceRule::Margin, Some(8)),
+        (0.0, ConfidenceRule::Probability, None, 48),
+        (1.0, ConfidenceRule::Probability, None, 48),
+        (2.0, ConfidenceRule::Margin, Some(8), 32),
     ];
-    for (temperature, confidence, sample_top_k) in settings {
+    for (temperature, confidence, sample_top_k, max_new_tokens) in settings {
         let cfg = DecodeConfig {
             block_size: 32,
-            max_new_tokens: 48,
+            max_new_tokens,
             temperature,
             seed: 5,
             confidence,
@@ -106,7 +107,7 @@ fn mrp_drafting_equals_draft_free() {
             .unwrap();
         let out = spec.decode(&mut target, &prompt, &cfg).unwrap();
         assert_eq!(out.tokens, df.tokens, "chain, T = {temperature}");
-        if temperature < 2.0 {
+        if temperature == 0.0 {
             // A best-first tree whose tokens the module writes (stale-confidence order here).
             let mut tree = SpotDecoder::builder()
                 .scorer(MrpTokens::new(StaleConfidenceScorer, Arc::clone(&mrp)))
@@ -116,7 +117,7 @@ fn mrp_drafting_equals_draft_free() {
             let tree_out = tree.decode(&mut target, &prompt, &cfg).unwrap();
             assert_eq!(tree_out.tokens, df.tokens, "tokens, T = {temperature}");
         }
-        if temperature != 1.0 {
+        if temperature == 2.0 {
             // The module's own tree over its corrected statistics.
             let mut tree = SpotDecoder::builder()
                 .scorer(scorer().tree())
