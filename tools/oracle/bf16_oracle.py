@@ -7,7 +7,7 @@ families_oracle.py and the model is cast to bfloat16, except what transformers k
 when it loads a bf16 checkpoint: buffers the checkpoint does not hold (RoPE's `inv_freq`) and
 Glm4Moe's `_keep_in_fp32_modules_strict` (the router weight and its score-correction bias). Each logits case of golden.json is run as families_oracle.py
 runs it and the logits (bf16 values) are written as float32 tensors, under the same keys, to
-golden_bf16.safetensors in the fixture folder. tests/families.rs compares spot-models' bf16 path
+golden_bf16.safetensors in the fixture folder. tests/suites/families.rs compares spot-models' bf16 path
 with them.
 
   bf16_oracle.py --fixtures crates/spot-models/tests/fixtures

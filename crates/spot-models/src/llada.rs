@@ -274,7 +274,7 @@ impl<B: Backend> FullSequence<B, LladaConfig> {
         };
         let net = dense_net(&spec, &LLADA_NAMES, &weights, (device, precision))?;
         // LLaDA's own sampler starts the first block right after the prompt
-        // (tests/families.rs checks it against tools/oracle/llada_sampler.py).
+        // (tests/suites/families.rs checks it against tools/oracle/llada_sampler.py).
         Ok(Self::assemble(
             cfg,
             net,

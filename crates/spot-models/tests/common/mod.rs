@@ -6,10 +6,10 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
+use burn_tensor::backend::Backend;
 use serde::Deserialize;
 use spot_dlm::BlockState;
-#[cfg(any(feature = "flex", feature = "ndarray"))]
-use spot_models::{CpuBackend, DiffusionModel, Sdar};
+use spot_models::{DiffusionModel, Sdar};
 
 pub const FIXTURES: [&str; 2] = ["sdar-tiny", "sdar-tiny-bf16"];
 
@@ -19,9 +19,9 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-#[cfg(any(feature = "flex", feature = "ndarray"))]
-pub fn load(name: &str) -> Sdar<CpuBackend> {
-    Sdar::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
+/// SDAR fixture `name` on backend `B` (its default device).
+pub fn load<B: Backend>(name: &str) -> Sdar<B> {
+    Sdar::<B>::load(&fixture(name), &Default::default()).expect("fixture loads")
 }
 
 /// Every block-diffusion fixture: SDAR (tools/oracle/sdar_oracle.py) and LLaDA, Dream,
@@ -34,9 +34,9 @@ pub const DIFFUSION_FIXTURES: [&str; 5] = [
     "llada2-moe-tiny",
 ];
 
-#[cfg(any(feature = "flex", feature = "ndarray"))]
-pub fn load_any(name: &str) -> DiffusionModel<CpuBackend> {
-    DiffusionModel::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
+/// Block-diffusion fixture `name` (any family) on backend `B` (its default device).
+pub fn load_any<B: Backend>(name: &str) -> DiffusionModel<B> {
+    DiffusionModel::<B>::load(&fixture(name), &Default::default()).expect("fixture loads")
 }
 
 #[derive(Deserialize)]

@@ -1,21 +1,19 @@
 //! Broken model folders give typed errors that name the file, field or tensor.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::*;
+use crate::B;
+use crate::common::*;
 use safetensors::Dtype;
 use spot_dlm::{BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder};
-use spot_models::{CpuBackend, HeadPlacement, ModelError, Sdar};
+use spot_models::{HeadPlacement, ModelError, Sdar};
 
-fn try_load(dir: &Path) -> Result<Sdar<CpuBackend>, ModelError> {
-    Sdar::<CpuBackend>::load(dir, &Default::default())
+fn try_load(dir: &Path) -> Result<Sdar<B>, ModelError> {
+    Sdar::<B>::load(dir, &Default::default())
 }
 
-fn err_string(r: Result<Sdar<CpuBackend>, ModelError>) -> (ModelError, String) {
+fn err_string(r: Result<Sdar<B>, ModelError>) -> (ModelError, String) {
     let e = r.expect_err("load must fail");
     let s = e.to_string();
     (e, s)
@@ -203,7 +201,7 @@ fn sharded_weights_load_identically() {
     let index = serde_json::json!({"metadata": {}, "weight_map": map});
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
     let mut sharded = try_load(&dir).unwrap();
-    let mut single = load("sdar-tiny-bf16");
+    let mut single = load::<B>("sdar-tiny-bf16");
     let s = BlockState::masked(8, 372);
     assert_eq!(
         sharded.forward_logits(std::slice::from_ref(&s)).unwrap(),
@@ -245,7 +243,7 @@ fn nan_weights_and_long_prompts_are_errors_not_panics() {
         );
     }
 
-    let mut m = load("sdar-tiny");
+    let mut m = load::<B>("sdar-tiny");
     let e = DraftFreeDecoder::new()
         .decode(
             &mut m,

@@ -1,19 +1,17 @@
 //! Broken LLaDA, Dream, LLaDA2.0-MoE and autoregressive folders give typed errors that name the
 //! file, field or tensor: wrong `model_type`, mismatched head counts, a vocabulary smaller than
 //! the mask id, missing expert tensors, unsupported options, NaN weights.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::path::Path;
 
-use common::*;
+use crate::B;
+use crate::common::*;
 use serde_json::{Value, json};
 use spot_dlm::{BlockDiffusionModel, BlockState, StatsQuery};
-use spot_models::{CausalLm, CpuBackend, DiffusionModel, ModelError};
+use spot_models::{CausalLm, DiffusionModel, ModelError};
 
-fn try_load(dir: &Path) -> Result<DiffusionModel<CpuBackend>, ModelError> {
-    DiffusionModel::<CpuBackend>::load(dir, &Default::default())
+fn try_load(dir: &Path) -> Result<DiffusionModel<B>, ModelError> {
+    DiffusionModel::<B>::load(dir, &Default::default())
 }
 
 /// Loads `name` with `config.json` edited by `edits` (a null value removes the field) and
@@ -30,7 +28,7 @@ fn expect_field(name: &str, edits: &[(&str, Value)], field: &str) {
         }
     });
     let r = if name.contains("llama") || name.contains("qwen2") {
-        CausalLm::<CpuBackend>::load(&dir, &Default::default()).map(|_| ())
+        CausalLm::<B>::load(&dir, &Default::default()).map(|_| ())
     } else {
         try_load(&dir).map(|_| ())
     };
@@ -56,11 +54,10 @@ fn wrong_model_type() {
         expect_field(name, &[("model_type", json!("gpt_neox"))], "model_type");
     }
     // A folder of one family loaded as another is refused by that family's loader.
-    let e = spot_models::Llada::<CpuBackend>::load(&fixture("dream-tiny"), &Default::default())
-        .unwrap_err();
+    let e = spot_models::Llada::<B>::load(&fixture("dream-tiny"), &Default::default()).unwrap_err();
     assert!(e.to_string().contains("d_model"), "{e}");
-    let e = spot_models::Sdar::<CpuBackend>::load(&fixture("llada2-moe-tiny"), &Default::default())
-        .unwrap_err();
+    let e =
+        spot_models::Sdar::<B>::load(&fixture("llada2-moe-tiny"), &Default::default()).unwrap_err();
     assert!(
         matches!(
             e,
@@ -224,7 +221,7 @@ fn without_tensor(name: &str, tensor: &str) -> ModelError {
     assert!(t.remove(tensor).is_some(), "{name} has no {tensor}");
     write(&p, &t);
     if name.contains("llama") || name.contains("qwen2") {
-        CausalLm::<CpuBackend>::load(&dir, &Default::default()).unwrap_err()
+        CausalLm::<B>::load(&dir, &Default::default()).unwrap_err()
     } else {
         try_load(&dir).unwrap_err()
     }
@@ -308,7 +305,7 @@ fn requests_past_the_context_are_errors() {
         let mut m = try_load(&fixture(name)).unwrap();
         assert!(m.set_generation_end(100_000).is_err(), "{name}");
     }
-    let mut m = CausalLm::<CpuBackend>::load(&fixture("llama-tiny"), &Default::default()).unwrap();
+    let mut m = CausalLm::<B>::load(&fixture("llama-tiny"), &Default::default()).unwrap();
     let e = m.extend_logits(&vec![5; 600]).unwrap_err();
     assert!(e.to_string().contains("max_position_embeddings"), "{e}");
     let e = m.extend_logits(&[9999]).unwrap_err();

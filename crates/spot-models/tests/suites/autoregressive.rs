@@ -1,15 +1,13 @@
 //! Autoregressive Llama and Qwen2 in burn against the transformers oracle (fixtures made by
 //! tools/oracle/ar_oracle.py): logits, the KV cache, greedy tokens, and that appending several
 //! tokens in one forward gives the statistics of appending them one by one.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{fixture, golden_logits};
+use crate::B;
+use crate::common::{fixture, golden_logits};
 use serde::Deserialize;
 use spot_core::{ArConfig, AutoregressiveModel, decode_autoregressive};
 use spot_dlm::StatsQuery;
-use spot_models::{CausalLm, CpuBackend, Family};
+use spot_models::{CausalLm, Family};
 
 const AR_FIXTURES: [&str; 2] = ["llama-tiny", "qwen2-tiny"];
 
@@ -51,8 +49,8 @@ fn longest_ids(g: &ArGolden) -> &[u32] {
         .ids
 }
 
-fn load(name: &str) -> CausalLm<CpuBackend> {
-    CausalLm::<CpuBackend>::load(&fixture(name), &Default::default()).expect("fixture loads")
+fn load(name: &str) -> CausalLm<B> {
+    CausalLm::<B>::load(&fixture(name), &Default::default()).expect("fixture loads")
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -74,11 +72,8 @@ fn ar_families_are_detected() {
         Family::Qwen2
     );
     assert!(!Family::Llama.is_diffusion());
-    let e = spot_models::DiffusionModel::<CpuBackend>::load(
-        &fixture("llama-tiny"),
-        &Default::default(),
-    )
-    .unwrap_err();
+    let e = spot_models::DiffusionModel::<B>::load(&fixture("llama-tiny"), &Default::default())
+        .unwrap_err();
     assert!(e.to_string().contains("autoregressive"), "{e}");
 }
 

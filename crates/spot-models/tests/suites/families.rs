@@ -1,11 +1,9 @@
 //! Every block-diffusion family in burn (SDAR, LLaDA, Dream, LLaDA2.0-MoE) against the
 //! transformers oracle (fixtures made by tools/oracle/sdar_oracle.py and families_oracle.py),
 //! and their floating-point exactness: batch invariance and speculative == draft-free.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::*;
+use crate::B;
+use crate::common::*;
 use spot_dlm::core::ConfidenceRule;
 use spot_dlm::{
     BlockDiffusionModel, BlockLayout, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
@@ -24,7 +22,7 @@ fn families_are_detected_from_config() {
     ];
     for (name, family) in DIFFUSION_FIXTURES.iter().zip(want) {
         assert_eq!(Family::detect(&fixture(name)).unwrap(), family);
-        assert_eq!(load_any(name).family(), family);
+        assert_eq!(load_any::<B>(name).family(), family);
     }
 }
 
@@ -35,7 +33,7 @@ fn families_are_detected_from_config() {
 fn logits_match_transformers() {
     for name in DIFFUSION_FIXTURES {
         let g = golden(name);
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         assert_eq!(m.info().mask_id, g.mask_id, "{name}");
         assert_eq!(m.info().vocab_size, g.vocab_size, "{name}");
         for case in &g.logits_cases {
@@ -65,7 +63,7 @@ fn logits_match_transformers() {
 fn draft_free_tokens_match_transformers() {
     for name in DIFFUSION_FIXTURES {
         let g = golden(name);
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         for (i, case) in g.decode_cases.iter().enumerate() {
             let cfg = decode_config(&g, case);
             let out = DraftFreeDecoder::new()
@@ -92,7 +90,7 @@ fn statistics_are_batch_invariant() {
         .iter()
         .flat_map(|n| [(n, HeadPlacement::Host), (n, HeadPlacement::Device)])
     {
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         m.set_head_placement(head);
         let name = format!("{name} ({head:?} head)");
         let mask = m.info().mask_id;
@@ -117,7 +115,7 @@ fn statistics_are_batch_invariant() {
 #[test]
 fn head_placements_agree() {
     for name in DIFFUSION_FIXTURES {
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         let mask = m.info().mask_id;
         let prefix: Vec<u32> = (0..16u32).map(|i| (i * 11) % 300).collect();
         m.set_generation_end(40).unwrap();
@@ -176,7 +174,7 @@ fn head_placements_agree() {
 fn speculative_equals_draft_free_for_every_family() {
     let mut cases = 0;
     for name in DIFFUSION_FIXTURES {
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         let stop = m.info().stop_ids.clone();
         let (own, any) = (m.info().layout, m.info().any_layout);
         if !any {
@@ -251,7 +249,7 @@ fn speculative_equals_draft_free_for_every_family() {
 fn batched_requests_equal_alone_for_every_family() {
     let mut checked = 0;
     for name in DIFFUSION_FIXTURES {
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         for head in [HeadPlacement::Host, HeadPlacement::Device] {
             m.set_head_placement(head);
             checked += assert_batched_equals_alone(&mut m, &format!("{name} {head:?}"));
@@ -265,7 +263,7 @@ fn batched_requests_equal_alone_for_every_family() {
 #[test]
 fn positions_count_the_recomputed_sequence() {
     for name in ["llada-tiny", "dream-tiny", "sdar-tiny"] {
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         let cfg = DecodeConfig {
             block_size: 8,
             max_new_tokens: 20,
@@ -295,7 +293,7 @@ fn positions_count_the_recomputed_sequence() {
 #[test]
 fn approximate_prefix_cache_is_consistent() {
     for name in ["llada-tiny", "dream-tiny"] {
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         let stop = m.info().stop_ids.clone();
         let mask = m.info().mask_id;
         // Logits: exact vs approximate after a 16-token prefix, region end 40.
@@ -351,7 +349,7 @@ fn approximate_prefix_cache_is_consistent() {
         }
     }
     for name in ["sdar-tiny", "llada2-moe-tiny"] {
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         assert!(m.set_approximate_prefix_cache(true).is_err(), "{name}");
         m.set_approximate_prefix_cache(false).unwrap();
     }
@@ -365,14 +363,14 @@ fn approximate_prefix_cache_is_consistent() {
 #[test]
 fn half_precisions_are_exact_and_close() {
     use burn_tensor::backend::Backend;
-    use spot_models::{CpuBackend, DiffusionModel, Precision};
+    use spot_models::{DiffusionModel, Precision};
     let device = Default::default();
     for name in DIFFUSION_FIXTURES {
-        let mut reference = load_any(name);
+        let mut reference = load_any::<B>(name);
         let mask = reference.info().mask_id;
         let prefix: Vec<u32> = (0..16u32).map(|i| (i * 5) % 300).collect();
         let batch = varied_states(mask, 5, 8, 3);
-        let start = |m: &mut DiffusionModel<CpuBackend>| {
+        let start = |m: &mut DiffusionModel<B>| {
             m.set_generation_end(40).unwrap();
             m.reset_prefix(&prefix, 8).unwrap();
         };
@@ -383,8 +381,8 @@ fn half_precisions_are_exact_and_close() {
             (Precision::Bf16, burn_tensor::DType::BF16),
             (Precision::F16, burn_tensor::DType::F16),
         ] {
-            let loaded = DiffusionModel::<CpuBackend>::load_as(&fixture(name), &device, p);
-            if !CpuBackend::supports_dtype(&device, dtype) {
+            let loaded = DiffusionModel::<B>::load_as(&fixture(name), &device, p);
+            if !B::supports_dtype(&device, dtype) {
                 let e = match loaded {
                     Err(e) => e.to_string(),
                     Ok(_) => panic!("{name}: {p} accepted by a backend without it"),
@@ -461,16 +459,15 @@ fn half_precisions_are_exact_and_close() {
 #[test]
 fn bf16_logits_match_transformers_in_bf16() {
     use burn_tensor::backend::Backend;
-    use spot_models::{CpuBackend, DiffusionModel, Precision};
+    use spot_models::{DiffusionModel, Precision};
     let device = Default::default();
-    if !CpuBackend::supports_dtype(&device, burn_tensor::DType::BF16) {
+    if !B::supports_dtype(&device, burn_tensor::DType::BF16) {
         eprintln!("SKIPPED bf16_logits_match_transformers_in_bf16: the CPU backend has no bf16");
         return;
     }
     for name in ["llada-tiny", "dream-tiny", "llada2-moe-tiny"] {
         let g = golden(name);
-        let mut m = DiffusionModel::<CpuBackend>::load_as(&fixture(name), &device, Precision::Bf16)
-            .unwrap();
+        let mut m = DiffusionModel::<B>::load_as(&fixture(name), &device, Precision::Bf16).unwrap();
         let mut sums = (0.0f64, 0.0f64);
         for case in &g.logits_cases {
             m.set_generation_end(case.end.unwrap_or(0)).unwrap();
@@ -526,7 +523,7 @@ fn bf16_logits_match_transformers_in_bf16() {
 fn merged_appends_equal_appends_alone() {
     use spot_dlm::{CacheSlot, MultiRequestModel};
     for name in DIFFUSION_FIXTURES {
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         let mask = m.info().mask_id;
         let prefixes: Vec<Vec<u32>> = (0..3u32)
             .map(|i| (0..8 * (i + 1)).map(|j| (j * 13 + i * 7) % 300).collect())
@@ -588,7 +585,7 @@ fn carried_work_equals_running_it_alone() {
     use spot_dlm::core::{Carry, PrefixUpdate};
     use spot_dlm::{CacheSlot, MultiRequestModel, ScoreGroup};
     for name in DIFFUSION_FIXTURES {
-        let mut m = load_any(name);
+        let mut m = load_any::<B>(name);
         let mask = m.info().mask_id;
         let cached = matches!(m.family(), Family::Sdar | Family::Llada2Moe);
         let prefixes: Vec<Vec<u32>> = (0..3u32)
@@ -685,7 +682,7 @@ fn carried_work_equals_running_it_alone() {
 /// (`Transition::Threshold`), the same tokens in the same number of forwards.
 #[test]
 fn llada_defaults_reproduce_its_own_sampler() {
-    let mut m = load_any("llada-tiny");
+    let mut m = load_any::<B>("llada-tiny");
     assert_eq!(m.info().layout, BlockLayout::AfterPrompt);
     let mut differ = 0;
     for (i, case) in sampler_cases("llada-tiny").iter().enumerate() {
@@ -754,7 +751,7 @@ fn dream_timesteps_reproduce_its_own_sampler() {
         assert_eq!(dream.timestep_counts(masked), want, "{s}");
     }
     assert!(schedules.len() >= 100);
-    let mut m = load_any("dream-tiny");
+    let mut m = load_any::<B>("dream-tiny");
     let mut several = 0;
     for (i, case) in rec["cases"].as_array().unwrap().iter().enumerate() {
         let prompt = json_ids(&case["prompt"]);
@@ -786,7 +783,7 @@ fn dream_timesteps_reproduce_its_own_sampler() {
 /// defaults and the case's schedule, and checks tokens and forwards; at least one case commits
 /// several positions per forward.
 fn scheduled_sampler_agrees(name: &str) {
-    let mut m = load_any(name);
+    let mut m = load_any::<B>(name);
     assert_eq!(m.info().layout, BlockLayout::Aligned, "{name}");
     let mut several = 0;
     for (i, case) in sampler_cases(name).iter().enumerate() {
@@ -852,7 +849,7 @@ fn json_ids(v: &serde_json::Value) -> Vec<u32> {
 fn hidden_states_are_the_final_hidden_states() {
     for name in DIFFUSION_FIXTURES {
         for placement in [HeadPlacement::Host, HeadPlacement::Device] {
-            let mut m = load_any(name);
+            let mut m = load_any::<B>(name);
             m.set_head_placement(placement);
             let mask = m.info().mask_id;
             m.set_generation_end(64).unwrap();

@@ -1,11 +1,9 @@
 //! Floating-point exactness specific to SDAR: cached vs recomputed prefix, and batch invariance
 //! on a larger model (batch invariance and speculative == draft-free on every family's fixture:
 //! `families.rs`).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::*;
+use crate::B;
+use crate::common::*;
 use spot_dlm::{BlockDiffusionModel, StatsQuery};
 
 /// Statistics with the prefix built block by block (the decoder's cache appends) equal those
@@ -13,7 +11,7 @@ use spot_dlm::{BlockDiffusionModel, StatsQuery};
 #[test]
 fn cached_prefix_equals_recomputed_prefix() {
     for name in FIXTURES {
-        let mut m = load(name);
+        let mut m = load::<B>(name);
         let mask = m.info().mask_id;
         let prefix: Vec<u32> = (0..32u32).map(|i| (i * 13 + 5) % 300).collect();
         let states = varied_states(mask, 5, 8, 3);
@@ -38,9 +36,7 @@ fn statistics_are_batch_invariant_on_a_larger_model() {
         eprintln!("SPOT_BENCH_MODEL not set: skipped");
         return;
     };
-    let mut m =
-        spot_models::Sdar::<spot_models::CpuBackend>::load(dir.as_ref(), &Default::default())
-            .unwrap();
+    let mut m = spot_models::Sdar::<B>::load(dir.as_ref(), &Default::default()).unwrap();
     let mask = m.info().mask_id;
     let prefix: Vec<u32> = (0..256u32).map(|i| (i * 31 + 7) % 8000).collect();
     m.reset_prefix(&prefix, 32).unwrap();
