@@ -358,7 +358,7 @@ impl<B: Backend> Frame<B> {
             bias: self.mask_bias.as_ref(),
         };
         let rows = head.reduce_rows(
-            hidden,
+            || hidden,
             host_hidden.as_deref(),
             &jobs,
             &positions,

@@ -171,14 +171,16 @@ pub(crate) struct NoiseRows<'a, B: Backend> {
 impl<B: Backend> Head<B> {
     /// The target's reduction of the rows `jobs` name of `hidden` `[rows, dim]`: each row's
     /// choice under `query` (`argmax(l / T + G)` with its Gumbel row at `T > 0`, never the
-    /// mask), its confidence, probability and top list. `host_hidden` is `hidden` already on
-    /// the host, when the caller has it; `positions` are the rows' absolute positions (errors
+    /// mask), its confidence, probability and top list. `hidden` makes the rows as a tensor
+    /// (called only when the reduction needs one: always on the device path, on the host path
+    /// only without `host_hidden`, the same rows already on the host when the caller has them);
+    /// `positions` are the rows' absolute positions (errors
     /// name them). The one reduction of the output layer: the models' forwards and the MRP
     /// module's corrected logits both go through it.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce_rows(
         &self,
-        hidden: Tensor<B, 2>,
+        hidden: impl FnOnce() -> Tensor<B, 2>,
         host_hidden: Option<&[f32]>,
         jobs: &[RowJob],
         positions: &[usize],
@@ -196,7 +198,7 @@ impl<B: Backend> Head<B> {
                 let values = match host_hidden {
                     Some(v) => v,
                     None => {
-                        owned = host_values(hidden);
+                        owned = host_values(hidden());
                         &owned
                     }
                 };
@@ -204,6 +206,7 @@ impl<B: Backend> Head<B> {
                 h.reduce(values, jobs, query, mask.id, table, positions)
             }
             Head::Device(w) => {
+                let hidden = hidden();
                 let device = hidden.device();
                 let index = |rows: Vec<i64>| {
                     let n = rows.len();

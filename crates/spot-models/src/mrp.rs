@@ -26,7 +26,7 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use serde::Deserialize;
 use spot_core::{BlockStats, ConfidenceRule, StatsQuery, TokenId};
-use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
+use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, fill_normalised};
 
 use crate::attention::Attend;
 use crate::config::DecoderConfig;
@@ -37,6 +37,7 @@ use crate::hf::{Weights, read_json};
 use crate::host_head::{RowJob, RowStats};
 use crate::loader::Loader;
 use crate::precision::Precision;
+use crate::reduce::noise_table;
 use crate::transformer::{Net, Segment, rms_norm};
 
 /// File name of a model folder's default MRP module description (`mrp.safetensors` next to
@@ -261,15 +262,13 @@ impl<B: Backend> Mrp<B> {
         query: &StatsQuery,
         (mask, noise): (MaskTerms<'_, B>, Option<NoiseRows<'_, B>>),
     ) -> Result<Vec<RowStats>> {
-        let n = jobs.len();
-        let t = Tensor::<B, 2>::from_data(
-            TensorData::new(rows.clone(), [n, self.hidden]),
-            &self.net.device,
-        )
-        .cast(self.net.dtype);
+        let tensor = || {
+            let data = TensorData::new(rows.clone(), [jobs.len(), self.hidden]);
+            Tensor::<B, 2>::from_data(data, &self.net.device).cast(self.net.dtype)
+        };
         self.net
             .head
-            .reduce_rows(t, Some(&rows), jobs, positions, query, mask, noise)
+            .reduce_rows(tensor, Some(&rows), jobs, positions, query, mask, noise)
     }
 }
 
@@ -364,8 +363,9 @@ impl<B: Backend> MrpScorer<B> {
         q
     }
 
-    /// The Gumbel rows of the block `ctx` decodes (made once per block and seed).
-    fn block_noise(&mut self, ctx: &ScoreContext<'_>, l: usize) {
+    /// The Gumbel rows of the block `ctx` decodes under `query` (made once per block and
+    /// seed).
+    fn block_noise(&mut self, ctx: &ScoreContext<'_>, query: &StatsQuery, l: usize) {
         let Some(g) = ctx.noise.filter(|_| ctx.temperature > 0.0) else {
             return;
         };
@@ -373,14 +373,9 @@ impl<B: Backend> MrpScorer<B> {
         if self.noise.as_ref().is_some_and(|n| n.key == key) {
             return;
         }
-        let v = self.mrp.vocab;
-        let mut host = vec![0.0f32; l * v];
-        for (s, row) in host.chunks_mut(v).enumerate() {
-            g.fill_row((ctx.block_start + s) as u64, row);
-        }
         self.noise = Some(BlockNoise {
             key,
-            host,
+            host: noise_table(query, ctx.block_start, l, self.mrp.vocab),
             device: None,
         });
     }
@@ -470,7 +465,7 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
         // 2. Corrected hidden states at every masked position of every node, reduced in one
         // call by the target's rule.
         let query = self.query(ctx);
-        self.block_noise(ctx, l);
+        self.block_noise(ctx, &query, l);
         let mut accs = Vec::with_capacity(nodes.len());
         let (mut rows, mut jobs, mut positions) = (Vec::new(), Vec::new(), Vec::new());
         for (i, mut acc) in parents.into_iter().enumerate() {
@@ -509,6 +504,8 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
             .reduce(rows, &jobs, &positions, &query, (terms, noise))
             .map_err(|e| self.error(e.to_string()))?;
         let mut reduced = reduced.into_iter();
+        // The corrected probability of each node's choices (0 where committed).
+        let mut probs = vec![0.0f32; nodes.len() * l];
         for (i, acc) in accs.into_iter().enumerate() {
             let tokens = nodes.tokens(i);
             let mut choice = vec![None; l];
@@ -519,23 +516,18 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
                 };
                 conf[s] = r.confidence(self.rule) as f32;
                 choice[s] = Some((r.token, r.token_prob as f32));
+                probs[i * l + s] = r.token_prob as f32;
             }
-            if self.tree {
-                // The corrected probability of each choice, as BlockSpec weighs the stale ones.
-                let weight = |s: usize| choice[s].map(|c| c.1.max(0.0));
-                let total: f32 = (0..l).filter_map(weight).sum();
-                let masked = (0..l).filter_map(weight).count().max(1) as f32;
-                for (s, o) in out[i * l..(i + 1) * l].iter_mut().enumerate() {
-                    *o = match weight(s) {
-                        None => 0.0,
-                        Some(w) if total > 0.0 => w / total,
-                        Some(_) => 1.0 / masked,
-                    };
-                }
-            } else if let Some(s) = best_position(tokens, mask, |s| conf[s]) {
+            if !self.tree
+                && let Some(s) = best_position(tokens, mask, |s| conf[s])
+            {
                 out[i * l + s] = 1.0;
             }
             self.memo.insert(tokens.to_vec(), Scored { acc, choice });
+        }
+        if self.tree {
+            // The corrected probability of each choice, as BlockSpec weighs the stale ones.
+            fill_normalised(nodes, l, out, |i, s| probs[i * l + s]);
         }
         Ok(())
     }
