@@ -11,7 +11,10 @@
 #   1. a Python venv (PYTHON_VENV, default ~/.cache/spot-train-venv) with the pins below, from
 #      PyPI (PyPI's torch wheel is the CUDA build: about 3 GB with its libraries; it runs on CPU);
 #   2. teacher data: the target's own greedy continuations of TEACHER_LIMIT training-side
-#      prompts (GSM8K train, MBPP 601-974; tools/specdiff/teacher.py) in WORK_DIR/teacher.jsonl;
+#      prompts (GSM8K train, MBPP 601-974; tools/specdiff/teacher.py) in WORK_DIR/teacher.jsonl,
+#      or, when TARGET_DIR/specdiff-lookup.jsonl exists (tools/specdiff/setup_lookup.sh: the
+#      same kind of continuations, decoded by spot), that file instead (TEACHER=FILE names
+#      another);
 #   3. training (tools/specdiff/train_drafter.py): the target's first LAYERS layers with streak
 #      distillation for MINUTES minutes (resumes from WORK_DIR/drafter/train.pt), then copies
 #      the drafter folder into TARGET_DIR/specdiff-drafter/.
@@ -59,16 +62,26 @@ if ! "$VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
 fi
 PY=$VENV/bin/python
 
-echo "setup_drafter: 2/3 teacher data $WORK/teacher.jsonl ($TEACHER_LIMIT prompts)"
-"$PY" "$HERE/teacher.py" --target "$TARGET" --data "$DATA" --out "$WORK/teacher.jsonl" \
-    --limit "$TEACHER_LIMIT" --threads "$THREADS" || fail "teacher.py failed"
+TEACHER=${TEACHER:-}
+if [ -z "$TEACHER" ] && [ -f "$TARGET/specdiff-lookup.jsonl" ]; then
+    TEACHER=$TARGET/specdiff-lookup.jsonl
+fi
+if [ -n "$TEACHER" ]; then
+    [ -f "$TEACHER" ] || fail "TEACHER=$TEACHER does not exist"
+    echo "setup_drafter: 2/3 teacher data: $TEACHER"
+else
+    TEACHER=$WORK/teacher.jsonl
+    echo "setup_drafter: 2/3 teacher data $TEACHER ($TEACHER_LIMIT prompts)"
+    "$PY" "$HERE/teacher.py" --target "$TARGET" --data "$DATA" --out "$TEACHER" \
+        --limit "$TEACHER_LIMIT" --threads "$THREADS" || fail "teacher.py failed"
+fi
 
 echo "setup_drafter: 3/3 training $LAYERS layers for $MINUTES minutes in $WORK/drafter"
 STREAK=()
 if [ "${NO_STREAK:-0}" = 1 ]; then
     STREAK=(--no-streak)
 fi
-"$PY" "$HERE/train_drafter.py" --target "$TARGET" --teacher "$WORK/teacher.jsonl" \
+"$PY" "$HERE/train_drafter.py" --target "$TARGET" --teacher "$TEACHER" \
     --out "$WORK/drafter" --layers "$LAYERS" --gamma "$DRAFT_TOKENS" --minutes "$MINUTES" \
     --threads "$THREADS" "${STREAK[@]}" || fail "train_drafter.py failed"
 

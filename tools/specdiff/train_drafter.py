@@ -16,6 +16,9 @@ positions `0..i-1` right, `Π_{k<i} q(x_k)`, so training spends itself where a s
 still grow; plus the causal next-token loss over the continuation (`--ar-weight`). With
 `--no-streak`, every position weighs 1 (the ablation).
 
+Teacher data: teacher.py's JSONL, or the lines `spot generate --json` writes (the lookup
+store's `specdiff-lookup.jsonl` from tools/specdiff/setup_lookup.sh serves as both).
+
 Prints a held-out acceptance curve (share of blocks whose greedy draft matches the teacher on
 at least `i` leading tokens) every `--eval-every` steps, and resumes from `--out/train.pt`.
 
@@ -39,8 +42,21 @@ from transformers import AutoConfig, AutoModelForCausalLM
 DRAFTER_FILE = "specdiff-drafter.json"
 
 
-def load_teacher(path: Path):
-    rows = [json.loads(line) for line in path.open()]
+def teacher_row(line: str, k: int):
+    """A teacher continuation: teacher.py's `{"id", "ids", "prompt_len"}`, or a line `spot
+    generate --json` writes (`prompt_ids` and `tokens`; the lookup store's file), which gets
+    its line number as `id`."""
+    r = json.loads(line)
+    if "ids" in r:
+        return r
+    return {"id": r.get("id") or k, "ids": r["prompt_ids"] + r["tokens"], "prompt_len": len(r["prompt_ids"])}
+
+
+def load_teacher(paths):
+    rows = []
+    for path in paths:
+        with path.open() as f:
+            rows += [teacher_row(line, f"{path.name}:{k}") for k, line in enumerate(f) if line.strip()]
     return [r for r in rows if len(r["ids"]) - r["prompt_len"] >= 4]
 
 
@@ -206,7 +222,8 @@ def export(model, target: Path, out: Path, layers: int, mask_id: int, note: str)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", type=Path, required=True)
-    ap.add_argument("--teacher", type=Path, required=True)
+    ap.add_argument("--teacher", type=Path, nargs="+", required=True,
+                    help="teacher.py output or `spot generate --json` lines (several files allowed)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--gamma", type=int, default=16)
@@ -246,13 +263,14 @@ def main() -> None:
     print(f"step {step}: held-out acceptance (>= 1, 2, 4, 8 tokens) "
           f"{curve[0]:.3f} {curve[1]:.3f} {curve[3]:.3f} {curve[7]:.3f} over {nb} blocks", flush=True)
     rng = random.Random(a.seed + step)
+    start, span = step, max(1, a.max_steps - step)
     t0 = time.time()
     deadline = t0 + a.minutes * 60
-    total_steps = max(1, int(a.max_steps))
     running = None
     while step < a.max_steps and time.time() < deadline:
-        # Cosine decay over the time budget.
-        frac = min(1.0, (time.time() - t0) / (a.minutes * 60))
+        # Cosine decay over the budget: the time, or the steps when --max-steps is the tighter
+        # one (equal step counts make runs on a shared CPU comparable).
+        frac = min(1.0, max((time.time() - t0) / (a.minutes * 60), (step - start) / span))
         for g in opt.param_groups:
             g["lr"] = a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         opt.zero_grad()
@@ -277,7 +295,6 @@ def main() -> None:
                   f"{curve[0]:.3f} {curve[1]:.3f} {curve[3]:.3f} {curve[7]:.3f}", flush=True)
             a.out.mkdir(parents=True, exist_ok=True)
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
-    del total_steps
     curve, nb = evaluate(model, held, a.gamma, a.blocks, a.mask_id, 1)
     print("held-out acceptance curve (share of blocks with >= i accepted tokens, i = 1..γ): "
           + " ".join(f"{c:.3f}" for c in curve), flush=True)

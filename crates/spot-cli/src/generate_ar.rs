@@ -56,6 +56,16 @@ pub enum AcceptanceArg {
     Classic,
 }
 
+impl AcceptanceArg {
+    /// The decoder's rule.
+    pub fn acceptance(self) -> Acceptance {
+        match self {
+            AcceptanceArg::Coupled => Acceptance::Coupled,
+            AcceptanceArg::Classic => Acceptance::Classic,
+        }
+    }
+}
+
 /// [`Selection`] on the command line.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SelectionArg {
@@ -92,10 +102,7 @@ impl SpecDiffArgs {
             selection: self.selection.selection(),
             draft_seed: seed,
             min_draft_prob: self.min_draft_prob,
-            acceptance: match self.acceptance {
-                AcceptanceArg::Coupled => Acceptance::Coupled,
-                AcceptanceArg::Classic => Acceptance::Classic,
-            },
+            acceptance: self.acceptance.acceptance(),
             ..SpecDiffConfig::default()
         }
     }

@@ -1392,7 +1392,47 @@ fn bench_on_an_autoregressive_folder() {
     assert_eq!(rows[2]["mean_nfe"], rows[0]["mean_nfe"]);
     assert_eq!(rows[2]["equal"], 2);
     assert!(rows[1]["mean_nfe"].as_f64() < rows[0]["mean_nfe"].as_f64());
+    // The classic rule runs with K = 1 only (K = 2 is left out of its grid) and is not
+    // required to equal `ar`.
+    let mut args = base.to_vec();
+    args.extend([
+        "--specdiff-drafters",
+        d,
+        "--k",
+        "1,2",
+        "--draft-tokens",
+        "4",
+        "--acceptance",
+        "classic",
+        "--temperatures",
+        "1",
+    ]);
+    let out = spot(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap())
+            .unwrap();
+    let rows = j["groups"][0]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(
+        rows[1]["method"],
+        "specdiff specdiff-drafter K=1 γ=4 longest classic"
+    );
+    assert_eq!(
+        (&rows[0]["must_equal"], &rows[1]["must_equal"]),
+        (&true.into(), &false.into())
+    );
+    let md = std::fs::read_to_string(out_dir.join("bench.md")).unwrap();
+    assert!(md.contains("(not required)"), "{md}");
     for (extra, what) in [
+        (
+            &["--acceptance", "classic", "--k", "2"][..],
+            "--acceptance classic runs with one draft",
+        ),
         (&["--reference", "threshold"][..], "--reference threshold"),
         (
             &["--methods", "spot"][..],
