@@ -1359,10 +1359,11 @@ fn bench_on_an_autoregressive_folder() {
     assert_eq!(samples.lines().count(), 2 * 2 * 9);
     let md = std::fs::read_to_string(out_dir.join("bench.md")).unwrap();
     assert!(md.contains("| ar | 2/2 |"), "{md}");
+    // `base` without its leading `bench` and trailing `--out DIR` (`bench_groups` adds them).
+    let model_args = &base[1..base.len() - 2];
     // Adaptive draft length: a floor of 1 drafts nothing (the drafter is never certain), so
     // every round is a plain forward.
-    let mut args = base.to_vec();
-    args.extend([
+    let extra = [
         "--specdiff-drafters",
         d,
         "--k",
@@ -1373,17 +1374,9 @@ fn bench_on_an_autoregressive_folder() {
         "0,1",
         "--temperatures",
         "0",
-    ]);
-    let out = spot(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap())
-            .unwrap();
-    let rows = j["groups"][0]["rows"].as_array().unwrap();
+    ];
+    let groups = bench_groups(&[model_args, &extra].concat(), &out_dir);
+    let rows = groups[0]["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 3, "{rows:?}");
     assert_eq!(
         rows[2]["method"],
@@ -1394,8 +1387,7 @@ fn bench_on_an_autoregressive_folder() {
     assert!(rows[1]["mean_nfe"].as_f64() < rows[0]["mean_nfe"].as_f64());
     // The classic rule runs with K = 1 only (K = 2 is left out of its grid) and is not
     // required to equal `ar`.
-    let mut args = base.to_vec();
-    args.extend([
+    let extra = [
         "--specdiff-drafters",
         d,
         "--k",
@@ -1406,17 +1398,9 @@ fn bench_on_an_autoregressive_folder() {
         "classic",
         "--temperatures",
         "1",
-    ]);
-    let out = spot(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("bench.json")).unwrap())
-            .unwrap();
-    let rows = j["groups"][0]["rows"].as_array().unwrap();
+    ];
+    let groups = bench_groups(&[model_args, &extra].concat(), &out_dir);
+    let rows = groups[0]["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert_eq!(
         rows[1]["method"],

@@ -174,8 +174,7 @@ impl<B: Backend> Head<B> {
     /// mask), its confidence, probability and top list. `hidden` makes the rows as a tensor
     /// (called only when the reduction needs one: always on the device path, on the host path
     /// only without `host_hidden`, the same rows already on the host when the caller has them);
-    /// `positions` are the rows' absolute positions (errors
-    /// name them). The one reduction of the output layer: the models' forwards and the MRP
+    /// `positions` are the rows' absolute positions (errors name them). The one reduction of the output layer: the models' forwards and the MRP
     /// module's corrected logits both go through it.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce_rows(
