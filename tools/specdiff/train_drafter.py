@@ -42,14 +42,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 DRAFTER_FILE = "specdiff-drafter.json"
 
 
-def teacher_row(line: str, k: int):
+def teacher_row(line: str, where: str):
     """A teacher continuation: teacher.py's `{"id", "ids", "prompt_len"}`, or a line `spot
     generate --json` writes (`prompt_ids` and `tokens`; the lookup store's file), which gets
-    its line number as `id`."""
+    its own `id` or else `where` (file name and line number)."""
     r = json.loads(line)
     if "ids" in r:
         return r
-    return {"id": r.get("id") or k, "ids": r["prompt_ids"] + r["tokens"], "prompt_len": len(r["prompt_ids"])}
+    return {"id": r.get("id") or where, "ids": r["prompt_ids"] + r["tokens"], "prompt_len": len(r["prompt_ids"])}
 
 
 def load_teacher(paths):
