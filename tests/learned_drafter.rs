@@ -145,7 +145,8 @@ fn spiffy_graph_is_exact() {
     let graph = SpiffyGraph::calibrate(&trajs, 6, 64).unwrap();
     // With and without token calibration (none: Spiffy's own weight-1 stale tokens).
     let refs: Vec<_> = trajs.iter().collect();
-    let fitted = TokenCalibration::fit_per_temperature(&refs, 7);
+    let fitted =
+        TokenCalibration::fit_per_temperature(&refs, 7, spot_drafter::CalibrationPaths::Drafted);
     for (cals, t) in [
         (Vec::new(), 0.0),
         (Vec::new(), 1.0),

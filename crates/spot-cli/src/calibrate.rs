@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use spot_drafter::{
-    JoinTable, SetsDrafter, SpiffyGraph, TokenCalibration, Trajectory, TrajectoryDir,
+    CalibrationPaths, JoinTable, SetsDrafter, SpiffyGraph, TokenCalibration, Trajectory,
+    TrajectoryDir,
 };
 
 /// Arguments of `spot calibrate-spiffy`.
@@ -69,6 +70,29 @@ pub struct CalibrateTokensArgs {
     /// Deepest replay depth with a row of its own (deeper nodes use the last row).
     #[arg(long, default_value_t = 7)]
     max_depth: usize,
+    /// Which replay examples the hit rates are over: `drafted` (paths whose earlier commits
+    /// were each the stale choice or the hedge, the paths a tree drafts) or `all` (every
+    /// replay path, as tables before this option were fitted).
+    #[arg(long, value_enum, default_value_t = PathsArg::Drafted)]
+    paths: PathsArg,
+}
+
+/// `--paths` of `spot calibrate-tokens`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PathsArg {
+    /// Paths a tree of stale choices and hedges drafts.
+    Drafted,
+    /// Every replay path.
+    All,
+}
+
+impl PathsArg {
+    fn paths(self) -> CalibrationPaths {
+        match self {
+            PathsArg::Drafted => CalibrationPaths::Drafted,
+            PathsArg::All => CalibrationPaths::All,
+        }
+    }
 }
 
 /// Runs `spot calibrate-tokens`: refits a drafter checkpoint's per-temperature token
@@ -99,7 +123,7 @@ pub fn run_tokens(a: &CalibrateTokensArgs) -> Result<()> {
     let refs: Vec<&Trajectory> = trajs.iter().collect();
     let mut tables = Vec::new();
     for (t, count, [conf, margin]) in
-        TokenCalibration::fit_per_temperature_scored(&refs, a.max_depth)
+        TokenCalibration::fit_per_temperature_scored(&refs, a.max_depth, a.paths.paths())
     {
         eprintln!(
             "T = {}: {count} trajectories, key {:?} (log-loss: confidence {conf:.4}, margin {margin:.4})",

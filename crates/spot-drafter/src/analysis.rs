@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::features::MARGIN_CAP;
 use crate::table_error::TableError;
-use crate::trajectory::{Trajectory, examples};
+use crate::trajectory::{Example, Trajectory, examples};
 
 /// Token hit rates of the stale statistics, by replay depth (Algorithm 1's examples).
 ///
@@ -93,6 +93,36 @@ pub enum CalibrationKey {
     Margin,
 }
 
+/// Which replay examples a [`TokenCalibration`] counts.
+///
+/// A tree node at depth `d` is reached only along a path of drafted tokens: each earlier commit
+/// put the stale choice or the hedge of its position. Among such paths the stale choice keeps
+/// winning far more often than over all replay paths (shipped target, 200 training
+/// trajectories at `T = 1`, depth 7, margin 1.5-2 nats: 0.71 against 0.56), because a path whose
+/// tokens the stale statistics named is one where the block's context moved little. Rates over
+/// all paths fall with depth and understate deep nodes; rates over drafted paths are the
+/// probabilities the tree's masses need.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CalibrationPaths {
+    /// Every replay example (tables written before this choice existed).
+    #[default]
+    All,
+    /// Only examples whose earlier commits were each the stale choice or the hedge of their
+    /// position ([`Example::drafted`](crate::Example::drafted)).
+    Drafted,
+}
+
+impl CalibrationPaths {
+    /// Whether the table counts `ex`.
+    pub fn counts(self, ex: &Example<'_>) -> bool {
+        match self {
+            CalibrationPaths::All => true,
+            CalibrationPaths::Drafted => ex.drafted,
+        }
+    }
+}
+
 impl CalibrationKey {
     /// The bins' upper edges.
     pub fn edges(self) -> &'static [f32] {
@@ -137,17 +167,22 @@ pub struct TokenCalibration {
     /// The same for the hedge (the runner-up of the decoder's choice rule; the noised
     /// runner-up under `T > 0`); fitted tables are non-increasing in the key.
     pub runner_up: Vec<Vec<f32>>,
+    /// Which replay examples the rates are over (absent in older checkpoints: all).
+    #[serde(default)]
+    pub paths: CalibrationPaths,
     /// The decoding temperature of the trajectories it was fitted on (`None`: any, mixed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
 }
 
 impl TokenCalibration {
-    /// Measures the hit rates on `trajs` for depths `0..=max_depth`, binned by `key`.
+    /// Measures the hit rates on the examples of `trajs` that `paths` counts, for depths
+    /// `0..=max_depth`, binned by `key`.
     pub fn fit<'a>(
         trajs: impl IntoIterator<Item = &'a Trajectory>,
         max_depth: usize,
         key: CalibrationKey,
+        paths: CalibrationPaths,
     ) -> Self {
         let edges = key.edges();
         let (nd, nb) = (max_depth + 1, edges.len());
@@ -156,6 +191,9 @@ impl TokenCalibration {
         let mut h2 = vec![vec![0u64; nb]; nd];
         for t in trajs {
             examples(t, max_depth, |ex| {
+                if !paths.counts(&ex) {
+                    return;
+                }
                 let Some(p) = ex.stale.stored(ex.target) else {
                     return;
                 };
@@ -178,21 +216,26 @@ impl TokenCalibration {
             edges: edges.to_vec(),
             top1: rate(&h1, true),
             runner_up: rate(&h2, false),
+            paths,
             temperature: None,
         }
     }
 
     /// Fits a table per [`CalibrationKey`] on `trajs` and keeps the one that predicts them
     /// best ([`TokenCalibration::log_loss`]; the confidence on a tie).
-    pub fn fit_best(trajs: &[&Trajectory], max_depth: usize) -> Self {
-        Self::fit_scored(trajs, max_depth).0
+    pub fn fit_best(trajs: &[&Trajectory], max_depth: usize, paths: CalibrationPaths) -> Self {
+        Self::fit_scored(trajs, max_depth, paths).0
     }
 
     /// [`TokenCalibration::fit_best`] with the log-loss on `trajs` of each key's table
     /// (confidence, margin).
-    pub fn fit_scored(trajs: &[&Trajectory], max_depth: usize) -> (Self, [f64; 2]) {
+    pub fn fit_scored(
+        trajs: &[&Trajectory],
+        max_depth: usize,
+        paths: CalibrationPaths,
+    ) -> (Self, [f64; 2]) {
         let fit = |key| {
-            let table = Self::fit(trajs.iter().copied(), max_depth, key);
+            let table = Self::fit(trajs.iter().copied(), max_depth, key, paths);
             let loss = table.log_loss(trajs, max_depth);
             (table, loss)
         };
@@ -202,7 +245,7 @@ impl TokenCalibration {
     }
 
     /// Mean log-loss (nats) of the table's two predictions on the examples of `trajs` up to
-    /// `max_depth`: the binary cross-entropy of "the stale choice is committed" plus that of
+    /// `max_depth` that its [`CalibrationPaths`] counts: the binary cross-entropy of "the stale choice is committed" plus that of
     /// "the hedge is committed" (NaN without examples).
     pub fn log_loss(&self, trajs: &[&Trajectory], max_depth: usize) -> f64 {
         let (mut sum, mut count) = (0.0f64, 0usize);
@@ -212,6 +255,9 @@ impl TokenCalibration {
         };
         for t in trajs {
             examples(t, max_depth, |ex| {
+                if !self.paths.counts(&ex) {
+                    return;
+                }
                 let Some(p) = ex.stale.stored(ex.target) else {
                     return;
                 };
@@ -230,8 +276,12 @@ impl TokenCalibration {
     /// One calibration per distinct decoding temperature of `trajs` (each fitted on the
     /// trajectories decoded at that temperature with the key that predicts them best,
     /// [`TokenCalibration::fit_best`], and its `temperature` set), by ascending temperature.
-    pub fn fit_per_temperature(trajs: &[&Trajectory], max_depth: usize) -> Vec<Self> {
-        Self::fit_per_temperature_scored(trajs, max_depth)
+    pub fn fit_per_temperature(
+        trajs: &[&Trajectory],
+        max_depth: usize,
+        paths: CalibrationPaths,
+    ) -> Vec<Self> {
+        Self::fit_per_temperature_scored(trajs, max_depth, paths)
             .into_iter()
             .map(|(table, _, _)| table)
             .collect()
@@ -242,6 +292,7 @@ impl TokenCalibration {
     pub fn fit_per_temperature_scored(
         trajs: &[&Trajectory],
         max_depth: usize,
+        paths: CalibrationPaths,
     ) -> Vec<(Self, usize, [f64; 2])> {
         let mut temps: Vec<f32> = trajs.iter().map(|t| t.temperature).collect();
         temps.sort_by(f32::total_cmp);
@@ -254,7 +305,7 @@ impl TokenCalibration {
                     .copied()
                     .filter(|t| t.temperature == temp)
                     .collect();
-                let (best, losses) = Self::fit_scored(&group, max_depth);
+                let (best, losses) = Self::fit_scored(&group, max_depth, paths);
                 let table = Self {
                     temperature: Some(temp),
                     ..best

@@ -41,7 +41,9 @@ pub mod table_error;
 pub mod train;
 pub mod trajectory;
 
-pub use analysis::{CalibrationKey, TokenCalibration, TokenHits, nearest_calibration, token_hits};
+pub use analysis::{
+    CalibrationKey, CalibrationPaths, TokenCalibration, TokenHits, nearest_calibration, token_hits,
+};
 pub use checkpoint::DrafterError;
 pub use collect::{CollectError, Manifest, TrajectoryDir};
 pub use features::{

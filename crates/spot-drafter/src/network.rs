@@ -147,7 +147,7 @@ impl OrderModelConfig {
     /// ```
     /// use spot_drafter::{OrderModelConfig, TokenCalibration};
     /// let table = |t: f32| TokenCalibration {
-    ///     key: Default::default(),
+    ///     key: Default::default(), paths: Default::default(),
     ///     edges: vec![1.0], top1: vec![vec![0.9]], runner_up: vec![vec![0.05]], temperature: Some(t),
     /// };
     /// let cfg = OrderModelConfig {

@@ -135,7 +135,7 @@ fn calibrated_hypotheses(
 /// use spot_drafter::{Calibrated, TokenCalibration};
 /// use spot_tree::{OrderScorer, StaleConfidenceScorer};
 /// let cal = TokenCalibration {
-///     key: Default::default(),
+///     key: Default::default(), paths: Default::default(),
 ///     edges: vec![1.0], top1: vec![vec![0.8]], runner_up: vec![vec![0.1]], temperature: Some(0.0),
 /// };
 /// let s = Calibrated::new(StaleConfidenceScorer, vec![cal]);
@@ -269,6 +269,7 @@ mod tests {
             top1: vec![ramp.clone()],
             runner_up: vec![ramp.iter().map(|r| 1.0 - r).collect()],
             edges,
+            paths: Default::default(),
             temperature: Some(0.0),
         };
         cal.check().unwrap();

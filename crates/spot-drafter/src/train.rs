@@ -13,7 +13,7 @@ use burn_tensor::activation::log_softmax;
 use burn_tensor::backend::{AutodiffBackend, Backend};
 use burn_tensor::{Tensor, TensorData};
 
-use crate::analysis::TokenCalibration;
+use crate::analysis::{CalibrationPaths, TokenCalibration};
 use crate::features::{StaleSource, write_features};
 use crate::network::{ConfigError, OrderModel, OrderModelConfig};
 use std::collections::HashMap;
@@ -546,6 +546,7 @@ pub fn train_from<B: AutodiffBackend>(
     out.set_token_calibrations(TokenCalibration::fit_per_temperature(
         &train_part,
         cfg.max_depth,
+        CalibrationPaths::Drafted,
     ));
     Ok((out, reports))
 }

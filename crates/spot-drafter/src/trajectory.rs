@@ -374,6 +374,10 @@ pub struct Example<'a> {
     pub target: usize,
     /// The token it commits there.
     pub token: TokenId,
+    /// Whether each of the `d` commits before this one put the stale choice or the hedge of
+    /// its position (by the stale statistics): whether a tree of stale tokens and hedges could
+    /// have drafted the path to `state`. Always true at depth 0.
+    pub drafted: bool,
 }
 
 /// Calls `f` for every example of Algorithm 1 in `traj`: for each step `t ≥ 1` of each block
@@ -388,21 +392,27 @@ pub fn examples(traj: &Trajectory, max_depth: usize, mut f: impl FnMut(Example<'
         for (t, step) in b.steps.iter().enumerate() {
             if t >= 1 {
                 let mut y = root.clone();
+                let stale = &b.steps[t - 1];
+                let mut drafted = true;
                 for d in 0..=max_depth {
                     let Some(next) = b.steps.get(t + d) else {
                         break;
                     };
                     if let [c] = next.commits.as_slice() {
                         f(Example {
-                            stale: &b.steps[t - 1],
+                            stale,
                             state: &y,
                             depth: d,
                             target: c.position,
                             token: c.token,
+                            drafted,
                         });
                         n += 1;
                     }
                     for c in &next.commits {
+                        drafted &= stale
+                            .stored(c.position)
+                            .is_some_and(|p| p.token == c.token || p.hedge == c.token);
                         if let Some(slot) = y.get_mut(c.position) {
                             *slot = c.token;
                         }

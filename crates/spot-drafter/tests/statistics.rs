@@ -170,10 +170,16 @@ fn token_hits_measure_staleness() {
 /// and a damaged table is a typed error.
 #[test]
 fn token_calibration_fits_and_travels_with_the_checkpoint() {
+    use spot_drafter::CalibrationPaths::All;
     use spot_drafter::{
         CalibrationKey, OrderModel, OrderModelConfig, TokenCalibration, checkpoint,
     };
-    let stable = TokenCalibration::fit(&trajectories(6, 1.0, 0.0), 3, CalibrationKey::Confidence);
+    let stable = TokenCalibration::fit(
+        &trajectories(6, 1.0, 0.0),
+        3,
+        CalibrationKey::Confidence,
+        All,
+    );
     stable.check().unwrap();
     assert_eq!(stable.top1.len(), 4);
     // Every populated bin of a stable target hits (smoothed towards 1/2 only when empty).
@@ -182,7 +188,12 @@ fn token_calibration_fits_and_travels_with_the_checkpoint() {
         "{stable:?}"
     );
     assert!(stable.top1.iter().flatten().any(|&v| v > 0.9), "{stable:?}");
-    let unstable = TokenCalibration::fit(&trajectories(6, 0.0, 0.0), 3, CalibrationKey::Confidence);
+    let unstable = TokenCalibration::fit(
+        &trajectories(6, 0.0, 0.0),
+        3,
+        CalibrationKey::Confidence,
+        All,
+    );
     let hits = token_hits(&trajectories(6, 0.0, 0.0), 3);
     assert!(hits.top1_rate(2) < 1.0);
     assert!(
@@ -224,11 +235,12 @@ fn token_calibration_fits_and_travels_with_the_checkpoint() {
 /// checkpoint) reads as the confidence, and a margin table need not end at 1.
 #[test]
 fn token_calibration_by_noised_margin() {
+    use spot_drafter::CalibrationPaths::All;
     use spot_drafter::{CalibrationKey, TokenCalibration};
     let trajs = trajectories(8, 0.3, 1.0);
     let refs: Vec<&Trajectory> = trajs.iter().collect();
-    let conf = TokenCalibration::fit(refs.iter().copied(), 3, CalibrationKey::Confidence);
-    let margin = TokenCalibration::fit(refs.iter().copied(), 3, CalibrationKey::Margin);
+    let conf = TokenCalibration::fit(refs.iter().copied(), 3, CalibrationKey::Confidence, All);
+    let margin = TokenCalibration::fit(refs.iter().copied(), 3, CalibrationKey::Margin, All);
     margin.check().unwrap();
     assert_eq!(
         margin.edges.last(),
@@ -239,8 +251,8 @@ fn token_calibration_by_noised_margin() {
         lc.is_finite() && lm.is_finite() && lc > 0.0 && lm > 0.0,
         "{lc} {lm}"
     );
-    let best = TokenCalibration::fit_best(&refs, 3);
-    assert_eq!(TokenCalibration::fit_scored(&refs, 3).1, [lc, lm]);
+    let best = TokenCalibration::fit_best(&refs, 3, All);
+    assert_eq!(TokenCalibration::fit_scored(&refs, 3, All).1, [lc, lm]);
     assert_eq!(
         best.key,
         if lm < lc {
@@ -270,4 +282,53 @@ fn token_calibration_by_noised_margin() {
         matches!(&e, spot_drafter::TableError::Field { field, .. } if field == "token_calibration.edges"),
         "{e}"
     );
+}
+
+/// An example is on a drafted path iff every commit before it on its replay put the stale
+/// choice or the hedge; a table over drafted paths counts exactly those examples, agrees with
+/// the table over all paths at depth 0, and says which it is in the checkpoint JSON (a table
+/// without the field reads as all paths).
+#[test]
+fn token_calibration_over_drafted_paths() {
+    use spot_drafter::{CalibrationKey, CalibrationPaths, TokenCalibration};
+    let trajs = trajectories(10, 0.3, 1.0);
+    let (mut drafted, mut total, mut prev): (usize, usize, Option<(usize, bool, bool)>) =
+        (0, 0, None);
+    for t in &trajs {
+        examples(t, 4, |ex| {
+            total += 1;
+            drafted += usize::from(ex.drafted);
+            let p = ex.stale.stored(ex.target).unwrap();
+            let hit = p.token == ex.token || p.hedge == ex.token;
+            if ex.depth == 0 {
+                assert!(ex.drafted);
+            } else if let Some((d, was, was_hit)) = prev {
+                // Replays of one root come depth by depth (the commits of a step are single
+                // here: no threshold), so the flag carries the previous example's.
+                assert_eq!(d + 1, ex.depth);
+                assert_eq!(ex.drafted, was && was_hit, "depth {}", ex.depth);
+            }
+            prev = Some((ex.depth, ex.drafted, hit));
+        });
+    }
+    assert!(
+        drafted < total && drafted > total / 4,
+        "{drafted} of {total}"
+    );
+    let refs: Vec<&Trajectory> = trajs.iter().collect();
+    let key = CalibrationKey::Confidence;
+    let all = TokenCalibration::fit(refs.iter().copied(), 3, key, CalibrationPaths::All);
+    let on = TokenCalibration::fit(refs.iter().copied(), 3, key, CalibrationPaths::Drafted);
+    on.check().unwrap();
+    assert_eq!(on.paths, CalibrationPaths::Drafted);
+    assert_eq!(all.top1[0], on.top1[0]);
+    assert_ne!(all.top1[1..], on.top1[1..]);
+    let json = serde_json::to_value(&on).unwrap();
+    assert_eq!(json["paths"], "drafted");
+    let mut old = serde_json::to_value(&all).unwrap();
+    old.as_object_mut().unwrap().remove("paths");
+    let back: TokenCalibration = serde_json::from_value(old).unwrap();
+    assert_eq!(back, all);
+    let per_t = TokenCalibration::fit_per_temperature(&refs, 3, CalibrationPaths::Drafted);
+    assert!(per_t.iter().all(|t| t.paths == CalibrationPaths::Drafted));
 }
