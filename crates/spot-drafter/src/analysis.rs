@@ -109,7 +109,7 @@ pub enum CalibrationPaths {
     #[default]
     All,
     /// Only examples whose earlier commits were each the stale choice or the hedge of their
-    /// position ([`Example::drafted`](crate::Example::drafted)).
+    /// position ([`Example::drafted`](crate::trajectory::Example::drafted)).
     Drafted,
 }
 
