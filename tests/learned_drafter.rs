@@ -9,7 +9,7 @@ use burn_flex::Flex;
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_drafter::{
-    Calibrated, LearnedScorer, OrderModel, OrderModelConfig, SpiffyGraph, SpiffyScorer,
+    Calibrated, LearnedScorer, OrderModel, OrderModelConfig, RankTilt, SpiffyGraph, SpiffyScorer,
     TokenCalibration, TrainConfig, record, train,
 };
 
@@ -119,6 +119,22 @@ fn learned_drafter_is_exact() {
         };
         let nfe = nfe_checked(&make, 0..6, t, "calibrated blockspec D=8");
         eprintln!("T={t} D=8: calibrated blockspec NFE {nfe}");
+    }
+    // Leaning the order towards the stale ranking changes the tree, never the output.
+    let mut tilted = trained.clone();
+    tilted.set_rank_tilts(vec![
+        RankTilt {
+            temperature: 0.0,
+            tilt: 0.3,
+        },
+        RankTilt {
+            temperature: 1.0,
+            tilt: 1.5,
+        },
+    ]);
+    for t in [0.0, 1.0] {
+        let nfe = total_nfe(&tilted, 0..6, t, 8);
+        eprintln!("T={t} D=8: tilted spot NFE {nfe}");
     }
     for t in [0.0, 1.0] {
         for budget in [4, 12] {

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use spot_drafter::{
-    CalibrationPaths, JoinTable, SetsDrafter, SpiffyGraph, TokenCalibration, Trajectory,
-    TrajectoryDir,
+    CalibrationPaths, JoinTable, OrderModel, RankTilt, SetsDrafter, SpiffyGraph, TokenCalibration,
+    Trajectory, TrajectoryDir,
 };
 
 /// Arguments of `spot calibrate-spiffy`.
@@ -98,28 +98,7 @@ impl PathsArg {
 /// Runs `spot calibrate-tokens`: refits a drafter checkpoint's per-temperature token
 /// calibration ([`TokenCalibration::fit_per_temperature`]) without retraining its network.
 pub fn run_tokens(a: &CalibrateTokensArgs) -> Result<()> {
-    let device = crate::backend::device()?;
-    let mut net = spot_drafter::checkpoint::load::<crate::Backend>(&a.drafter, &device)
-        .with_context(|| format!("loading drafter {}", a.drafter.display()))?;
-    let block = net.config().block_size;
-    let mut trajs = Vec::new();
-    for d in &a.trajectories {
-        let dir = TrajectoryDir::open(d)?;
-        if dir.manifest().block_size != block {
-            bail!(
-                "{} has block size {}, the drafter {block}",
-                d.display(),
-                dir.manifest().block_size
-            );
-        }
-        trajs.extend(dir.read_all()?.into_iter().map(|(_, t)| t));
-    }
-    if trajs.is_empty() {
-        bail!(
-            "{:?}: no trajectories (run spot collect first)",
-            a.trajectories
-        );
-    }
+    let (mut net, trajs) = load_with_trajectories(&a.drafter, &a.trajectories)?;
     let refs: Vec<&Trajectory> = trajs.iter().collect();
     let mut tables = Vec::new();
     for (t, count, [conf, margin]) in
@@ -134,11 +113,96 @@ pub fn run_tokens(a: &CalibrateTokensArgs) -> Result<()> {
     }
     net.set_token_calibration(None);
     net.set_token_calibrations(tables);
-    let out = a.out.as_ref().unwrap_or(&a.drafter);
-    spot_drafter::checkpoint::save(&net, out)
+    save(&net, a.out.as_ref().unwrap_or(&a.drafter))
+}
+
+/// Arguments of `spot calibrate-order`.
+#[derive(clap::Args)]
+pub struct CalibrateOrderArgs {
+    /// Drafter checkpoint whose rank tilts are replaced (`.safetensors`, config next to it as
+    /// `.json`).
+    #[arg(long)]
+    drafter: PathBuf,
+    /// A rank tilt as `TEMPERATURE:TILT` (repeat the flag or separate with commas), e.g.
+    /// `--tilt 0:0,1:0.3,2:0.3`; decoding uses the one nearest its temperature. None: no
+    /// tilt. `tools/tune_tilt.sh` picks them by NFE on the tuning prompts.
+    #[arg(long, value_delimiter = ',', value_parser = parse_tilt)]
+    tilt: Vec<RankTilt>,
+    /// Where to write the checkpoint (default: over `--drafter`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+fn parse_tilt(s: &str) -> std::result::Result<RankTilt, String> {
+    let (t, l) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected TEMPERATURE:TILT"))?;
+    let num = |v: &str, what: &str| {
+        v.trim()
+            .parse::<f32>()
+            .map_err(|e| format!("{s:?}: {what} {v:?}: {e}"))
+    };
+    let tilt = RankTilt {
+        temperature: num(t, "temperature")?,
+        tilt: num(l, "tilt")?,
+    };
+    tilt.check().map_err(|e| format!("{s:?}: {e}"))?;
+    Ok(tilt)
+}
+
+/// Runs `spot calibrate-order`: sets a drafter checkpoint's per-temperature rank tilts
+/// ([`spot_drafter::tilt`]) without retraining its network.
+pub fn run_order(a: &CalibrateOrderArgs) -> Result<()> {
+    let device = crate::backend::device()?;
+    let mut net = spot_drafter::checkpoint::load::<crate::Backend>(&a.drafter, &device)
+        .with_context(|| format!("loading drafter {}", a.drafter.display()))?;
+    let mut tilts = a.tilt.clone();
+    tilts.sort_by(|x, y| x.temperature.total_cmp(&y.temperature));
+    if tilts
+        .windows(2)
+        .any(|w| w[0].temperature == w[1].temperature)
+    {
+        bail!("--tilt names a temperature twice");
+    }
+    for t in &tilts {
+        eprintln!("T = {}: tilt {}", t.temperature, t.tilt);
+    }
+    net.set_rank_tilts(tilts);
+    save(&net, a.out.as_ref().unwrap_or(&a.drafter))
+}
+
+fn save(net: &OrderModel<crate::Backend>, out: &std::path::Path) -> Result<()> {
+    spot_drafter::checkpoint::save(net, out)
         .with_context(|| format!("writing drafter {}", out.display()))?;
     eprintln!("wrote {}", out.display());
     Ok(())
+}
+
+/// A drafter checkpoint and every trajectory of `dirs` (of its block size; at least one).
+fn load_with_trajectories(
+    drafter: &std::path::Path,
+    dirs: &[PathBuf],
+) -> Result<(OrderModel<crate::Backend>, Vec<Trajectory>)> {
+    let device = crate::backend::device()?;
+    let net = spot_drafter::checkpoint::load::<crate::Backend>(drafter, &device)
+        .with_context(|| format!("loading drafter {}", drafter.display()))?;
+    let block = net.config().block_size;
+    let mut trajs = Vec::new();
+    for d in dirs {
+        let dir = TrajectoryDir::open(d)?;
+        if dir.manifest().block_size != block {
+            bail!(
+                "{} has block size {}, the drafter {block}",
+                d.display(),
+                dir.manifest().block_size
+            );
+        }
+        trajs.extend(dir.read_all()?.into_iter().map(|(_, t)| t));
+    }
+    if trajs.is_empty() {
+        bail!("{dirs:?}: no trajectories (run spot collect first)");
+    }
+    Ok((net, trajs))
 }
 
 /// Arguments of `spot calibrate-sets`.

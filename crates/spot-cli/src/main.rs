@@ -63,6 +63,9 @@ enum Command {
     /// Refit a drafter checkpoint's token calibration (per temperature, by stale confidence or
     /// noised margin) from trajectories, without retraining the network.
     CalibrateTokens(calibrate::CalibrateTokensArgs),
+    /// Fit a drafter checkpoint's rank tilt per temperature (its order leaned towards the
+    /// stale-confidence ranking) on trajectories it did not train on.
+    CalibrateOrder(calibrate::CalibrateOrderArgs),
     /// Fit the SPOT-Sets drafter (join and token tables per temperature and threshold) on
     /// threshold-decoding trajectories (`spot collect --threshold`).
     CalibrateSets(calibrate::CalibrateSetsArgs),
@@ -115,6 +118,7 @@ fn main() -> ExitCode {
         Command::EvalDrafter(a) => eval_drafter::run(a),
         Command::CalibrateSpiffy(a) => calibrate::run(a),
         Command::CalibrateTokens(a) => calibrate::run_tokens(a),
+        Command::CalibrateOrder(a) => calibrate::run_order(a),
         Command::CalibrateSets(a) => calibrate::run_sets(a),
         Command::TrainSets(a) => train_sets::run(a),
         Command::Bench(a) => bench::run(a),

@@ -59,6 +59,10 @@ pub const N_FEATURES: usize = N_FEATURES_V2 + 4;
 /// Cap of the noised-margin feature (also its value when the choice has no runner-up).
 pub const MARGIN_CAP: f32 = 20.0;
 
+/// Index of feature 67: the position's stale-confidence rank among the masked positions, over
+/// `masked − 1`.
+pub const RANK_FEATURE: usize = 67;
+
 /// The noised margin of the decoder's choice at a position: by how much the choice's noised
 /// score `ln p~(v) + G[position, v]` exceeds the hedge's (the runner-up of the same rule,
 /// [`spot_tree::noised_runner_up`]); without noise (`T = 0`) `ln p~(top-1) − ln p~(top-2)`.

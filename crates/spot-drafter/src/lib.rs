@@ -38,6 +38,7 @@ pub mod sets_tokens;
 pub mod sets_train;
 pub mod spiffy;
 pub mod table_error;
+pub mod tilt;
 pub mod train;
 pub mod trajectory;
 
@@ -55,6 +56,7 @@ pub use scorer::{Calibrated, LearnedScorer, unit_stale_token};
 pub use sets::{JoinTable, SetsDrafter, SetsError};
 pub use spiffy::{SpiffyGraph, SpiffyScorer};
 pub use table_error::TableError;
+pub use tilt::RankTilt;
 pub use train::{
     Accuracy, EpochReport, TrainConfig, TrainError, TrainObserver, evaluate_on, train, train_from,
 };

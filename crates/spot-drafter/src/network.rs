@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::analysis::{TokenCalibration, nearest_calibration};
 use crate::features::{FEATURES_VERSION, FEATURES_VERSION_2, N_FEATURES, N_FEATURES_V2};
 use crate::rng::SplitMix;
+use crate::tilt::{RankTilt, nearest_tilt};
 
 /// Shape of the order network, stored as the JSON file next to every checkpoint.
 ///
@@ -65,6 +66,10 @@ pub struct OrderModelConfig {
     /// this is empty ([`OrderModelConfig::calibration_for`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub token_calibration_by_temperature: Vec<TokenCalibration>,
+    /// Rank tilts fitted per decoding temperature ([`crate::tilt`]); the scorer uses the one
+    /// nearest the target's temperature, none when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_tilt_by_temperature: Vec<RankTilt>,
 }
 
 impl burn::config::Config for OrderModelConfig {}
@@ -81,6 +86,7 @@ impl Default for OrderModelConfig {
             layers: 3,
             token_calibration: None,
             token_calibration_by_temperature: Vec::new(),
+            rank_tilt_by_temperature: Vec::new(),
         }
     }
 }
@@ -133,6 +139,9 @@ pub enum ConfigError {
     /// A token calibration table is malformed.
     #[error("token calibration: {0}")]
     Calibration(crate::TableError),
+    /// A rank tilt is malformed.
+    #[error("rank tilt: {0}")]
+    Tilt(crate::TableError),
 }
 
 impl OrderModelConfig {
@@ -161,6 +170,12 @@ impl OrderModelConfig {
     pub fn calibration_for(&self, temperature: f32) -> Option<&TokenCalibration> {
         nearest_calibration(&self.token_calibration_by_temperature, temperature)
             .or(self.token_calibration.as_ref())
+    }
+
+    /// The rank tilt for decoding at `temperature` (the one fitted nearest it; 0 without
+    /// any), [`crate::tilt`].
+    pub fn rank_tilt_for(&self, temperature: f32) -> f32 {
+        nearest_tilt(&self.rank_tilt_by_temperature, temperature)
     }
 
     /// Number of parameters of the network this shape builds (no allocation; the same count
@@ -230,6 +245,9 @@ impl OrderModelConfig {
             .chain(&self.token_calibration_by_temperature)
         {
             c.check().map_err(ConfigError::Calibration)?;
+        }
+        for t in &self.rank_tilt_by_temperature {
+            t.check().map_err(ConfigError::Tilt)?;
         }
         if !self.d_model.is_multiple_of(self.heads) {
             return Err(ConfigError::Heads {
@@ -321,6 +339,11 @@ impl<B: Backend> OrderModel<B> {
     /// Attaches (or removes) the token calibration stored with the checkpoint.
     pub fn set_token_calibration(&mut self, c: Option<TokenCalibration>) {
         self.cfg.token_calibration = c;
+    }
+
+    /// Attaches the per-temperature rank tilts stored with the checkpoint ([`crate::tilt`]).
+    pub fn set_rank_tilts(&mut self, t: Vec<RankTilt>) {
+        self.cfg.rank_tilt_by_temperature = t;
     }
 
     /// Attaches the per-temperature token calibrations stored with the checkpoint.

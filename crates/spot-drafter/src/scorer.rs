@@ -7,6 +7,7 @@ use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_siz
 use crate::analysis::{CalibrationKey, TokenCalibration, nearest_calibration};
 use crate::features::{LiveStale, noised_margin, write_features};
 use crate::network::OrderModel;
+use crate::tilt::tilt_rows;
 
 /// SPOT's order scorer: `q_φ(s | y)` from the round's stale statistics.
 ///
@@ -77,7 +78,9 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
                 self.valid[i * l + s] = if t == mask { 1.0 } else { 0.0 };
             }
         }
-        let p = self.model.probabilities(&self.features, &self.valid, n);
+        let mut p = self.model.probabilities(&self.features, &self.valid, n);
+        let tilt = self.model.config().rank_tilt_for(ctx.temperature);
+        tilt_rows(&mut p, &self.features, &self.valid, l, nf, tilt);
         out[..n * l].copy_from_slice(&p);
         Ok(())
     }
@@ -292,5 +295,80 @@ mod tests {
         unit.score(&ctx, &batch, &mut a).unwrap();
         StaleConfidenceScorer.score(&ctx, &batch, &mut b).unwrap();
         assert_eq!(a, b);
+    }
+
+    /// An untrained residual network's order is the stale confidences normalised; the rank
+    /// tilt of the target's temperature multiplies each by `exp(−λ · rank)`.
+    #[test]
+    fn the_rank_tilt_leans_the_order_towards_the_ranking() {
+        const MASK: TokenId = 99;
+        let conf = [0.2f32, 0.5, 0.3];
+        let mut stale = BlockStats::new(1);
+        for &c in &conf {
+            stale
+                .push(PositionStats {
+                    token: 5,
+                    confidence: c,
+                    token_prob: c,
+                    entropy: 1.0,
+                    tail_mass: 1.0 - c,
+                    top_ids: &[5],
+                    top_probs: &[c],
+                })
+                .unwrap();
+        }
+        let root = BlockState::masked(3, MASK);
+        let tree = DraftTree::new(&root);
+        let batch = NodeBatch::new(&tree, &[0]);
+        let order = |tilts: Vec<crate::RankTilt>, temperature: f32| {
+            let cfg = crate::OrderModelConfig {
+                block_size: 3,
+                d_model: 8,
+                heads: 2,
+                ffn: 8,
+                layers: 1,
+                ..Default::default()
+            };
+            let mut net = OrderModel::<burn_flex::Flex<f32>>::init(cfg, 0, &Default::default());
+            net.set_rank_tilts(tilts);
+            let ctx = ScoreContext {
+                root: &root,
+                stale: &stale,
+                block_start: 0,
+                noise: None,
+                temperature,
+            };
+            let mut out = vec![0.0; 3];
+            LearnedScorer::new(net)
+                .score(&ctx, &batch, &mut out)
+                .unwrap();
+            out
+        };
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-5);
+        assert!(
+            close(&order(Vec::new(), 0.0), &conf),
+            "{:?}",
+            order(Vec::new(), 0.0)
+        );
+        let tilts = vec![
+            crate::RankTilt {
+                temperature: 0.0,
+                tilt: 0.0,
+            },
+            crate::RankTilt {
+                temperature: 1.0,
+                tilt: 0.7,
+            },
+        ];
+        // Ranks: position 1 first, 2 second, 0 third.
+        let w = [0.2 * (-1.4f32).exp(), 0.5, 0.3 * (-0.7f32).exp()];
+        let z: f32 = w.iter().sum();
+        let want: Vec<f32> = w.iter().map(|x| x / z).collect();
+        assert!(
+            close(&order(tilts.clone(), 1.2), &want),
+            "{:?}",
+            order(tilts.clone(), 1.2)
+        );
+        assert!(close(&order(tilts, 0.2), &conf));
     }
 }

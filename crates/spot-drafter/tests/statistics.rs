@@ -228,6 +228,26 @@ fn token_calibration_fits_and_travels_with_the_checkpoint() {
         matches!(e, DrafterError::Config { .. }) && e.to_string().contains("top1"),
         "{e}"
     );
+
+    // Rank tilts travel with the checkpoint; a negative one is refused naming the field.
+    let tilts = vec![spot_drafter::RankTilt {
+        temperature: 1.0,
+        tilt: 0.3,
+    }];
+    net.set_rank_tilts(tilts.clone());
+    checkpoint::save(&net, &w).unwrap();
+    let back = checkpoint::load::<B>(&w, &Default::default()).unwrap();
+    assert_eq!(back.config().rank_tilt_by_temperature, tilts);
+    assert_eq!(back.config().rank_tilt_for(2.0), 0.3);
+    let json = std::fs::read_to_string(checkpoint::config_path(&w)).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    v["rank_tilt_by_temperature"][0]["tilt"] = (-1.0).into();
+    std::fs::write(checkpoint::config_path(&w), v.to_string()).unwrap();
+    let e = checkpoint::load::<B>(&w, &Default::default()).unwrap_err();
+    assert!(
+        matches!(e, DrafterError::Config { .. }) && e.to_string().contains("rank_tilt"),
+        "{e}"
+    );
 }
 
 /// Under noise the calibration may bin by the noised margin: tables of either key are well
