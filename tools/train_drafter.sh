@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the shipped order drafter (models/sdar-tiny-code/spot-drafter.*) from scratch:
 # training prompts, draft-free trajectories of the shipped target at T = 0, 1 and 2, then
-# Algorithm 1. Every step resumes: `spot collect` skips samples already on disk, so rerun the
+# Algorithm 1, then the rank tilt per temperature (tools/tune_tilt.sh). Every step resumes: `spot collect` skips samples already on disk, so rerun the
 # script after an interruption. Trajectories are not committed (about 0.3 MB each).
 #
 #     tools/train_drafter.sh [WORK_DIR]        # default: target/drafter-work
@@ -42,3 +42,6 @@ echo "== training" >&2
 $SPOT train-drafter --trajectories "$WORK/t0" "$WORK/t1" "$WORK/t2" --out "$OUT" \
     --epochs "$EPOCHS" --max-examples "$EXAMPLES" --max-heldout "$HELDOUT" --lr "$LR" \
     --batch-size 256
+
+echo "== rank tilt per temperature (tuning prompts, not evaluation sets)" >&2
+SPOT="$SPOT" DRAFTER="$OUT" tools/tune_tilt.sh "$WORK/tilt"
