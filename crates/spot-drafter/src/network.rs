@@ -172,7 +172,7 @@ impl OrderModelConfig {
             .or(self.token_calibration.as_ref())
     }
 
-    /// The rank tilt for decoding at `temperature` (the one fitted nearest it; 0 without
+    /// The rank tilt for decoding at `temperature` (the one stored nearest it; 0 without
     /// any), [`crate::tilt`].
     pub fn rank_tilt_for(&self, temperature: f32) -> f32 {
         nearest_tilt(&self.rank_tilt_by_temperature, temperature)

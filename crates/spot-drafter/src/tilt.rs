@@ -23,7 +23,7 @@ use crate::table_error::TableError;
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RankTilt {
-    /// The decoding temperature of the trajectories it was fitted on.
+    /// The decoding temperature it is for (decoding uses the tilt stored nearest its own).
     pub temperature: f32,
     /// `λ ≥ 0`: the score lost per rank below the most stale-confident position.
     pub tilt: f32,
@@ -43,7 +43,7 @@ impl RankTilt {
     }
 }
 
-/// The tilt for decoding at `temperature`: the one fitted at the nearest temperature, 0 (no
+/// The tilt for decoding at `temperature`: the one stored for the nearest temperature, 0 (no
 /// tilt) when there is none.
 pub fn nearest_tilt(tilts: &[RankTilt], temperature: f32) -> f32 {
     tilts
@@ -73,7 +73,14 @@ fn row_ranks<'a>(
 /// Applies tilt `lambda` to `p`, `n` rows of `L` probabilities (0 where not masked) with their
 /// features `[n, L, nf]` and valid masks `[n, L]`: each masked `p_s` times `exp(−λ · rank_s)`,
 /// renormalised over the row's masked positions.
-pub fn tilt_rows(p: &mut [f32], features: &[f32], valid: &[f32], l: usize, nf: usize, lambda: f32) {
+pub(crate) fn tilt_rows(
+    p: &mut [f32],
+    features: &[f32],
+    valid: &[f32],
+    l: usize,
+    nf: usize,
+    lambda: f32,
+) {
     if lambda == 0.0 || l == 0 {
         return;
     }
