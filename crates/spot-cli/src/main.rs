@@ -63,8 +63,8 @@ enum Command {
     /// Refit a drafter checkpoint's token calibration (per temperature, by stale confidence or
     /// noised margin) from trajectories, without retraining the network.
     CalibrateTokens(calibrate::CalibrateTokensArgs),
-    /// Fit a drafter checkpoint's rank tilt per temperature (its order leaned towards the
-    /// stale-confidence ranking) on trajectories it did not train on.
+    /// Set a drafter checkpoint's rank tilt per temperature (its order leaned towards the
+    /// stale-confidence ranking; `tools/tune_tilt.sh` picks the values).
     CalibrateOrder(calibrate::CalibrateOrderArgs),
     /// Fit the SPOT-Sets drafter (join and token tables per temperature and threshold) on
     /// threshold-decoding trajectories (`spot collect --threshold`).

@@ -245,8 +245,8 @@ impl TokenCalibration {
     }
 
     /// Mean log-loss (nats) of the table's two predictions on the examples of `trajs` up to
-    /// `max_depth` that its [`CalibrationPaths`] counts: the binary cross-entropy of "the stale choice is committed" plus that of
-    /// "the hedge is committed" (NaN without examples).
+    /// `max_depth` that its [`CalibrationPaths`] counts: the binary cross-entropy of "the stale
+    /// choice is committed" plus that of "the hedge is committed" (NaN without examples).
     pub fn log_loss(&self, trajs: &[&Trajectory], max_depth: usize) -> f64 {
         let (mut sum, mut count) = (0.0f64, 0usize);
         let bce = |p: f32, hit: bool| {
@@ -374,11 +374,18 @@ pub fn nearest_calibration(
     tables: &[TokenCalibration],
     temperature: f32,
 ) -> Option<&TokenCalibration> {
-    let dist = |c: &TokenCalibration| {
-        c.temperature
-            .map_or(f32::INFINITY, |t| (t - temperature).abs())
-    };
-    tables.iter().min_by(|a, b| dist(a).total_cmp(&dist(b)))
+    nearest_temperature(tables, temperature, |c| c.temperature)
+}
+
+/// The item of `items` whose temperature (`at`; `None`: any, ranked last) is nearest
+/// `temperature`, the first on a tie; `None` when `items` is empty.
+pub(crate) fn nearest_temperature<T>(
+    items: &[T],
+    temperature: f32,
+    at: impl Fn(&T) -> Option<f32>,
+) -> Option<&T> {
+    let dist = |x: &T| at(x).map_or(f32::INFINITY, |t| (t - temperature).abs());
+    items.iter().min_by(|a, b| dist(a).total_cmp(&dist(b)))
 }
 
 /// Laplace-smoothed hit rates `(hits + 1) / (count + 2)` per bin, with adjacent bins pooled

@@ -66,7 +66,7 @@ pub struct OrderModelConfig {
     /// this is empty ([`OrderModelConfig::calibration_for`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub token_calibration_by_temperature: Vec<TokenCalibration>,
-    /// Rank tilts fitted per decoding temperature ([`crate::tilt`]); the scorer uses the one
+    /// Rank tilts stored per decoding temperature ([`crate::tilt`]); the scorer uses the one
     /// nearest the target's temperature, none when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rank_tilt_by_temperature: Vec<RankTilt>,

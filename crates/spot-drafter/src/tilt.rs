@@ -16,6 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::analysis::nearest_temperature;
 use crate::features::RANK_FEATURE;
 use crate::table_error::TableError;
 
@@ -46,13 +47,7 @@ impl RankTilt {
 /// The tilt for decoding at `temperature`: the one stored for the nearest temperature, 0 (no
 /// tilt) when there is none.
 pub fn nearest_tilt(tilts: &[RankTilt], temperature: f32) -> f32 {
-    tilts
-        .iter()
-        .min_by(|a, b| {
-            let d = |t: &RankTilt| (t.temperature - temperature).abs();
-            d(a).total_cmp(&d(b))
-        })
-        .map_or(0.0, |t| t.tilt)
+    nearest_temperature(tilts, temperature, |t| Some(t.temperature)).map_or(0.0, |t| t.tilt)
 }
 
 /// Integer ranks of one row's masked positions, read back from feature 67 (rank over
