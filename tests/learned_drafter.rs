@@ -186,3 +186,80 @@ fn spiffy_graph_is_exact() {
         }
     }
 }
+
+/// Replaying a recorded trajectory counts exactly the forwards, accepted nodes and prefetched
+/// block starts of a live speculative decode without draft refresh, with the same builder and scorer, for the
+/// learned order (tilted), calibrated BlockSpec and the stale-confidence tree.
+#[test]
+fn replay_counts_what_a_live_decode_does() {
+    let mut net = OrderModel::<B>::init(net_cfg(), 4, &Default::default());
+    net.set_rank_tilts(vec![RankTilt {
+        temperature: 1.0,
+        tilt: 0.5,
+    }]);
+    let fit: Vec<_> = (300..306u64)
+        .map(|seed| {
+            let prompt: Vec<u32> = (1..8).map(|x| (x + seed as u32) % 60 + 1).collect();
+            record(&mut toy(seed), &prompt, &cfg(1.0), "t").unwrap().1
+        })
+        .collect();
+    let cals = TokenCalibration::fit_per_temperature(
+        &fit.iter().collect::<Vec<_>>(),
+        7,
+        spot_drafter::CalibrationPaths::Drafted,
+    );
+    for t in [0.0, 1.0] {
+        replay_matches(t, "spot", || LearnedScorer::new(net.clone()));
+        replay_matches(t, "blockspec", || {
+            Calibrated::new(StaleConfidenceScorer, cals.clone())
+        });
+        replay_matches(t, "stale", || StaleConfidenceScorer);
+    }
+}
+
+fn replay_matches<S: spot_dlm::OrderScorer + Send + 'static>(
+    t: f32,
+    name: &str,
+    make: impl Fn() -> S,
+) {
+    use spot_dlm::BlockEnds;
+    use spot_dlm::{TreeBuilder, TreeConfig};
+    use spot_drafter::replay::replay;
+    for fill in [0, 8] {
+        let (mut live, mut replayed) = ((0, 0, 0), (0, 0, 0));
+        for seed in 0..4u64 {
+            let prompt: Vec<u32> = (1..8).map(|x| (x + seed as u32) % 60 + 1).collect();
+            let mut m = toy(seed);
+            let (_, traj) = record(&mut m, &prompt, &cfg(t), "r").unwrap();
+            let got = SpotDecoder::builder()
+                .budget(6)
+                .block_ends(BlockEnds {
+                    fill,
+                    refresh: false,
+                })
+                .scorer(make())
+                .build()
+                .unwrap()
+                .decode(&mut m, &prompt, &cfg(t))
+                .unwrap();
+            live.0 += got.stats.work.block_forwards;
+            live.1 += got.stats.accepted_nodes;
+            live.2 += got.stats.prefetched_forwards;
+            let mut b = TreeBuilder::new(TreeConfig {
+                budget: 6,
+                ..TreeConfig::default()
+            })
+            .unwrap();
+            let n = replay(&traj, &mut b, &mut make(), fill).unwrap();
+            replayed.0 += n.forwards as u64;
+            replayed.1 += n.accepted as u64;
+            replayed.2 += n.prefetched as u64;
+        }
+        assert_eq!(
+            live, replayed,
+            "T={t} {name} fill {fill}: (forwards, accepted, prefetched)"
+        );
+        assert!(live.1 > 0, "T={t} {name}: no node accepted");
+        assert!(live.2 > 0, "T={t} {name}: no block start prefetched");
+    }
+}

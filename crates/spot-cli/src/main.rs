@@ -19,6 +19,7 @@ mod inspect;
 mod methods;
 mod model_dir;
 mod prompts;
+mod replay;
 mod serve;
 mod train_drafter;
 mod train_sets;
@@ -58,6 +59,9 @@ enum Command {
     TrainDrafter(train_drafter::TrainArgs),
     /// Next-commit accuracy of a drafter on held-out trajectories, by depth.
     EvalDrafter(eval_drafter::EvalArgs),
+    /// Re-enact the tree drafters' rounds on recorded trajectories without the target:
+    /// forwards per trajectory by method, budget and rank tilt, in seconds.
+    Replay(replay::ReplayArgs),
     /// Calibrate the Spiffy baseline's static draft graph from trajectories.
     CalibrateSpiffy(calibrate::CalibrateArgs),
     /// Refit a drafter checkpoint's token calibration (per temperature, by stale confidence or
@@ -116,6 +120,7 @@ fn main() -> ExitCode {
         Command::Collect(a) => collect::run(a),
         Command::TrainDrafter(a) => train_drafter::run(a),
         Command::EvalDrafter(a) => eval_drafter::run(a),
+        Command::Replay(a) => replay::run(a),
         Command::CalibrateSpiffy(a) => calibrate::run(a),
         Command::CalibrateTokens(a) => calibrate::run_tokens(a),
         Command::CalibrateOrder(a) => calibrate::run_order(a),

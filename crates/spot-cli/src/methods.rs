@@ -379,6 +379,21 @@ pub struct Drafters {
 }
 
 impl Drafters {
+    /// The drafter network, when loaded.
+    pub fn net(&self) -> Option<&OrderModel<Backend>> {
+        self.net.as_ref()
+    }
+
+    /// The Spiffy graph, when loaded.
+    pub fn spiffy(&self) -> Option<&SpiffyGraph> {
+        self.spiffy.as_ref()
+    }
+
+    /// The baselines' token calibrations (empty: their papers' token weights).
+    pub fn calibration(&self) -> &[TokenCalibration] {
+        &self.calibration
+    }
+
     /// Loads what `methods` need (see [`DraftFiles::needed`]); a missing file is an error
     /// naming it.
     pub fn load(methods: &[Method], files: &DraftFiles<'_>) -> Result<Self> {

@@ -867,6 +867,37 @@ fn calibrate_tokens_refits_a_checkpoint() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // `spot replay` re-enacts every tree drafter on them without the target.
+    let out = spot(&[
+        "replay",
+        "--trajectories",
+        traj.to_str().unwrap(),
+        "--methods",
+        "spot,spiffy,blockspec,ssd",
+        "--budgets",
+        "4,8",
+        "--json",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 8, "{text}");
+    // Every method replays the same commits (whole blocks: at least the 2 × 32 tokens), each
+    // in fewer forwards than draft-free decoding's one per commit.
+    let commits = rows[0]["commits"].as_u64().unwrap();
+    assert!(commits >= 64, "{text}");
+    for r in &rows {
+        assert_eq!(r["commits"], commits, "{r}");
+        let f = r["forwards"].as_u64().unwrap();
+        assert!(f > 0 && f < commits, "{r}");
+    }
     let weights = dir.path().join("d.safetensors");
     std::fs::copy(shipped.join("spot-drafter.safetensors"), &weights).unwrap();
     std::fs::copy(shipped.join("spot-drafter.json"), dir.path().join("d.json")).unwrap();
@@ -1021,6 +1052,13 @@ fn sets_are_calibrated_and_equal_threshold_decoding() {
         serde_json::from_str(&std::fs::read_to_string(&net).unwrap()).unwrap();
     assert_eq!(file["config"]["hidden_dim"], 256);
     assert_eq!(file["token_head"]["config"]["candidates"], 8);
+    // Threshold trajectories cannot be replayed as one-commit decodes.
+    let out = spot(&["replay", "--trajectories", traj.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("one-commit (exact) trajectories"),
+        "{err}"
+    );
     let sets = dir.path().join("sets.json");
     let out = spot(&[
         "calibrate-sets",

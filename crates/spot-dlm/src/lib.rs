@@ -450,7 +450,7 @@ impl StepStrategy for SpotDecoder {
             _ => self.builder.build_chain(&ctx)?,
         };
         self.verifier.batch(tree, states);
-        self.lookahead = block_end(tree, stale, self.block_ends.fill);
+        self.lookahead = tree.block_end(stale, self.block_ends.fill);
         self.drafted = Some(t0.elapsed());
         self.sent = Some(Instant::now());
         Ok(())
@@ -517,33 +517,6 @@ impl StepStrategy for SpotDecoder {
         self.stale = outcome.stale;
         Ok(())
     }
-}
-
-/// The block end a round names for its look-ahead: the likeliest complete node of `tree`;
-/// else, when some node leaves at most `fill` positions masked, the least-masked one (the
-/// heaviest of them) with those positions holding the stale choices.
-fn block_end(tree: &DraftTree, stale: &BlockStats, fill: usize) -> Option<BlockState> {
-    let complete = (1..tree.len())
-        .filter(|&i| tree.is_complete(i))
-        .max_by(|&a, &b| tree.mass(a).total_cmp(&tree.mass(b)).then(b.cmp(&a)));
-    if let Some(i) = complete {
-        return Some(tree.block_state(i));
-    }
-    let i = (0..tree.len())
-        .filter(|&i| tree.masked_count(i) <= fill)
-        .min_by(|&a, &b| {
-            (tree.masked_count(a).cmp(&tree.masked_count(b)))
-                .then(tree.mass(b).total_cmp(&tree.mass(a)))
-                .then(a.cmp(&b))
-        })?;
-    let mask = tree.mask_id();
-    let tokens = tree
-        .state(i)
-        .iter()
-        .enumerate()
-        .map(|(s, &t)| if t == mask { stale.token(s) } else { t })
-        .collect();
-    Some(BlockState::from_tokens(tokens, mask))
 }
 
 /// The state a refreshed round's root steps to under the block's own transition applied to

@@ -17,6 +17,8 @@
 //!   one batched call per tree depth;
 //! - [`train`](mod@train): Algorithm 1 (burn autodiff, burn-optim's Adam, held-out accuracy
 //!   by depth);
+//! - [`replay`](mod@replay): a speculative decode's rounds re-enacted on a trajectory, without the
+//!   target, to compare tree shapes and drafters quickly;
 //! - [`checkpoint`]: safetensors weights (through burn-store) plus a JSON config, validated
 //!   on load; older layouts load or are refused naming their version.
 
@@ -30,6 +32,7 @@ pub mod checkpoint;
 pub mod collect;
 pub mod features;
 pub mod network;
+pub mod replay;
 mod rng;
 pub mod scorer;
 pub mod sets;
@@ -52,6 +55,7 @@ pub use features::{
     write_features,
 };
 pub use network::{ConfigError, OrderModel, OrderModelConfig};
+pub use replay::{ReplayCount, ReplayError, replay};
 pub use scorer::{Calibrated, LearnedScorer, unit_stale_token};
 pub use sets::{JoinTable, SetsDrafter, SetsError};
 pub use spiffy::{SpiffyGraph, SpiffyScorer};

@@ -1,7 +1,7 @@
 //! The draft tree: an arena of hypothesised block states with parent links.
 
 pub use spot_core::state::{state_hash, zobrist};
-use spot_core::{BlockState, Commit, TokenId};
+use spot_core::{BlockState, BlockStats, Commit, TokenId};
 
 const NO_PARENT: u32 = u32::MAX;
 
@@ -251,6 +251,34 @@ impl DraftTree {
     /// Masked positions left in node `i`.
     pub fn masked_count(&self, i: usize) -> usize {
         usize::from(self.masked[i])
+    }
+
+    /// The block end a round names for its look-ahead: the likeliest complete node; else,
+    /// when some node leaves at most `fill` positions masked, the least-masked one (the
+    /// heaviest of them) with those positions holding `stale`'s choices. `None` when neither
+    /// exists.
+    pub fn block_end(&self, stale: &BlockStats, fill: usize) -> Option<BlockState> {
+        let complete = (1..self.len())
+            .filter(|&i| self.is_complete(i))
+            .max_by(|&a, &b| self.mass(a).total_cmp(&self.mass(b)).then(b.cmp(&a)));
+        if let Some(i) = complete {
+            return Some(self.block_state(i));
+        }
+        let i = (0..self.len())
+            .filter(|&i| self.masked_count(i) <= fill)
+            .min_by(|&a, &b| {
+                (self.masked_count(a).cmp(&self.masked_count(b)))
+                    .then(self.mass(b).total_cmp(&self.mass(a)))
+                    .then(a.cmp(&b))
+            })?;
+        let mask = self.mask_id;
+        let tokens = self
+            .state(i)
+            .iter()
+            .enumerate()
+            .map(|(s, &t)| if t == mask { stale.token(s) } else { t })
+            .collect();
+        Some(BlockState::from_tokens(tokens, mask))
     }
 
     /// Whether node `i` has no masked position (it needs no forward).

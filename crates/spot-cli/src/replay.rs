@@ -1,0 +1,331 @@
+//! `spot replay`: the tree drafters' rounds re-enacted on recorded draft-free trajectories,
+//! without the target ([`spot_drafter::replay`](mod@spot_drafter::replay)): forwards per trajectory for each method,
+//! budget and rank tilt, in seconds instead of the minutes live decodes take.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use spot_dlm::{OrderScorer, StaleConfidenceScorer, TreeBuilder, TreeConfig};
+use spot_drafter::{
+    Calibrated, LearnedScorer, RankTilt, ReplayCount, SpiffyScorer, Trajectory, TrajectoryDir,
+    replay,
+};
+
+use crate::methods::{BlockEndArgs, DrafterFileArgs, Drafters, Method};
+use crate::model_dir;
+
+/// Arguments of `spot replay`.
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// Trajectory directories written by `spot collect` (one-commit decoding; grouped by
+    /// their decoding temperature).
+    #[arg(long, required = true, num_args = 1..)]
+    trajectories: Vec<PathBuf>,
+    /// Model folder holding the default drafter files.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Tree methods to replay: `spot`, `spot-unit`, `blockspec`, `spiffy`, `ssd`.
+    #[arg(long, value_delimiter = ',', default_value = "spot,spiffy,blockspec")]
+    methods: Vec<Method>,
+    /// Budgets D.
+    #[arg(long, value_delimiter = ',', default_values_t = [8])]
+    budgets: Vec<usize>,
+    /// Rank tilts for `spot`: the method is replayed once per value, the value replacing the
+    /// checkpoint's tilt at every temperature. None: the checkpoint's own.
+    #[arg(long, value_delimiter = ',')]
+    tilts: Vec<f32>,
+    /// Token weights for `spot`, one row each: `checkpoint` (its calibration tables), `stale`
+    /// (the stale probability, hedge below 0.6: the builder's default) or `unit` (the stale
+    /// choice at weight 1, no hedge: `spot-unit`).
+    #[arg(long, value_delimiter = ',', default_value = "checkpoint")]
+    spot_tokens: Vec<TokenWeights>,
+    /// Mix weights `α` for `spot`: order `∝ q_spot^α · (q_spiffy + 0.01)^(1 - α)` with the
+    /// Spiffy graph's rank-path probabilities, one row each (1: SPOT alone).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    mix_spiffy: Vec<f32>,
+    #[command(flatten)]
+    files: DrafterFileArgs,
+    #[command(flatten)]
+    block_ends: BlockEndArgs,
+    /// Print one JSON object per row instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Token weights of `spot` in `spot replay --spot-tokens`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TokenWeights {
+    /// The checkpoint's calibration tables.
+    Checkpoint,
+    /// The stale probability of the choice (the tree builder's default).
+    Stale,
+    /// The stale choice at weight 1, no hedge.
+    Unit,
+}
+
+/// Runs `spot replay`.
+pub fn run(a: &ReplayArgs) -> Result<()> {
+    for &m in &a.methods {
+        if !matches!(
+            m,
+            Method::Spot | Method::SpotUnit | Method::Blockspec | Method::Spiffy | Method::Ssd
+        ) {
+            bail!(
+                "--methods: {} is not a one-commit tree drafter that replay can re-enact (spot, spot-unit, blockspec, spiffy, ssd)",
+                m.name()
+            );
+        }
+    }
+    if a.budgets.contains(&0) {
+        bail!("--budgets: a budget must be at least 1");
+    }
+    for &t in &a.tilts {
+        RankTilt {
+            temperature: 0.0,
+            tilt: t,
+        }
+        .check()
+        .with_context(|| format!("--tilts {t}"))?;
+    }
+    let dir = model_dir::resolve(a.model.as_deref())?;
+    if let Some(x) = a.mix_spiffy.iter().find(|x| !(0.0..=1.0).contains(*x)) {
+        bail!("--mix-spiffy: a weight must be in [0, 1], got {x}");
+    }
+    let mut needed = a.methods.clone();
+    if a.mix_spiffy.iter().any(|&x| x != 1.0) {
+        needed.push(Method::Spiffy);
+    }
+    let drafters = Drafters::load(&needed, &a.files.files(&dir))?;
+    let mut by_t: BTreeMap<u32, Vec<Trajectory>> = BTreeMap::new();
+    for d in &a.trajectories {
+        for (_, t) in TrajectoryDir::open(d)?.read_all()? {
+            by_t.entry(t.temperature.to_bits()).or_default().push(t);
+        }
+    }
+    if by_t.is_empty() {
+        bail!("no trajectories in {:?}", a.trajectories);
+    }
+    let fill = a.block_ends.lookahead_fill;
+    if !a.json {
+        println!(
+            "| T | method | D | trajectories | commits | forwards / trajectory | commits / forward | accepted / round |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+    }
+    for (bits, trajs) in &by_t {
+        let t = f32::from_bits(*bits);
+        for &m in &a.methods {
+            let tilts: Vec<Option<f32>> = if m == Method::Spot && !a.tilts.is_empty() {
+                a.tilts.iter().copied().map(Some).collect()
+            } else {
+                vec![None]
+            };
+            let tokens = match m {
+                Method::Spot => a.spot_tokens.clone(),
+                _ => vec![TokenWeights::Checkpoint],
+            };
+            let mixes = match m {
+                Method::Spot => a.mix_spiffy.clone(),
+                _ => vec![1.0],
+            };
+            for ((tilt, tw), alpha) in tilts
+                .iter()
+                .flat_map(|&l| tokens.iter().map(move |&w| (l, w)))
+                .flat_map(|x| mixes.iter().map(move |&a| (x, a)))
+            {
+                for &budget in &a.budgets {
+                    let (mut scorer, max_depth) = scorer(m, &drafters, tilt, tw)?;
+                    if alpha != 1.0 {
+                        let g = drafters
+                            .spiffy()
+                            .context("--mix-spiffy needs a Spiffy graph")?;
+                        let other = SpiffyScorer::new(g);
+                        scorer = scorer.map(|inner| {
+                            Box::new(Mixed {
+                                inner,
+                                other,
+                                alpha,
+                                buf: Vec::new(),
+                            }) as Box<dyn OrderScorer>
+                        });
+                    }
+                    let mut cfg = TreeConfig {
+                        budget,
+                        ..TreeConfig::default()
+                    };
+                    if let Some(d) = max_depth {
+                        cfg.max_depth = d;
+                    }
+                    let mut builder = TreeBuilder::new(cfg)?;
+                    let mut n = ReplayCount::default();
+                    for traj in trajs {
+                        n += match scorer.as_deref_mut() {
+                            Some(s) => replay(traj, &mut builder, s, fill)?,
+                            None => spot_drafter::replay::replay_chain(traj, &mut builder, fill)?,
+                        };
+                    }
+                    let mut name = m.name().to_string();
+                    if let Some(l) = tilt {
+                        name += &format!(" (tilt {l})");
+                    }
+                    if alpha != 1.0 {
+                        name += &format!(" (mix {alpha})");
+                    }
+                    if tw != TokenWeights::Checkpoint {
+                        name += &format!(" ({tw:?} tokens)").to_lowercase();
+                    }
+                    print_row(a.json, t, &name, budget, &n);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+type Scorer = Option<Box<dyn OrderScorer>>;
+
+/// The scorer of `m` (`None`: the chain) and its depth limit.
+fn scorer(
+    m: Method,
+    d: &Drafters,
+    tilt: Option<f32>,
+    tokens: TokenWeights,
+) -> Result<(Scorer, Option<usize>)> {
+    let net = || {
+        d.net().cloned().map(|mut n| {
+            if let Some(l) = tilt {
+                n.set_rank_tilts(vec![RankTilt {
+                    temperature: 0.0,
+                    tilt: l,
+                }]);
+            }
+            if tokens == TokenWeights::Stale {
+                n.set_token_calibrations(Vec::new());
+            }
+            n
+        })
+    };
+    Ok(match m {
+        Method::Spot if tokens == TokenWeights::Unit => (
+            Some(Box::new(Calibrated::unit(LearnedScorer::new(
+                net().context("no drafter checkpoint")?,
+            )))),
+            None,
+        ),
+        Method::Spot => (
+            Some(Box::new(LearnedScorer::new(
+                net().context("no drafter checkpoint")?,
+            ))),
+            None,
+        ),
+        Method::SpotUnit => (
+            Some(Box::new(Calibrated::unit(LearnedScorer::new(
+                net().context("no drafter checkpoint")?,
+            )))),
+            None,
+        ),
+        Method::Blockspec => (
+            Some(Box::new(Calibrated::new(
+                StaleConfidenceScorer,
+                d.calibration().to_vec(),
+            ))),
+            None,
+        ),
+        Method::Spiffy => {
+            let g = d.spiffy().context("no Spiffy graph")?;
+            (
+                Some(Box::new(Calibrated::new(
+                    SpiffyScorer::new(g),
+                    d.calibration().to_vec(),
+                ))),
+                Some(g.max_depth),
+            )
+        }
+        _ => (None, None),
+    })
+}
+
+fn print_row(json: bool, t: f32, name: &str, budget: usize, n: &ReplayCount) {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "temperature": t,
+                "method": name,
+                "budget": budget,
+                "trajectories": n.trajectories,
+                "commits": n.commits,
+                "forwards": n.forwards,
+                "forwards_per_trajectory": n.forwards_per_trajectory(),
+                "commits_per_forward": n.commits_per_forward(),
+                "accepted_per_round": n.accepted_per_round(),
+                "prefetched": n.prefetched,
+            })
+        );
+    } else {
+        println!(
+            "| {t} | {name} | {budget} | {} | {} | {:.2} | {:.3} | {:.3} |",
+            n.trajectories,
+            n.commits,
+            n.forwards_per_trajectory(),
+            n.commits_per_forward(),
+            n.accepted_per_round()
+        );
+    }
+}
+
+/// A scorer's order mixed with Spiffy's rank-path probabilities (a product of experts).
+struct Mixed {
+    inner: Box<dyn OrderScorer>,
+    other: SpiffyScorer,
+    alpha: f32,
+    buf: Vec<f32>,
+}
+
+impl OrderScorer for Mixed {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn score(
+        &mut self,
+        ctx: &spot_dlm::ScoreContext<'_>,
+        nodes: &spot_dlm::tree::NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), spot_dlm::TreeError> {
+        let l = ctx.root.len();
+        self.inner.score(ctx, nodes, out)?;
+        self.buf.resize(nodes.len() * l, 0.0);
+        self.other.score(ctx, nodes, &mut self.buf)?;
+        let mask = nodes.mask_id();
+        for i in 0..nodes.len() {
+            let y = nodes.tokens(i);
+            let (row, prior) = (&mut out[i * l..(i + 1) * l], &self.buf[i * l..(i + 1) * l]);
+            let mut sum = 0.0;
+            for s in 0..l {
+                row[s] = if y[s] == mask {
+                    row[s].max(0.0).powf(self.alpha) * (prior[s] + 0.01).powf(1.0 - self.alpha)
+                } else {
+                    0.0
+                };
+                sum += row[s];
+            }
+            if sum > 0.0 {
+                row.iter_mut().for_each(|v| *v /= sum);
+            }
+        }
+        Ok(())
+    }
+
+    fn token_hypotheses(
+        &mut self,
+        ctx: &spot_dlm::ScoreContext<'_>,
+        nodes: &spot_dlm::tree::NodeBatch<'_>,
+        i: usize,
+        position: usize,
+        out: &mut Vec<(spot_dlm::TokenId, f32)>,
+    ) -> bool {
+        self.inner.token_hypotheses(ctx, nodes, i, position, out)
+    }
+}
