@@ -48,6 +48,9 @@ pub struct ReplayArgs {
     files: DrafterFileArgs,
     #[command(flatten)]
     block_ends: BlockEndArgs,
+    /// Threads the trajectories are split over (default: the available cores).
+    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(1, |n| n.get()))]
+    threads: usize,
     /// Print one JSON object per row instead of a table.
     #[arg(long)]
     json: bool,
@@ -135,36 +138,14 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
                 .flat_map(|x| mixes.iter().map(move |&a| (x, a)))
             {
                 for &budget in &a.budgets {
-                    let (mut scorer, max_depth) = scorer(m, &drafters, tilt, tw)?;
-                    if alpha != 1.0 {
-                        let g = drafters
-                            .spiffy()
-                            .context("--mix-spiffy needs a Spiffy graph")?;
-                        let other = SpiffyScorer::new(g);
-                        scorer = scorer.map(|inner| {
-                            Box::new(Mixed {
-                                inner,
-                                other,
-                                alpha,
-                                buf: Vec::new(),
-                            }) as Box<dyn OrderScorer>
-                        });
-                    }
-                    let mut cfg = TreeConfig {
+                    let row = Row {
+                        method: m,
+                        tilt,
+                        tokens: tw,
+                        alpha,
                         budget,
-                        ..TreeConfig::default()
                     };
-                    if let Some(d) = max_depth {
-                        cfg.max_depth = d;
-                    }
-                    let mut builder = TreeBuilder::new(cfg)?;
-                    let mut n = ReplayCount::default();
-                    for traj in trajs {
-                        n += match scorer.as_deref_mut() {
-                            Some(s) => replay(traj, &mut builder, s, fill)?,
-                            None => spot_drafter::replay::replay_chain(traj, &mut builder, fill)?,
-                        };
-                    }
+                    let n = replay_parallel(&row, &drafters, trajs, fill, a.threads)?;
                     let mut name = m.name().to_string();
                     if let Some(l) = tilt {
                         name += &format!(" (tilt {l})");
@@ -181,6 +162,74 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One row of the table: what is replayed.
+#[derive(Clone, Copy)]
+struct Row {
+    method: Method,
+    tilt: Option<f32>,
+    tokens: TokenWeights,
+    alpha: f32,
+    budget: usize,
+}
+
+/// Replays `row` on `trajs`, split over `threads` threads (each with its own scorer and
+/// builder; the counts are sums, so the split does not change them).
+fn replay_parallel(
+    row: &Row,
+    d: &Drafters,
+    trajs: &[Trajectory],
+    fill: usize,
+    threads: usize,
+) -> Result<ReplayCount> {
+    let chunk = trajs.len().div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = trajs
+            .chunks(chunk)
+            .map(|part| s.spawn(move || replay_row(row, d, part, fill)))
+            .collect();
+        let mut n = ReplayCount::default();
+        for h in handles {
+            n += h
+                .join()
+                .map_err(|_| anyhow::anyhow!("a replay thread panicked"))??;
+        }
+        Ok(n)
+    })
+}
+
+/// Replays `row` on `trajs` in this thread.
+fn replay_row(row: &Row, d: &Drafters, trajs: &[Trajectory], fill: usize) -> Result<ReplayCount> {
+    let (mut scorer, max_depth) = scorer(row.method, d, row.tilt, row.tokens)?;
+    if row.alpha != 1.0 {
+        let g = d.spiffy().context("--mix-spiffy needs a Spiffy graph")?;
+        let other = SpiffyScorer::new(g);
+        scorer = scorer.map(|inner| {
+            Box::new(Mixed {
+                inner,
+                other,
+                alpha: row.alpha,
+                buf: Vec::new(),
+            }) as Box<dyn OrderScorer>
+        });
+    }
+    let mut cfg = TreeConfig {
+        budget: row.budget,
+        ..TreeConfig::default()
+    };
+    if let Some(depth) = max_depth {
+        cfg.max_depth = depth;
+    }
+    let mut builder = TreeBuilder::new(cfg)?;
+    let mut n = ReplayCount::default();
+    for traj in trajs {
+        n += match scorer.as_deref_mut() {
+            Some(s) => replay(traj, &mut builder, s, fill)?,
+            None => spot_drafter::replay::replay_chain(traj, &mut builder, fill)?,
+        };
+    }
+    Ok(n)
 }
 
 type Scorer = Option<Box<dyn OrderScorer>>;
