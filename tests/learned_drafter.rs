@@ -9,8 +9,8 @@ use burn_flex::Flex;
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_drafter::{
-    Calibrated, LearnedScorer, OrderModel, OrderModelConfig, RankTilt, SpiffyGraph, SpiffyScorer,
-    TokenCalibration, TrainConfig, record, train,
+    Calibrated, LearnedScorer, OrderModel, OrderModelConfig, PriorWeight, RankTilt, SpiffyGraph,
+    SpiffyScorer, TokenCalibration, TrainConfig, record, train,
 };
 
 type B = Flex<f32>;
@@ -136,6 +136,25 @@ fn learned_drafter_is_exact() {
         let nfe = total_nfe(&tilted, 0..6, t, 8);
         eprintln!("T={t} D=8: tilted spot NFE {nfe}");
     }
+    // So does mixing the order with a rank-path prior.
+    let mut mixed = tilted.clone();
+    mixed.set_rank_prior(
+        Some(SpiffyGraph::calibrate(&trajs, 6, 64).unwrap()),
+        vec![
+            PriorWeight {
+                temperature: 0.0,
+                weight: 0.5,
+            },
+            PriorWeight {
+                temperature: 1.0,
+                weight: 0.8,
+            },
+        ],
+    );
+    for t in [0.0, 1.0] {
+        let nfe = total_nfe(&mixed, 0..6, t, 8);
+        eprintln!("T={t} D=8: spot with the rank-path prior NFE {nfe}");
+    }
     for t in [0.0, 1.0] {
         for budget in [4, 12] {
             let before = total_nfe(&untrained, 0..6, t, budget);
@@ -208,8 +227,17 @@ fn replay_counts_what_a_live_decode_does() {
         7,
         spot_drafter::CalibrationPaths::Drafted,
     );
+    let mut mixed = net.clone();
+    mixed.set_rank_prior(
+        Some(SpiffyGraph::calibrate(&fit, 6, 64).unwrap()),
+        vec![PriorWeight {
+            temperature: 0.0,
+            weight: 0.7,
+        }],
+    );
     for t in [0.0, 1.0] {
         replay_matches(t, "spot", || LearnedScorer::new(net.clone()));
+        replay_matches(t, "spot with a prior", || LearnedScorer::new(mixed.clone()));
         replay_matches(t, "blockspec", || {
             Calibrated::new(StaleConfidenceScorer, cals.clone())
         });

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use spot_drafter::{
-    CalibrationPaths, JoinTable, OrderModel, RankTilt, SetsDrafter, SpiffyGraph, TokenCalibration,
-    Trajectory, TrajectoryDir,
+    CalibrationPaths, JoinTable, OrderModel, PriorWeight, RankTilt, SetsDrafter, SpiffyGraph,
+    TokenCalibration, Trajectory, TrajectoryDir,
 };
 
 /// Arguments of `spot calibrate-spiffy`.
@@ -124,34 +124,59 @@ pub struct CalibrateOrderArgs {
     #[arg(long)]
     drafter: PathBuf,
     /// A rank tilt as `TEMPERATURE:TILT` (repeat the flag or separate with commas), e.g.
-    /// `--tilt 0:0,1:0.3,2:0.3`; decoding uses the one nearest its temperature. None: no
-    /// tilt. `tools/tune_tilt.sh` picks them by NFE on the tuning prompts.
+    /// `--tilt 0:0,1:0.3,2:0.3`; decoding uses the one nearest its temperature. They replace
+    /// the checkpoint's tilts; none given: its tilts are kept. `tools/tune_tilt.sh` picks them
+    /// by NFE on the tuning prompts.
     #[arg(long, value_delimiter = ',', value_parser = parse_tilt)]
     tilt: Vec<RankTilt>,
+    /// A rank-path prior weight as `TEMPERATURE:WEIGHT` with the weight in [0, 1] (repeat or
+    /// separate with commas), e.g. `--prior 0:0,1:0.3,2:0.7`; decoding uses the one nearest
+    /// its temperature. They replace the checkpoint's weights; none given: its weights are
+    /// kept. Needs rank paths: `--rank-paths`, or those the checkpoint already carries.
+    #[arg(long, value_delimiter = ',', value_parser = parse_prior)]
+    prior: Vec<PriorWeight>,
+    /// A Spiffy graph (`spot calibrate-spiffy`, training prompts only) whose rank paths the
+    /// prior reads, stored in the checkpoint.
+    #[arg(long)]
+    rank_paths: Option<PathBuf>,
     /// Where to write the checkpoint (default: over `--drafter`).
     #[arg(long)]
     out: Option<PathBuf>,
 }
 
-fn parse_tilt(s: &str) -> std::result::Result<RankTilt, String> {
-    let (t, l) = s
+/// `TEMPERATURE:VALUE` as two numbers; `what` names the value in errors.
+fn parse_pair(s: &str, what: &str) -> std::result::Result<(f32, f32), String> {
+    let (t, v) = s
         .split_once(':')
-        .ok_or_else(|| format!("{s:?}: expected TEMPERATURE:TILT"))?;
+        .ok_or_else(|| format!("{s:?}: expected TEMPERATURE:{}", what.to_uppercase()))?;
     let num = |v: &str, what: &str| {
         v.trim()
             .parse::<f32>()
             .map_err(|e| format!("{s:?}: {what} {v:?}: {e}"))
     };
-    let tilt = RankTilt {
-        temperature: num(t, "temperature")?,
-        tilt: num(l, "tilt")?,
-    };
+    Ok((num(t, "temperature")?, num(v, what)?))
+}
+
+fn parse_tilt(s: &str) -> std::result::Result<RankTilt, String> {
+    let (temperature, tilt) = parse_pair(s, "tilt")?;
+    let tilt = RankTilt { temperature, tilt };
     tilt.check().map_err(|e| format!("{s:?}: {e}"))?;
     Ok(tilt)
 }
 
+fn parse_prior(s: &str) -> std::result::Result<PriorWeight, String> {
+    let (temperature, weight) = parse_pair(s, "weight")?;
+    let w = PriorWeight {
+        temperature,
+        weight,
+    };
+    w.check().map_err(|e| format!("{s:?}: {e}"))?;
+    Ok(w)
+}
+
 /// Runs `spot calibrate-order`: sets a drafter checkpoint's per-temperature rank tilts
-/// ([`spot_drafter::tilt`]) without retraining its network.
+/// ([`spot_drafter::tilt`]) and rank-path prior ([`spot_drafter::prior`]) without retraining
+/// its network.
 pub fn run_order(a: &CalibrateOrderArgs) -> Result<()> {
     let device = crate::backend::device()?;
     let mut net = spot_drafter::checkpoint::load::<crate::Backend>(&a.drafter, &device)
@@ -167,7 +192,45 @@ pub fn run_order(a: &CalibrateOrderArgs) -> Result<()> {
     for t in &tilts {
         eprintln!("T = {}: tilt {}", t.temperature, t.tilt);
     }
-    net.set_rank_tilts(tilts);
+    if !tilts.is_empty() {
+        net.set_rank_tilts(tilts);
+    }
+    let mut priors = a.prior.clone();
+    priors.sort_by(|x, y| x.temperature.total_cmp(&y.temperature));
+    if priors
+        .windows(2)
+        .any(|w| w[0].temperature == w[1].temperature)
+    {
+        bail!("--prior names a temperature twice");
+    }
+    let paths = match &a.rank_paths {
+        Some(p) => Some(
+            SpiffyGraph::load(p).with_context(|| format!("loading rank paths {}", p.display()))?,
+        ),
+        None => None,
+    };
+    if let Some(g) = &paths
+        && g.block_size != net.config().block_size
+    {
+        bail!(
+            "--rank-paths: {} was calibrated for blocks of {}, the drafter for {}",
+            a.rank_paths
+                .as_ref()
+                .map_or(String::new(), |p| p.display().to_string()),
+            g.block_size,
+            net.config().block_size
+        );
+    }
+    if !priors.is_empty() && paths.is_none() && net.config().rank_paths.is_none() {
+        bail!("--prior needs rank paths: pass --rank-paths GRAPH (spot calibrate-spiffy)");
+    }
+    for w in &priors {
+        eprintln!("T = {}: rank-path prior weight {}", w.temperature, w.weight);
+    }
+    if priors.is_empty() {
+        priors = net.config().rank_prior_by_temperature.clone();
+    }
+    net.set_rank_prior(paths, priors);
     save(&net, a.out.as_ref().unwrap_or(&a.drafter))
 }
 

@@ -67,8 +67,9 @@ enum Command {
     /// Refit a drafter checkpoint's token calibration (per temperature, by stale confidence or
     /// noised margin) from trajectories, without retraining the network.
     CalibrateTokens(calibrate::CalibrateTokensArgs),
-    /// Set a drafter checkpoint's rank tilt per temperature (its order leaned towards the
-    /// stale-confidence ranking; `tools/tune_tilt.sh` picks the values).
+    /// Set a drafter checkpoint's rank tilt and rank-path prior per temperature (its order
+    /// leaned towards the stale-confidence ranking and mixed with a Spiffy graph's rank-path
+    /// frequencies; `tools/tune_tilt.sh` and `spot replay` pick the values).
     CalibrateOrder(calibrate::CalibrateOrderArgs),
     /// Fit the SPOT-Sets drafter (join and token tables per temperature and threshold) on
     /// threshold-decoding trajectories (`spot collect --threshold`).

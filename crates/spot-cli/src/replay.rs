@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use spot_dlm::{OrderScorer, StaleConfidenceScorer, TreeBuilder, TreeConfig};
 use spot_drafter::{
-    Calibrated, LearnedScorer, RankTilt, ReplayCount, SpiffyScorer, Trajectory, TrajectoryDir,
-    replay,
+    Calibrated, LearnedScorer, PriorWeight, RankTilt, ReplayCount, SpiffyScorer, Trajectory,
+    TrajectoryDir, replay,
 };
 
 use crate::methods::{BlockEndArgs, DrafterFileArgs, Drafters, Method};
@@ -40,10 +40,11 @@ pub struct ReplayArgs {
     /// choice at weight 1, no hedge: `spot-unit`).
     #[arg(long, value_delimiter = ',', default_value = "checkpoint")]
     spot_tokens: Vec<TokenWeights>,
-    /// Mix weights `α` for `spot`: order `∝ q_spot^α · (q_spiffy + 0.01)^(1 - α)` with the
-    /// Spiffy graph's rank-path probabilities, one row each (1: SPOT alone).
-    #[arg(long, value_delimiter = ',', default_value = "1")]
-    mix_spiffy: Vec<f32>,
+    /// Rank-path prior weights `w` for `spot` (`spot_drafter::prior`), one row each, each
+    /// replacing the checkpoint's weight at every temperature (rank paths: the checkpoint's,
+    /// else the model folder's Spiffy graph). None: the checkpoint's own.
+    #[arg(long, value_delimiter = ',')]
+    prior_weights: Vec<f32>,
     #[command(flatten)]
     files: DrafterFileArgs,
     #[command(flatten)]
@@ -92,11 +93,11 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
         .with_context(|| format!("--tilts {t}"))?;
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
-    if let Some(x) = a.mix_spiffy.iter().find(|x| !(0.0..=1.0).contains(*x)) {
-        bail!("--mix-spiffy: a weight must be in [0, 1], got {x}");
+    if let Some(x) = a.prior_weights.iter().find(|x| !(0.0..=1.0).contains(*x)) {
+        bail!("--prior-weights: a weight must be in [0, 1], got {x}");
     }
     let mut needed = a.methods.clone();
-    if a.mix_spiffy.iter().any(|&x| x != 1.0) {
+    if !a.prior_weights.is_empty() {
         needed.push(Method::Spiffy);
     }
     let drafters = Drafters::load(&needed, &a.files.files(&dir))?;
@@ -128,21 +129,23 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
                 Method::Spot => a.spot_tokens.clone(),
                 _ => vec![TokenWeights::Checkpoint],
             };
-            let mixes = match m {
-                Method::Spot => a.mix_spiffy.clone(),
-                _ => vec![1.0],
+            let priors: Vec<Option<f32>> = match m {
+                Method::Spot if !a.prior_weights.is_empty() => {
+                    a.prior_weights.iter().copied().map(Some).collect()
+                }
+                _ => vec![None],
             };
-            for ((tilt, tw), alpha) in tilts
+            for ((tilt, tw), prior) in tilts
                 .iter()
                 .flat_map(|&l| tokens.iter().map(move |&w| (l, w)))
-                .flat_map(|x| mixes.iter().map(move |&a| (x, a)))
+                .flat_map(|x| priors.iter().map(move |&p| (x, p)))
             {
                 for &budget in &a.budgets {
                     let row = Row {
                         method: m,
                         tilt,
                         tokens: tw,
-                        alpha,
+                        prior,
                         budget,
                     };
                     let n = replay_parallel(&row, &drafters, trajs, fill, a.threads)?;
@@ -150,8 +153,8 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
                     if let Some(l) = tilt {
                         name += &format!(" (tilt {l})");
                     }
-                    if alpha != 1.0 {
-                        name += &format!(" (mix {alpha})");
+                    if let Some(w) = prior {
+                        name += &format!(" (prior {w})");
                     }
                     if tw != TokenWeights::Checkpoint {
                         name += &format!(" ({tw:?} tokens)").to_lowercase();
@@ -170,7 +173,7 @@ struct Row {
     method: Method,
     tilt: Option<f32>,
     tokens: TokenWeights,
-    alpha: f32,
+    prior: Option<f32>,
     budget: usize,
 }
 
@@ -201,19 +204,7 @@ fn replay_parallel(
 
 /// Replays `row` on `trajs` in this thread.
 fn replay_row(row: &Row, d: &Drafters, trajs: &[Trajectory], fill: usize) -> Result<ReplayCount> {
-    let (mut scorer, max_depth) = scorer(row.method, d, row.tilt, row.tokens)?;
-    if row.alpha != 1.0 {
-        let g = d.spiffy().context("--mix-spiffy needs a Spiffy graph")?;
-        let other = SpiffyScorer::new(g);
-        scorer = scorer.map(|inner| {
-            Box::new(Mixed {
-                inner,
-                other,
-                alpha: row.alpha,
-                buf: Vec::new(),
-            }) as Box<dyn OrderScorer>
-        });
-    }
+    let (mut scorer, max_depth) = scorer(row, d)?;
     let mut cfg = TreeConfig {
         budget: row.budget,
         ..TreeConfig::default()
@@ -235,42 +226,56 @@ fn replay_row(row: &Row, d: &Drafters, trajs: &[Trajectory], fill: usize) -> Res
 type Scorer = Option<Box<dyn OrderScorer>>;
 
 /// The scorer of `m` (`None`: the chain) and its depth limit.
-fn scorer(
-    m: Method,
-    d: &Drafters,
-    tilt: Option<f32>,
-    tokens: TokenWeights,
-) -> Result<(Scorer, Option<usize>)> {
-    let net = || {
-        d.net().cloned().map(|mut n| {
-            if let Some(l) = tilt {
-                n.set_rank_tilts(vec![RankTilt {
+fn scorer(row: &Row, d: &Drafters) -> Result<(Scorer, Option<usize>)> {
+    let (m, tilt, tokens) = (row.method, row.tilt, row.tokens);
+    let net = || -> Result<_> {
+        let Some(mut n) = d.net().cloned() else {
+            return Ok(None);
+        };
+        if let Some(w) = row.prior {
+            let paths = match &n.config().rank_paths {
+                Some(_) => None,
+                None => Some(
+                    d.spiffy()
+                        .context("--prior-weights needs rank paths: a Spiffy graph")?
+                        .clone(),
+                ),
+            };
+            n.set_rank_prior(
+                paths,
+                vec![PriorWeight {
                     temperature: 0.0,
-                    tilt: l,
-                }]);
-            }
-            if tokens == TokenWeights::Stale {
-                n.set_token_calibrations(Vec::new());
-            }
-            n
-        })
+                    weight: w,
+                }],
+            );
+        }
+        if let Some(l) = tilt {
+            n.set_rank_tilts(vec![RankTilt {
+                temperature: 0.0,
+                tilt: l,
+            }]);
+        }
+        if tokens == TokenWeights::Stale {
+            n.set_token_calibrations(Vec::new());
+        }
+        Ok(Some(n))
     };
     Ok(match m {
         Method::Spot if tokens == TokenWeights::Unit => (
             Some(Box::new(Calibrated::unit(LearnedScorer::new(
-                net().context("no drafter checkpoint")?,
+                net()?.context("no drafter checkpoint")?,
             )))),
             None,
         ),
         Method::Spot => (
             Some(Box::new(LearnedScorer::new(
-                net().context("no drafter checkpoint")?,
+                net()?.context("no drafter checkpoint")?,
             ))),
             None,
         ),
         Method::SpotUnit => (
             Some(Box::new(Calibrated::unit(LearnedScorer::new(
-                net().context("no drafter checkpoint")?,
+                net()?.context("no drafter checkpoint")?,
             )))),
             None,
         ),
@@ -321,60 +326,5 @@ fn print_row(json: bool, t: f32, name: &str, budget: usize, n: &ReplayCount) {
             n.commits_per_forward(),
             n.accepted_per_round()
         );
-    }
-}
-
-/// A scorer's order mixed with Spiffy's rank-path probabilities (a product of experts).
-struct Mixed {
-    inner: Box<dyn OrderScorer>,
-    other: SpiffyScorer,
-    alpha: f32,
-    buf: Vec<f32>,
-}
-
-impl OrderScorer for Mixed {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn score(
-        &mut self,
-        ctx: &spot_dlm::ScoreContext<'_>,
-        nodes: &spot_dlm::tree::NodeBatch<'_>,
-        out: &mut [f32],
-    ) -> Result<(), spot_dlm::TreeError> {
-        let l = ctx.root.len();
-        self.inner.score(ctx, nodes, out)?;
-        self.buf.resize(nodes.len() * l, 0.0);
-        self.other.score(ctx, nodes, &mut self.buf)?;
-        let mask = nodes.mask_id();
-        for i in 0..nodes.len() {
-            let y = nodes.tokens(i);
-            let (row, prior) = (&mut out[i * l..(i + 1) * l], &self.buf[i * l..(i + 1) * l]);
-            let mut sum = 0.0;
-            for s in 0..l {
-                row[s] = if y[s] == mask {
-                    row[s].max(0.0).powf(self.alpha) * (prior[s] + 0.01).powf(1.0 - self.alpha)
-                } else {
-                    0.0
-                };
-                sum += row[s];
-            }
-            if sum > 0.0 {
-                row.iter_mut().for_each(|v| *v /= sum);
-            }
-        }
-        Ok(())
-    }
-
-    fn token_hypotheses(
-        &mut self,
-        ctx: &spot_dlm::ScoreContext<'_>,
-        nodes: &spot_dlm::tree::NodeBatch<'_>,
-        i: usize,
-        position: usize,
-        out: &mut Vec<(spot_dlm::TokenId, f32)>,
-    ) -> bool {
-        self.inner.token_hypotheses(ctx, nodes, i, position, out)
     }
 }

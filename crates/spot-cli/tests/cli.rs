@@ -921,6 +921,37 @@ fn calibrate_tokens_refits_a_checkpoint() {
         std::fs::read(&weights).unwrap(),
         std::fs::read(shipped.join("spot-drafter.safetensors")).unwrap()
     );
+    // `spot calibrate-order --prior` replaces the prior weights over the rank paths the
+    // checkpoint carries and keeps its tilts; a weight outside [0, 1] is refused.
+    let out = spot(&[
+        "calibrate-order",
+        "--drafter",
+        weights.to_str().unwrap(),
+        "--prior",
+        "1:0.4",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("d.json")).unwrap()).unwrap();
+    assert_eq!(
+        cfg["rank_prior_by_temperature"],
+        serde_json::json!([{"temperature": 1.0, "weight": 0.4}])
+    );
+    assert_eq!(cfg["rank_tilt_by_temperature"].as_array().unwrap().len(), 3);
+    assert!(cfg["rank_paths"]["paths"].as_array().unwrap().len() > 8);
+    let out = spot(&[
+        "calibrate-order",
+        "--drafter",
+        weights.to_str().unwrap(),
+        "--prior",
+        "1:1.5",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("weight"), "{err}");
     let trained = dir.path().join("trained.safetensors");
     let out = spot(&[
         "train-drafter",

@@ -32,6 +32,7 @@ pub mod checkpoint;
 pub mod collect;
 pub mod features;
 pub mod network;
+pub mod prior;
 pub mod replay;
 mod rng;
 pub mod scorer;
@@ -55,6 +56,7 @@ pub use features::{
     write_features,
 };
 pub use network::{ConfigError, OrderModel, OrderModelConfig};
+pub use prior::PriorWeight;
 pub use replay::{ReplayCount, ReplayError, replay};
 pub use scorer::{Calibrated, LearnedScorer, unit_stale_token};
 pub use sets::{JoinTable, SetsDrafter, SetsError};

@@ -31,7 +31,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::analysis::{TokenCalibration, nearest_calibration};
 use crate::features::{FEATURES_VERSION, FEATURES_VERSION_2, N_FEATURES, N_FEATURES_V2};
+use crate::prior::{PriorWeight, nearest_weight};
 use crate::rng::SplitMix;
+use crate::spiffy::SpiffyGraph;
 use crate::tilt::{RankTilt, nearest_tilt};
 
 /// Shape of the order network, stored as the JSON file next to every checkpoint.
@@ -70,6 +72,14 @@ pub struct OrderModelConfig {
     /// nearest the target's temperature, none when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rank_tilt_by_temperature: Vec<RankTilt>,
+    /// Rank-path prior weights stored per decoding temperature ([`crate::prior`]); the scorer
+    /// uses the one nearest the target's temperature, none when empty or without
+    /// [`rank_paths`](Self::rank_paths).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_prior_by_temperature: Vec<PriorWeight>,
+    /// The rank-path frequencies the prior reads (a calibrated Spiffy graph).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_paths: Option<SpiffyGraph>,
 }
 
 impl burn::config::Config for OrderModelConfig {}
@@ -87,6 +97,8 @@ impl Default for OrderModelConfig {
             token_calibration: None,
             token_calibration_by_temperature: Vec::new(),
             rank_tilt_by_temperature: Vec::new(),
+            rank_prior_by_temperature: Vec::new(),
+            rank_paths: None,
         }
     }
 }
@@ -142,6 +154,9 @@ pub enum ConfigError {
     /// A rank tilt is malformed.
     #[error("rank tilt: {0}")]
     Tilt(crate::TableError),
+    /// A rank-path prior weight or the rank paths are malformed.
+    #[error("rank-path prior: {0}")]
+    Prior(String),
 }
 
 impl OrderModelConfig {
@@ -176,6 +191,15 @@ impl OrderModelConfig {
     /// any), [`crate::tilt`].
     pub fn rank_tilt_for(&self, temperature: f32) -> f32 {
         nearest_tilt(&self.rank_tilt_by_temperature, temperature)
+    }
+
+    /// The rank-path prior weight for decoding at `temperature` (the one stored nearest it; 0
+    /// without any or without [`rank_paths`](Self::rank_paths)), [`crate::prior`].
+    pub fn rank_prior_for(&self, temperature: f32) -> f32 {
+        match self.rank_paths {
+            Some(_) => nearest_weight(&self.rank_prior_by_temperature, temperature),
+            None => 0.0,
+        }
     }
 
     /// Number of parameters of the network this shape builds (no allocation; the same count
@@ -248,6 +272,19 @@ impl OrderModelConfig {
         }
         for t in &self.rank_tilt_by_temperature {
             t.check().map_err(ConfigError::Tilt)?;
+        }
+        for w in &self.rank_prior_by_temperature {
+            w.check().map_err(|e| ConfigError::Prior(e.to_string()))?;
+        }
+        if let Some(g) = &self.rank_paths {
+            g.check()
+                .map_err(|e| ConfigError::Prior(format!("rank_paths: {e}")))?;
+            if g.block_size != self.block_size {
+                return Err(ConfigError::Prior(format!(
+                    "rank_paths: calibrated for blocks of {}, the network for {}",
+                    g.block_size, self.block_size
+                )));
+            }
         }
         if !self.d_model.is_multiple_of(self.heads) {
             return Err(ConfigError::Heads {
@@ -344,6 +381,15 @@ impl<B: Backend> OrderModel<B> {
     /// Attaches the per-temperature rank tilts stored with the checkpoint ([`crate::tilt`]).
     pub fn set_rank_tilts(&mut self, t: Vec<RankTilt>) {
         self.cfg.rank_tilt_by_temperature = t;
+    }
+
+    /// Replaces the rank-path prior: the graph (`None`: keep the stored one) and the weights
+    /// per temperature ([`crate::prior`]).
+    pub fn set_rank_prior(&mut self, paths: Option<SpiffyGraph>, weights: Vec<PriorWeight>) {
+        if paths.is_some() {
+            self.cfg.rank_paths = paths;
+        }
+        self.cfg.rank_prior_by_temperature = weights;
     }
 
     /// Attaches the per-temperature token calibrations stored with the checkpoint.

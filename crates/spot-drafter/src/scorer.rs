@@ -7,6 +7,8 @@ use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_siz
 use crate::analysis::{CalibrationKey, TokenCalibration, nearest_calibration};
 use crate::features::{LiveStale, noised_margin, write_features};
 use crate::network::OrderModel;
+use crate::prior::mix_rows;
+use crate::spiffy::SpiffyScorer;
 use crate::tilt::tilt_rows;
 
 /// SPOT's order scorer: `q_φ(s | y)` from the round's stale statistics.
@@ -24,15 +26,21 @@ pub struct LearnedScorer<B: Backend> {
     model: OrderModel<B>,
     features: Vec<f32>,
     valid: Vec<f32>,
+    /// The rank-path prior's scorer, when the checkpoint carries rank paths.
+    prior: Option<SpiffyScorer>,
+    prior_rows: Vec<f32>,
 }
 
 impl<B: Backend> LearnedScorer<B> {
     /// Wraps a trained network.
     pub fn new(model: OrderModel<B>) -> Self {
+        let prior = model.config().rank_paths.as_ref().map(SpiffyScorer::new);
         Self {
             model,
             features: Vec::new(),
             valid: Vec::new(),
+            prior,
+            prior_rows: Vec::new(),
         }
     }
 
@@ -81,6 +89,12 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
         let mut p = self.model.probabilities(&self.features, &self.valid, n);
         let tilt = self.model.config().rank_tilt_for(ctx.temperature);
         tilt_rows(&mut p, &self.features, &self.valid, l, nf, tilt);
+        let w = self.model.config().rank_prior_for(ctx.temperature);
+        if let Some(prior) = self.prior.as_mut().filter(|_| w > 0.0) {
+            self.prior_rows.resize(n * l, 0.0);
+            prior.score(ctx, nodes, &mut self.prior_rows)?;
+            mix_rows(&mut p, &self.prior_rows, &self.valid, l, w);
+        }
         out[..n * l].copy_from_slice(&p);
         Ok(())
     }

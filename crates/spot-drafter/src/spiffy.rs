@@ -147,6 +147,36 @@ impl SpiffyGraph {
         std::fs::write(path, text + "\n").map_err(io)
     }
 
+    /// Checks the fields a file cannot be trusted with: positive sizes, paths within
+    /// `max_depth` and the block, counts within `sequences`.
+    pub fn check(&self) -> Result<(), String> {
+        if self.block_size == 0 || self.max_depth == 0 || self.sequences == 0 {
+            return Err("block_size, max_depth and sequences must be positive".into());
+        }
+        for p in &self.paths {
+            if p.ranks.is_empty() || p.ranks.len() > self.max_depth {
+                return Err(format!(
+                    "path {:?} has a length outside 1..={}",
+                    p.ranks, self.max_depth
+                ));
+            }
+            if p.ranks
+                .iter()
+                .enumerate()
+                .any(|(d, &r)| usize::from(r) + d >= self.block_size)
+            {
+                return Err(format!("path {:?} ranks beyond the block", p.ranks));
+            }
+            if p.count > self.sequences {
+                return Err(format!(
+                    "path {:?} counts {} > {} sequences",
+                    p.ranks, p.count, self.sequences
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Reads and validates a graph file.
     pub fn load(path: &Path) -> Result<Self, DrafterError> {
         let text = std::fs::read_to_string(path).map_err(|source| DrafterError::Io {
@@ -169,42 +199,7 @@ impl SpiffyGraph {
                 ),
             ));
         }
-        if g.block_size == 0 || g.max_depth == 0 || g.sequences == 0 {
-            return Err(config(
-                path,
-                "block_size, max_depth and sequences must be positive".into(),
-            ));
-        }
-        for p in &g.paths {
-            if p.ranks.is_empty() || p.ranks.len() > g.max_depth {
-                return Err(config(
-                    path,
-                    format!(
-                        "path {:?} has a length outside 1..={}",
-                        p.ranks, g.max_depth
-                    ),
-                ));
-            }
-            if p.ranks
-                .iter()
-                .enumerate()
-                .any(|(d, &r)| usize::from(r) + d >= g.block_size)
-            {
-                return Err(config(
-                    path,
-                    format!("path {:?} ranks beyond the block", p.ranks),
-                ));
-            }
-            if p.count > g.sequences {
-                return Err(config(
-                    path,
-                    format!(
-                        "path {:?} counts {} > {} sequences",
-                        p.ranks, p.count, g.sequences
-                    ),
-                ));
-            }
-        }
+        g.check().map_err(|reason| config(path, reason))?;
         Ok(g)
     }
 }

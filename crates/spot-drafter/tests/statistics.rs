@@ -248,6 +248,43 @@ fn token_calibration_fits_and_travels_with_the_checkpoint() {
         matches!(e, DrafterError::Config { .. }) && e.to_string().contains("rank_tilt"),
         "{e}"
     );
+
+    // The rank-path prior (weights and the graph) travels with the checkpoint; a weight
+    // outside [0, 1] or a graph of another block size is refused naming the field.
+    let graph = spot_drafter::SpiffyGraph::calibrate(&trajectories(6, 0.3, 1.0), 4, 32).unwrap();
+    assert_eq!(graph.block_size, 8);
+    let weights = vec![spot_drafter::PriorWeight {
+        temperature: 1.0,
+        weight: 0.6,
+    }];
+    net.set_rank_tilts(Vec::new());
+    net.set_rank_prior(Some(graph.clone()), weights.clone());
+    checkpoint::save(&net, &w).unwrap();
+    let back = checkpoint::load::<B>(&w, &Default::default()).unwrap();
+    assert_eq!(back.config().rank_prior_by_temperature, weights);
+    assert_eq!(back.config().rank_paths.as_ref(), Some(&graph));
+    assert_eq!(back.config().rank_prior_for(0.0), 0.6);
+    let json = std::fs::read_to_string(checkpoint::config_path(&w)).unwrap();
+    for (field, value, want) in [
+        (
+            "weight",
+            serde_json::json!(1.5),
+            "rank_prior_by_temperature",
+        ),
+        ("block_size", serde_json::json!(16), "blocks of 16"),
+    ] {
+        let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        match field {
+            "weight" => v["rank_prior_by_temperature"][0]["weight"] = value,
+            _ => v["rank_paths"]["block_size"] = value,
+        }
+        std::fs::write(checkpoint::config_path(&w), v.to_string()).unwrap();
+        let e = checkpoint::load::<B>(&w, &Default::default()).unwrap_err();
+        assert!(
+            matches!(e, DrafterError::Config { .. }) && e.to_string().contains(want),
+            "{e}"
+        );
+    }
 }
 
 /// Under noise the calibration may bin by the noised margin: tables of either key are well
