@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates the shipped order drafter (models/sdar-tiny-code/spot-drafter.*) from scratch:
 # training prompts, draft-free trajectories of the shipped target at T = 0, 1 and 2, then
-# Algorithm 1, then the rank tilt per temperature (tools/tune_tilt.sh). Every step resumes: `spot collect` skips samples already on disk, so rerun the
+# Algorithm 1, then the rank tilt per temperature (tools/tune_tilt.sh) and the rank-path
+# prior per temperature (tools/tune_prior.sh, over models/sdar-tiny-code/spiffy-graph.json). Every step resumes: `spot collect` skips samples already on disk, so rerun the
 # script after an interruption. Trajectories are not committed (about 0.3 MB each).
 #
 #     tools/train_drafter.sh [WORK_DIR]        # default: target/drafter-work
@@ -45,3 +46,6 @@ $SPOT train-drafter --trajectories "$WORK/t0" "$WORK/t1" "$WORK/t2" --out "$OUT"
 
 echo "== rank tilt per temperature (tuning prompts, not evaluation sets)" >&2
 SPOT="$SPOT" DRAFTER="$OUT" tools/tune_tilt.sh "$WORK/tilt"
+
+echo "== rank-path prior per temperature (tuning prompts, by replay)" >&2
+SPOT="$SPOT" DRAFTER="$OUT" tools/tune_prior.sh "$WORK/prior"
