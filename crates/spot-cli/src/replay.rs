@@ -96,11 +96,19 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
     if let Some(x) = a.prior_weights.iter().find(|x| !(0.0..=1.0).contains(*x)) {
         bail!("--prior-weights: a weight must be in [0, 1], got {x}");
     }
-    let mut needed = a.methods.clone();
-    if !a.prior_weights.is_empty() {
+    let files = a.files.files(&dir);
+    let mut drafters = Drafters::load(&a.methods, &files)?;
+    // A prior weight needs rank paths: the checkpoint's, else the folder's Spiffy graph.
+    if !a.prior_weights.is_empty()
+        && drafters.spiffy().is_none()
+        && drafters
+            .net()
+            .is_some_and(|n| n.config().rank_paths.is_none())
+    {
+        let mut needed = a.methods.clone();
         needed.push(Method::Spiffy);
+        drafters = Drafters::load(&needed, &files)?;
     }
-    let drafters = Drafters::load(&needed, &a.files.files(&dir))?;
     let mut by_t: BTreeMap<u32, Vec<Trajectory>> = BTreeMap::new();
     for d in &a.trajectories {
         for (_, t) in TrajectoryDir::open(d)?.read_all()? {
