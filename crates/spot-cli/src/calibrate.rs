@@ -181,28 +181,14 @@ pub fn run_order(a: &CalibrateOrderArgs) -> Result<()> {
     let device = crate::backend::device()?;
     let mut net = spot_drafter::checkpoint::load::<crate::Backend>(&a.drafter, &device)
         .with_context(|| format!("loading drafter {}", a.drafter.display()))?;
-    let mut tilts = a.tilt.clone();
-    tilts.sort_by(|x, y| x.temperature.total_cmp(&y.temperature));
-    if tilts
-        .windows(2)
-        .any(|w| w[0].temperature == w[1].temperature)
-    {
-        bail!("--tilt names a temperature twice");
-    }
+    let tilts = by_temperature(&a.tilt, |t| t.temperature, "--tilt")?;
     for t in &tilts {
         eprintln!("T = {}: tilt {}", t.temperature, t.tilt);
     }
     if !tilts.is_empty() {
         net.set_rank_tilts(tilts);
     }
-    let mut priors = a.prior.clone();
-    priors.sort_by(|x, y| x.temperature.total_cmp(&y.temperature));
-    if priors
-        .windows(2)
-        .any(|w| w[0].temperature == w[1].temperature)
-    {
-        bail!("--prior names a temperature twice");
-    }
+    let mut priors = by_temperature(&a.prior, |w| w.temperature, "--prior")?;
     let paths = match &a.rank_paths {
         Some(p) => Some(
             SpiffyGraph::load(p).with_context(|| format!("loading rank paths {}", p.display()))?,
@@ -232,6 +218,22 @@ pub fn run_order(a: &CalibrateOrderArgs) -> Result<()> {
     }
     net.set_rank_prior(paths, priors);
     save(&net, a.out.as_ref().unwrap_or(&a.drafter))
+}
+
+/// `items` sorted by temperature; an error naming `flag` when a temperature appears twice.
+fn by_temperature<T: Clone>(
+    items: &[T],
+    temperature: impl Fn(&T) -> f32,
+    flag: &str,
+) -> Result<Vec<T>> {
+    let mut v = items.to_vec();
+    v.sort_by(|x, y| temperature(x).total_cmp(&temperature(y)));
+    if v.windows(2)
+        .any(|w| temperature(&w[0]) == temperature(&w[1]))
+    {
+        bail!("{flag} names a temperature twice");
+    }
+    Ok(v)
 }
 
 fn save(net: &OrderModel<crate::Backend>, out: &std::path::Path) -> Result<()> {

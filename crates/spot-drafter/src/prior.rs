@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::analysis::nearest_temperature;
 use crate::table_error::TableError;
+use crate::tilt::reweigh_row;
 
 /// Added to the prior before mixing, so that a position no kept path reaches keeps a share.
 pub const PRIOR_FLOOR: f32 = 0.01;
@@ -63,18 +64,13 @@ pub(crate) fn mix_rows(p: &mut [f32], prior: &[f32], valid: &[f32], l: usize, w:
         return;
     }
     for ((row, pr), v) in p.chunks_mut(l).zip(prior.chunks(l)).zip(valid.chunks(l)) {
-        let mut z = 0.0;
-        for s in 0..l {
-            row[s] = if v[s] > 0.0 {
-                row[s].max(0.0).powf(1.0 - w) * (pr[s].max(0.0) + PRIOR_FLOOR).powf(w)
+        reweigh_row(row, |s, q| {
+            Some(if v[s] > 0.0 {
+                q.max(0.0).powf(1.0 - w) * (pr[s].max(0.0) + PRIOR_FLOOR).powf(w)
             } else {
                 0.0
-            };
-            z += row[s];
-        }
-        if z > 0.0 {
-            row.iter_mut().for_each(|x| *x /= z);
-        }
+            })
+        });
     }
 }
 

@@ -225,7 +225,6 @@ fn replay_with(
     };
     let mut prefetched = false;
     for (bi, b) in traj.blocks.iter().enumerate() {
-        prefetched &= bi > 0;
         let mut commits = Vec::with_capacity(b.steps.len());
         for (si, step) in b.steps.iter().enumerate() {
             match step.commits.as_slice() {

@@ -84,16 +84,27 @@ pub(crate) fn tilt_rows(
             &features[i * l * nf..(i + 1) * l * nf],
             &valid[i * l..(i + 1) * l],
         );
-        let mut z = 0.0;
-        for (s, r) in row_ranks(f, v, nf).enumerate() {
-            if let Some(r) = r {
-                row[s] *= (-lambda * r).exp();
-                z += row[s];
-            }
+        let mut ranks = row_ranks(f, v, nf);
+        reweigh_row(row, |_, p| {
+            ranks.next().flatten().map(|r| p * (-lambda * r).exp())
+        });
+    }
+}
+
+/// Replaces each entry `s` of `row` for which `f(s, row[s])` is `Some` by that value (other
+/// entries stay as they are; `f` is called once per entry, in order) and renormalises the row so the replaced entries sum to one
+/// (nothing when they sum to 0). Shared by the tilt and the rank-path prior
+/// ([`crate::prior`]).
+pub(crate) fn reweigh_row(row: &mut [f32], mut f: impl FnMut(usize, f32) -> Option<f32>) {
+    let mut z = 0.0;
+    for (s, x) in row.iter_mut().enumerate() {
+        if let Some(v) = f(s, *x) {
+            *x = v;
+            z += v;
         }
-        if z > 0.0 {
-            row.iter_mut().for_each(|x| *x /= z);
-        }
+    }
+    if z > 0.0 {
+        row.iter_mut().for_each(|x| *x /= z);
     }
 }
 
