@@ -7,7 +7,7 @@
 //! held-out split by prompt, and per-epoch next-commit accuracy by depth next to the
 //! stale-confidence ranking baseline.
 
-use burn_core::module::AutodiffModule;
+use burn_core::module::{AutodiffModule, Module, ModuleMapper, Param};
 use burn_optim::{AdamConfig, GradientsParams, Optimizer};
 use burn_tensor::activation::log_softmax;
 use burn_tensor::backend::{AutodiffBackend, Backend};
@@ -488,7 +488,7 @@ pub fn train_from<B: AutodiffBackend>(
     observer.start(per_epoch, held_refs.len(), steps_per_epoch);
 
     let mut model = match init {
-        Some(m) => OrderModel::<B>::from_inner(m.clone()),
+        Some(m) => OrderModel::<B>::from_inner(m.clone()).map(&mut Trainable),
         None => OrderModel::<B>::init(model_cfg, cfg.seed, device),
     };
     let mut optim = adam::<B, OrderModel<B>>();
@@ -549,6 +549,19 @@ pub fn train_from<B: AutodiffBackend>(
         CalibrationPaths::Drafted,
     ));
     Ok((out, reports))
+}
+
+/// Marks every float parameter as requiring gradients. A network loaded from a checkpoint
+/// lives on the inner backend, where parameters never require them, and
+/// [`AutodiffModule::from_inner`] keeps that flag: without this the optimiser would see no
+/// gradients and `--init` would train nothing.
+struct Trainable;
+
+impl<B: AutodiffBackend> ModuleMapper<B> for Trainable {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (id, tensor, mapper) = param.consume();
+        Param::from_mapped_value(id, tensor.require_grad(), mapper)
+    }
 }
 
 /// Which trajectories are held out: a `holdout` share of the distinct prompt ids (in order of

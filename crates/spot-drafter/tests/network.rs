@@ -198,6 +198,46 @@ fn training_learns_the_commit_order() {
     assert_eq!((cals[0].top1.len(), cals[0].temperature), (8, Some(0.0)));
 }
 
+/// `--init`: a network loaded from a checkpoint (on the inner backend, whose parameters never
+/// require gradients) still trains; before the fix every epoch reported the initial network.
+#[test]
+fn training_from_a_checkpoint_moves_its_weights() {
+    let trajs = trajectories(8, 16);
+    let cfg = TrainConfig {
+        epochs: 1,
+        batch_size: 64,
+        lr: 2e-3,
+        max_depth: 7,
+        holdout: 0.25,
+        seed: 3,
+        max_examples: None,
+        max_heldout: None,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path().join("init.safetensors");
+    checkpoint::save(&OrderModel::<B>::init(small(), 9, &Default::default()), &w).unwrap();
+    let init: OrderModel<B> = checkpoint::load(&w, &Default::default()).unwrap();
+    let (model, _) = spot_drafter::train_from::<AB>(
+        &trajs,
+        Some(&init),
+        small(),
+        &cfg,
+        &Default::default(),
+        &mut (),
+    )
+    .unwrap();
+    let (before, after) = (probe(&init, 2), probe(&model, 2));
+    let moved = before
+        .iter()
+        .zip(&after)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        moved > 1e-4,
+        "the trained network equals its initial one ({moved})"
+    );
+}
+
 #[test]
 fn bad_training_input_is_an_error() {
     let trajs = trajectories(2, 8);
