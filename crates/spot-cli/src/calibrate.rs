@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use spot_drafter::{
-    CalibrationPaths, JoinTable, OrderModel, PriorWeight, RankTilt, SetsDrafter, SpiffyGraph,
-    TokenCalibration, Trajectory, TrajectoryDir,
+    CalibrationPaths, JoinTable, ModuleTokens, OrderModel, PriorWeight, RankTilt, SetsDrafter,
+    SpiffyGraph, TokenCalibration, Trajectory, TrajectoryDir,
 };
 
 /// Arguments of `spot calibrate-spiffy`.
@@ -139,6 +139,12 @@ pub struct CalibrateOrderArgs {
     /// prior reads, stored in the checkpoint.
     #[arg(long)]
     rank_paths: Option<PathBuf>,
+    /// Whether SPOT drafts the token module's tokens (the model folder's MRP module) as
+    /// `TEMPERATURE:on` or `TEMPERATURE:off` (repeat or separate with commas), e.g.
+    /// `--module-tokens 0:on,1:off,2:off`; decoding uses the one nearest its temperature.
+    /// They replace the checkpoint's entries; none given: its entries are kept.
+    #[arg(long, value_delimiter = ',', value_parser = parse_module_tokens)]
+    module_tokens: Vec<ModuleTokens>,
     /// Where to write the checkpoint (default: over `--drafter`).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -174,9 +180,30 @@ fn parse_prior(s: &str) -> std::result::Result<PriorWeight, String> {
     Ok(w)
 }
 
+fn parse_module_tokens(s: &str) -> std::result::Result<ModuleTokens, String> {
+    let (t, v) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected TEMPERATURE:on or TEMPERATURE:off"))?;
+    let temperature = t
+        .trim()
+        .parse::<f32>()
+        .map_err(|e| format!("{s:?}: temperature {t:?}: {e}"))?;
+    let enabled = match v.trim() {
+        "on" => true,
+        "off" => false,
+        other => return Err(format!("{s:?}: {other:?} is neither `on` nor `off`")),
+    };
+    let m = ModuleTokens {
+        temperature,
+        enabled,
+    };
+    m.check().map_err(|e| format!("{s:?}: {e}"))?;
+    Ok(m)
+}
+
 /// Runs `spot calibrate-order`: sets a drafter checkpoint's per-temperature rank tilts
-/// ([`spot_drafter::tilt`]) and rank-path prior ([`spot_drafter::prior`]) without retraining
-/// its network.
+/// ([`spot_drafter::tilt`]), rank-path prior ([`spot_drafter::prior`]) and token source
+/// ([`spot_drafter::module_tokens`]) without retraining its network.
 pub fn run_order(a: &CalibrateOrderArgs) -> Result<()> {
     let device = crate::backend::device()?;
     let mut net = spot_drafter::checkpoint::load::<crate::Backend>(&a.drafter, &device)
@@ -217,6 +244,18 @@ pub fn run_order(a: &CalibrateOrderArgs) -> Result<()> {
         priors = net.config().rank_prior_by_temperature.clone();
     }
     net.set_rank_prior(paths, priors);
+    let module_tokens = by_temperature(&a.module_tokens, |m| m.temperature, "--module-tokens")?;
+    for m in &module_tokens {
+        let source = if m.enabled {
+            "the token module's"
+        } else {
+            "stale"
+        };
+        eprintln!("T = {}: {source} tokens", m.temperature);
+    }
+    if !module_tokens.is_empty() {
+        net.set_module_tokens(module_tokens);
+    }
     save(&net, a.out.as_ref().unwrap_or(&a.drafter))
 }
 

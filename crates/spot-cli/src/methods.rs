@@ -469,10 +469,29 @@ impl Drafters {
         if let Some(p) = first(Method::SetsNet).filter(|_| methods.contains(&Method::SetsNet)) {
             d.sets_net = Some(SetsNet::load(&p)?);
         }
-        if let Some(p) = first(Method::Mrp).filter(|_| {
-            methods
+        // SPOT takes the token module's tokens where its checkpoint says so and the module is
+        // there (`spot_drafter::module_tokens`); without it SPOT drafts stale tokens.
+        let spot_module = methods
+            .iter()
+            .any(|m| matches!(m, Method::Spot | Method::SpotGamma | Method::SpotAdaptive))
+            && d.net.as_ref().is_some_and(|n| {
+                n.config()
+                    .module_tokens_by_temperature
+                    .iter()
+                    .any(|m| m.enabled)
+            });
+        let module_file = first(Method::Mrp);
+        if spot_module && let Some(p) = module_file.as_ref().filter(|p| !p.is_file()) {
+            eprintln!(
+                "spot: no token module {}: --method spot drafts stale tokens at every temperature",
+                p.display()
+            );
+        }
+        if let Some(p) = module_file.filter(|p| {
+            let named = methods
                 .iter()
-                .any(|m| matches!(m, Method::Mrp | Method::MrpTree | Method::SpotMrp))
+                .any(|m| matches!(m, Method::Mrp | Method::MrpTree | Method::SpotMrp));
+            named || (spot_module && p.is_file())
         }) {
             d.mrp = Some(Arc::new(
                 Mrp::load(files.dir, &p, &crate::backend::device()?)
@@ -594,9 +613,15 @@ pub fn strategy(
             let Some(net) = &drafters.net else {
                 bail!("--method {} needs a drafter checkpoint", method.name());
             };
-            let b = b
-                .scorer(LearnedScorer::new(net.clone()))
-                .adaptive_gamma(method == Method::SpotAdaptive);
+            let learned = LearnedScorer::new(net.clone());
+            let b = match &drafters.mrp {
+                Some(m) if net.config().module_tokens_for(cfg.temperature) => b.scorer(
+                    MrpTokens::new(learned, Arc::clone(m))
+                        .with_rule(cfg.confidence, cfg.sample_top_k),
+                ),
+                _ => b.scorer(learned),
+            }
+            .adaptive_gamma(method == Method::SpotAdaptive);
             if method == Method::SpotGamma {
                 b.gamma(settings.spot_gamma)
             } else {

@@ -118,6 +118,17 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
     if by_t.is_empty() {
         bail!("no trajectories in {:?}", a.trajectories);
     }
+    if let Some(n) = drafters.net().filter(|_| a.methods.contains(&Method::Spot)) {
+        for &bits in by_t.keys() {
+            let t = f32::from_bits(bits);
+            if n.config().module_tokens_for(t) {
+                eprintln!(
+                    "spot replay: at T = {t} the checkpoint drafts the token module's tokens, \
+                     which need the target; `spot` is replayed with stale tokens there"
+                );
+            }
+        }
+    }
     let fill = a.block_ends.lookahead_fill;
     if !a.json {
         println!(

@@ -609,15 +609,42 @@ fn prime(t: &str, method: &str, extra: &[&str]) -> serde_json::Value {
 }
 
 /// `--method spot` loads the shipped drafter next to the shipped model and returns the
-/// draft-free tokens, at T = 0 and T = 1.
+/// draft-free tokens, at T = 0 and T = 1. At T = 0 the shipped checkpoint drafts the MRP
+/// module's tokens (the same tree as `spot-mrp`); switched off, it drafts stale tokens.
 #[test]
 fn spot_method_uses_the_shipped_drafter() {
+    let (mut nfe, mut tokens) = (Vec::new(), Vec::new());
     for t in ["0", "1"] {
         let df = prime(t, "df", &[]);
         let sp = prime(t, "spot", &[]);
         assert_eq!(df["tokens"], sp["tokens"], "T={t}");
         assert!(sp["nfe"].as_u64() < df["nfe"].as_u64(), "T={t}");
+        nfe.push(sp["nfe"].as_u64().unwrap());
+        tokens.push(df["tokens"].clone());
     }
+    assert_eq!(prime("0", "spot-mrp", &[])["nfe"].as_u64(), Some(nfe[0]));
+    let dir = tempfile::tempdir().unwrap();
+    let off = dir.path().join("off.safetensors");
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/sdar-tiny-code/spot-drafter.safetensors");
+    let out = spot(&[
+        "calibrate-order",
+        "--drafter",
+        shipped.to_str().unwrap(),
+        "--module-tokens",
+        "0:off",
+        "--out",
+        off.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stale = prime("0", "spot", &["--drafter", off.to_str().unwrap()]);
+    assert_eq!(stale["tokens"], tokens[0]);
+    // Measured: 32 forwards with the module's tokens, 36 with stale ones.
+    assert!(stale["nfe"].as_u64().unwrap() > nfe[0], "{stale}");
     let out = spot(&[
         "generate",
         "--prompt",
@@ -952,6 +979,42 @@ fn calibrate_tokens_refits_a_checkpoint() {
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("weight"), "{err}");
+    // `--module-tokens` replaces where SPOT's tokens come from and keeps the prior; a value
+    // other than on/off is refused.
+    let out = spot(&[
+        "calibrate-order",
+        "--drafter",
+        weights.to_str().unwrap(),
+        "--module-tokens",
+        "1:off,0:on",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("d.json")).unwrap()).unwrap();
+    assert_eq!(
+        cfg["module_tokens_by_temperature"],
+        serde_json::json!([{"temperature": 0.0, "enabled": true}, {"temperature": 1.0, "enabled": false}])
+    );
+    assert_eq!(
+        cfg["rank_prior_by_temperature"],
+        serde_json::json!([{"temperature": 1.0, "weight": 0.4}])
+    );
+    let out = spot(&[
+        "calibrate-order",
+        "--drafter",
+        weights.to_str().unwrap(),
+        "--module-tokens",
+        "0:yes",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("neither `on` nor `off`"),
+        "{err}"
+    );
     let trained = dir.path().join("trained.safetensors");
     let out = spot(&[
         "train-drafter",

@@ -13,6 +13,8 @@
 //! - [`collect`]: a resumable directory of trajectories with a manifest;
 //! - [`network`]: the order network `q_φ(s | y)`, a burn `Module` (0.61M parameters by
 //!   default);
+//! - [`module_tokens`]: per temperature, whether SPOT drafts the target's token module's
+//!   tokens instead of the stale ones;
 //! - [`scorer`]: the network as the tree builder's [`OrderScorer`](spot_tree::OrderScorer),
 //!   one batched call per tree depth;
 //! - [`train`](mod@train): Algorithm 1 (burn autodiff, burn-optim's Adam, held-out accuracy
@@ -31,6 +33,7 @@ pub mod analysis;
 pub mod checkpoint;
 pub mod collect;
 pub mod features;
+pub mod module_tokens;
 pub mod network;
 pub mod prior;
 pub mod replay;
@@ -55,6 +58,7 @@ pub use features::{
     FEATURES_VERSION, LiveStale, N_FEATURES, PositionStale, StaleSource, TOP_K, noised_margin,
     write_features,
 };
+pub use module_tokens::ModuleTokens;
 pub use network::{ConfigError, OrderModel, OrderModelConfig};
 pub use prior::PriorWeight;
 pub use replay::{ReplayCount, ReplayError, replay};

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::analysis::{TokenCalibration, nearest_calibration};
 use crate::features::{FEATURES_VERSION, FEATURES_VERSION_2, N_FEATURES, N_FEATURES_V2};
+use crate::module_tokens::{ModuleTokens, nearest_enabled};
 use crate::prior::{PriorWeight, nearest_weight};
 use crate::rng::SplitMix;
 use crate::spiffy::SpiffyGraph;
@@ -80,6 +81,11 @@ pub struct OrderModelConfig {
     /// The rank-path frequencies the prior reads (a calibrated Spiffy graph).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank_paths: Option<SpiffyGraph>,
+    /// Whether SPOT drafts the target's token module's tokens, stored per decoding
+    /// temperature ([`crate::module_tokens`]); the decoder uses the entry nearest the target's
+    /// temperature, stale tokens when empty or when the model folder has no module.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub module_tokens_by_temperature: Vec<ModuleTokens>,
 }
 
 impl burn::config::Config for OrderModelConfig {}
@@ -99,6 +105,7 @@ impl Default for OrderModelConfig {
             rank_tilt_by_temperature: Vec::new(),
             rank_prior_by_temperature: Vec::new(),
             rank_paths: None,
+            module_tokens_by_temperature: Vec::new(),
         }
     }
 }
@@ -157,6 +164,9 @@ pub enum ConfigError {
     /// A rank-path prior weight or the rank paths are malformed.
     #[error("rank-path prior: {0}")]
     Prior(String),
+    /// A module-tokens entry is malformed.
+    #[error("module tokens: {0}")]
+    ModuleTokens(crate::TableError),
 }
 
 impl OrderModelConfig {
@@ -200,6 +210,12 @@ impl OrderModelConfig {
             Some(_) => nearest_weight(&self.rank_prior_by_temperature, temperature),
             None => 0.0,
         }
+    }
+
+    /// Whether decoding at `temperature` drafts the token module's tokens (the entry stored
+    /// nearest it; `false` without any), [`crate::module_tokens`].
+    pub fn module_tokens_for(&self, temperature: f32) -> bool {
+        nearest_enabled(&self.module_tokens_by_temperature, temperature)
     }
 
     /// Number of parameters of the network this shape builds (no allocation; the same count
@@ -275,6 +291,9 @@ impl OrderModelConfig {
         }
         for w in &self.rank_prior_by_temperature {
             w.check().map_err(|e| ConfigError::Prior(e.to_string()))?;
+        }
+        for m in &self.module_tokens_by_temperature {
+            m.check().map_err(ConfigError::ModuleTokens)?;
         }
         if let Some(g) = &self.rank_paths {
             g.check()
@@ -390,6 +409,12 @@ impl<B: Backend> OrderModel<B> {
             self.cfg.rank_paths = paths;
         }
         self.cfg.rank_prior_by_temperature = weights;
+    }
+
+    /// Replaces where SPOT's drafted tokens come from, per temperature
+    /// ([`crate::module_tokens`]).
+    pub fn set_module_tokens(&mut self, m: Vec<ModuleTokens>) {
+        self.cfg.module_tokens_by_temperature = m;
     }
 
     /// Attaches the per-temperature token calibrations stored with the checkpoint.

@@ -285,6 +285,35 @@ fn token_calibration_fits_and_travels_with_the_checkpoint() {
             "{e}"
         );
     }
+
+    // Where the tokens come from travels with the checkpoint, nearest temperature first; a
+    // negative temperature or an unknown field is refused naming the field.
+    let at = |temperature, enabled| spot_drafter::ModuleTokens {
+        temperature,
+        enabled,
+    };
+    net.set_module_tokens(vec![at(0.0, true), at(1.0, false)]);
+    checkpoint::save(&net, &w).unwrap();
+    let back = checkpoint::load::<B>(&w, &Default::default()).unwrap();
+    assert!(back.config().module_tokens_for(0.2));
+    assert!(!back.config().module_tokens_for(2.0));
+    let json = std::fs::read_to_string(checkpoint::config_path(&w)).unwrap();
+    for (value, want) in [
+        (
+            serde_json::json!({"temperature": -1.0, "enabled": true}),
+            "module_tokens_by_temperature",
+        ),
+        (
+            serde_json::json!({"temperature": 0.0, "enabled": true, "on": 1}),
+            "unknown field",
+        ),
+    ] {
+        let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        v["module_tokens_by_temperature"][0] = value;
+        std::fs::write(checkpoint::config_path(&w), v.to_string()).unwrap();
+        let e = checkpoint::load::<B>(&w, &Default::default()).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+    }
 }
 
 /// Under noise the calibration may bin by the noised margin: tables of either key are well
