@@ -2,7 +2,7 @@
 # Regenerates the shipped order drafter (models/sdar-tiny-code/spot-drafter.*) from scratch:
 # training prompts, draft-free trajectories of the shipped target at T = 0, 1 and 2, then
 # Algorithm 1, then the rank tilt per temperature (tools/tune_tilt.sh) and the rank-path
-# prior per temperature (tools/tune_prior.sh, over models/sdar-tiny-code/spiffy-graph.json). Every step resumes: `spot collect` skips samples already on disk, so rerun the
+# prior per temperature (tools/tune_prior.sh, over models/sdar-tiny-code/spiffy-graph.json), then the token source per temperature. Every step resumes: `spot collect` skips samples already on disk, so rerun the
 # script after an interruption. Trajectories are not committed (about 0.3 MB each).
 #
 #     tools/train_drafter.sh [WORK_DIR]        # default: target/drafter-work
@@ -49,3 +49,9 @@ SPOT="$SPOT" DRAFTER="$OUT" tools/tune_tilt.sh "$WORK/tilt"
 
 echo "== rank-path prior per temperature (tuning prompts, by replay)" >&2
 SPOT="$SPOT" DRAFTER="$OUT" tools/tune_prior.sh "$WORK/prior"
+
+# The token module's tokens at T = 0 only, as measured on the tuning prompts with the shipped
+# MRP module (docs/benchmarks.md, "SPOT with the token module at T = 0"); a folder without
+# mrp.json drafts stale tokens whatever this says.
+echo "== token source per temperature" >&2
+$SPOT calibrate-order --drafter "$OUT" --module-tokens 0:on,1:off,2:off
