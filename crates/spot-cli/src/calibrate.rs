@@ -150,17 +150,29 @@ pub struct CalibrateOrderArgs {
     out: Option<PathBuf>,
 }
 
-/// `TEMPERATURE:VALUE` as two numbers; `what` names the value in errors.
-fn parse_pair(s: &str, what: &str) -> std::result::Result<(f32, f32), String> {
+/// `TEMPERATURE:VALUE` as the temperature and the value's text; `expected` names the value in
+/// errors.
+fn split_temperature<'a>(
+    s: &'a str,
+    expected: &str,
+) -> std::result::Result<(f32, &'a str), String> {
     let (t, v) = s
         .split_once(':')
-        .ok_or_else(|| format!("{s:?}: expected TEMPERATURE:{}", what.to_uppercase()))?;
-    let num = |v: &str, what: &str| {
-        v.trim()
-            .parse::<f32>()
-            .map_err(|e| format!("{s:?}: {what} {v:?}: {e}"))
-    };
-    Ok((num(t, "temperature")?, num(v, what)?))
+        .ok_or_else(|| format!("{s:?}: expected TEMPERATURE:{expected}"))?;
+    let t = t
+        .trim()
+        .parse::<f32>()
+        .map_err(|e| format!("{s:?}: temperature {t:?}: {e}"))?;
+    Ok((t, v.trim()))
+}
+
+/// `TEMPERATURE:VALUE` as two numbers; `what` names the value in errors.
+fn parse_pair(s: &str, what: &str) -> std::result::Result<(f32, f32), String> {
+    let (t, v) = split_temperature(s, &what.to_uppercase())?;
+    let v = v
+        .parse::<f32>()
+        .map_err(|e| format!("{s:?}: {what} {v:?}: {e}"))?;
+    Ok((t, v))
 }
 
 fn parse_tilt(s: &str) -> std::result::Result<RankTilt, String> {
@@ -181,14 +193,8 @@ fn parse_prior(s: &str) -> std::result::Result<PriorWeight, String> {
 }
 
 fn parse_module_tokens(s: &str) -> std::result::Result<ModuleTokens, String> {
-    let (t, v) = s
-        .split_once(':')
-        .ok_or_else(|| format!("{s:?}: expected TEMPERATURE:on or TEMPERATURE:off"))?;
-    let temperature = t
-        .trim()
-        .parse::<f32>()
-        .map_err(|e| format!("{s:?}: temperature {t:?}: {e}"))?;
-    let enabled = match v.trim() {
+    let (temperature, v) = split_temperature(s, "on or TEMPERATURE:off")?;
+    let enabled = match v {
         "on" => true,
         "off" => false,
         other => return Err(format!("{s:?}: {other:?} is neither `on` nor `off`")),

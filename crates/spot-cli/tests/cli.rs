@@ -85,6 +85,23 @@ fn bench_groups(args: &[&str], out: &std::path::Path) -> Vec<serde_json::Value> 
     summary["groups"].as_array().unwrap().clone()
 }
 
+/// `spot calibrate-order --drafter WEIGHTS ARGS...`.
+fn calibrate_order(weights: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["calibrate-order", "--drafter", weights.to_str().unwrap()];
+    all.extend_from_slice(args);
+    spot(&all)
+}
+
+/// The drafter config `out` (a successful run) wrote next to `weights`.
+fn written_config(out: &Output, weights: &Path) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(weights.with_extension("json")).unwrap()).unwrap()
+}
+
 fn json(out: &Output) -> serde_json::Value {
     assert!(
         out.status.success(),
@@ -627,20 +644,12 @@ fn spot_method_uses_the_shipped_drafter() {
     let off = dir.path().join("off.safetensors");
     let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../models/sdar-tiny-code/spot-drafter.safetensors");
-    let out = spot(&[
-        "calibrate-order",
-        "--drafter",
-        shipped.to_str().unwrap(),
-        "--module-tokens",
-        "0:off",
-        "--out",
-        off.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = calibrate_order(
+        &shipped,
+        &["--module-tokens", "0:off", "--out", off.to_str().unwrap()],
     );
+    let cfg = written_config(&out, &off);
+    assert_eq!(cfg["module_tokens_by_temperature"][0]["enabled"], false);
     let stale = prime("0", "spot", &["--drafter", off.to_str().unwrap()]);
     assert_eq!(stale["tokens"], tokens[0]);
     // Measured: 32 forwards with the module's tokens, 36 with stale ones.
@@ -950,51 +959,20 @@ fn calibrate_tokens_refits_a_checkpoint() {
     );
     // `spot calibrate-order --prior` replaces the prior weights over the rank paths the
     // checkpoint carries and keeps its tilts; a weight outside [0, 1] is refused.
-    let out = spot(&[
-        "calibrate-order",
-        "--drafter",
-        weights.to_str().unwrap(),
-        "--prior",
-        "1:0.4",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("d.json")).unwrap()).unwrap();
+    let cfg = written_config(&calibrate_order(&weights, &["--prior", "1:0.4"]), &weights);
     assert_eq!(
         cfg["rank_prior_by_temperature"],
         serde_json::json!([{"temperature": 1.0, "weight": 0.4}])
     );
     assert_eq!(cfg["rank_tilt_by_temperature"].as_array().unwrap().len(), 3);
     assert!(cfg["rank_paths"]["paths"].as_array().unwrap().len() > 8);
-    let out = spot(&[
-        "calibrate-order",
-        "--drafter",
-        weights.to_str().unwrap(),
-        "--prior",
-        "1:1.5",
-    ]);
+    let out = calibrate_order(&weights, &["--prior", "1:1.5"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("weight"), "{err}");
     // `--module-tokens` replaces where SPOT's tokens come from and keeps the prior; a value
     // other than on/off is refused.
-    let out = spot(&[
-        "calibrate-order",
-        "--drafter",
-        weights.to_str().unwrap(),
-        "--module-tokens",
-        "1:off,0:on",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("d.json")).unwrap()).unwrap();
+    let out = calibrate_order(&weights, &["--module-tokens", "1:off,0:on"]);
+    let cfg = written_config(&out, &weights);
     assert_eq!(
         cfg["module_tokens_by_temperature"],
         serde_json::json!([{"temperature": 0.0, "enabled": true}, {"temperature": 1.0, "enabled": false}])
@@ -1003,13 +981,7 @@ fn calibrate_tokens_refits_a_checkpoint() {
         cfg["rank_prior_by_temperature"],
         serde_json::json!([{"temperature": 1.0, "weight": 0.4}])
     );
-    let out = spot(&[
-        "calibrate-order",
-        "--drafter",
-        weights.to_str().unwrap(),
-        "--module-tokens",
-        "0:yes",
-    ]);
+    let out = calibrate_order(&weights, &["--module-tokens", "0:yes"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("neither `on` nor `off`"),

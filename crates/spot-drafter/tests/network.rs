@@ -123,14 +123,10 @@ fn an_untrained_network_is_the_stale_confidence_ranking() {
     }
 }
 
-/// Algorithm 1 on toy trajectories: against the same network before training (which is the
-/// stale-confidence ranking), the best epoch's held-out loss is lower; accuracy is reported
-/// for every depth.
-#[test]
-fn training_learns_the_commit_order() {
-    let trajs = trajectories(24, 16);
-    let cfg = TrainConfig {
-        epochs: 6,
+/// The toy training settings: batches of 64, lr 2e-3, depths 0-7, a quarter held out, seed 3.
+fn toy_training(epochs: usize) -> TrainConfig {
+    TrainConfig {
+        epochs,
         batch_size: 64,
         lr: 2e-3,
         max_depth: 7,
@@ -138,7 +134,16 @@ fn training_learns_the_commit_order() {
         seed: 3,
         max_examples: None,
         max_heldout: None,
-    };
+    }
+}
+
+/// Algorithm 1 on toy trajectories: against the same network before training (which is the
+/// stale-confidence ranking), the best epoch's held-out loss is lower; accuracy is reported
+/// for every depth.
+#[test]
+fn training_learns_the_commit_order() {
+    let trajs = trajectories(24, 16);
+    let cfg = toy_training(6);
     // A quarter held out, spread over the list: trajectories 3, 7, ..., 23.
     let held: Vec<Trajectory> = trajs.iter().skip(3).step_by(4).cloned().collect();
     let held = &held[..];
@@ -203,16 +208,7 @@ fn training_learns_the_commit_order() {
 #[test]
 fn training_from_a_checkpoint_moves_its_weights() {
     let trajs = trajectories(8, 16);
-    let cfg = TrainConfig {
-        epochs: 1,
-        batch_size: 64,
-        lr: 2e-3,
-        max_depth: 7,
-        holdout: 0.25,
-        seed: 3,
-        max_examples: None,
-        max_heldout: None,
-    };
+    let cfg = toy_training(1);
     let dir = tempfile::tempdir().unwrap();
     let w = dir.path().join("init.safetensors");
     checkpoint::save(&OrderModel::<B>::init(small(), 9, &Default::default()), &w).unwrap();
