@@ -233,7 +233,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let files = a.files.files(&dir);
     let (spec, skipped) = runnable(a, &files)?;
     let mut model = load(&dir, a.dtype)?;
-    let drafters = Drafters::load(&spec, &files)?;
+    let drafters = Drafters::load_at(&spec, &files, &a.temperatures)?;
     let tokenizer = model
         .tokenizer()
         .context("spot bench needs tokenizer.json in the model folder")?

@@ -78,7 +78,11 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
     let (texts, tokens, driver_wall) = {
         let mut model = load(&dir, a.dtype)?;
         model.set_approximate_prefix_cache(a.decode.approx_prefix_cache)?;
-        let drafters = Drafters::load(&[a.decode.method], &a.decode.files.files(&dir))?;
+        let drafters = Drafters::load_at(
+            &[a.decode.method],
+            &a.decode.files.files(&dir),
+            &[a.decode.temperature],
+        )?;
         let encoded = a.chat.encode_all(&dir, model.tokenizer(), &set)?;
         let cfg = a.decode.config(&model);
         let tokenizer = model

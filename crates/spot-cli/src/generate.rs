@@ -109,7 +109,11 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let mut model = load(&dir, a.dtype)?;
     model.set_approximate_prefix_cache(a.decode.approx_prefix_cache)?;
-    let drafter = Drafters::load(&[a.decode.method], &a.decode.files.files(&dir))?;
+    let drafter = Drafters::load_at(
+        &[a.decode.method],
+        &a.decode.files.files(&dir),
+        &[a.decode.temperature],
+    )?;
     if let Some(path) = &a.prompts {
         return run_file(a, &drafter, &mut model, path);
     }

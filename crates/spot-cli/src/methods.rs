@@ -394,9 +394,28 @@ impl Drafters {
         &self.calibration
     }
 
-    /// Loads what `methods` need (see [`DraftFiles::needed`]); a missing file is an error
-    /// naming it.
+    /// Loads what `methods` need (see [`DraftFiles::needed`]) for decodes at any temperature
+    /// (a server's requests choose their own); a missing file is an error naming it.
     pub fn load(methods: &[Method], files: &DraftFiles<'_>) -> Result<Self> {
+        Self::load_for(methods, files, None)
+    }
+
+    /// [`Drafters::load`] for decodes at `temperatures` only: SPOT's token module
+    /// (`spot_drafter::module_tokens`) is loaded only when the checkpoint enables it at one of
+    /// them, so an empty list never loads it (`spot replay`, which cannot run the module).
+    pub fn load_at(
+        methods: &[Method],
+        files: &DraftFiles<'_>,
+        temperatures: &[f32],
+    ) -> Result<Self> {
+        Self::load_for(methods, files, Some(temperatures))
+    }
+
+    fn load_for(
+        methods: &[Method],
+        files: &DraftFiles<'_>,
+        temperatures: Option<&[f32]>,
+    ) -> Result<Self> {
         let mut d = Drafters::default();
         for &m in methods {
             if let Some(why) = files.missing(m) {
@@ -475,10 +494,11 @@ impl Drafters {
             .iter()
             .any(|m| matches!(m, Method::Spot | Method::SpotGamma | Method::SpotAdaptive))
             && d.net.as_ref().is_some_and(|n| {
-                n.config()
-                    .module_tokens_by_temperature
-                    .iter()
-                    .any(|m| m.enabled)
+                let cfg = n.config();
+                match temperatures {
+                    None => cfg.module_tokens_by_temperature.iter().any(|m| m.enabled),
+                    Some(ts) => ts.iter().any(|&t| cfg.module_tokens_for(t)),
+                }
             });
         let module_file = first(Method::Mrp);
         if spot_module && let Some(p) = module_file.as_ref().filter(|p| !p.is_file()) {
@@ -682,4 +702,61 @@ pub fn run(
         wall: start.elapsed().as_secs_f64(),
         report: strategy.report().cloned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped checkpoint drafts the module's tokens at T = 0 only (`0:on,1:off,2:off`).
+    #[test]
+    fn the_token_module_loads_only_for_the_temperatures_that_use_it() -> Result<()> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/sdar-tiny-code");
+        let files = DraftFiles {
+            dir: &dir,
+            drafter: None,
+            spiffy: None,
+            sets: None,
+            sets_net: None,
+            mrp: None,
+            calibrate_baselines: true,
+        };
+        let loaded = |methods: &[Method], ts: Option<&[f32]>| -> Result<bool> {
+            let d = match ts {
+                Some(ts) => Drafters::load_at(methods, &files, ts)?,
+                None => Drafters::load(methods, &files)?,
+            };
+            assert!(
+                d.net().is_some(),
+                "the drafter network loads for {methods:?}"
+            );
+            Ok(d.mrp.is_some())
+        };
+        assert!(
+            loaded(&[Method::Spot], Some(&[0.0]))?,
+            "T = 0 drafts the module's tokens"
+        );
+        assert!(loaded(&[Method::Spot], Some(&[2.0, 0.0]))?);
+        assert!(
+            !loaded(&[Method::Spot], Some(&[1.0, 2.0]))?,
+            "T = 1, 2 draft stale tokens"
+        );
+        assert!(
+            !loaded(&[Method::Spot], Some(&[]))?,
+            "replay never runs the module"
+        );
+        assert!(
+            loaded(&[Method::Spot], None)?,
+            "a server's requests may ask for T = 0"
+        );
+        assert!(
+            !loaded(&[Method::Blockspec, Method::Spot], Some(&[1.0]))?,
+            "baselines do not need it"
+        );
+        assert!(
+            loaded(&[Method::SpotMrp], Some(&[]))?,
+            "a method that names the module loads it at any temperature"
+        );
+        Ok(())
+    }
 }

@@ -97,7 +97,8 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
         bail!("--prior-weights: a weight must be in [0, 1], got {x}");
     }
     let files = a.files.files(&dir);
-    let mut drafters = Drafters::load(&a.methods, &files)?;
+    // Replay cannot run the token module (it needs the target): never load it.
+    let mut drafters = Drafters::load_at(&a.methods, &files, &[])?;
     // A prior weight needs rank paths: the checkpoint's, else the folder's Spiffy graph.
     if !a.prior_weights.is_empty()
         && drafters.spiffy().is_none()
@@ -107,7 +108,7 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
     {
         let mut needed = a.methods.clone();
         needed.push(Method::Spiffy);
-        drafters = Drafters::load(&needed, &files)?;
+        drafters = Drafters::load_at(&needed, &files, &[])?;
     }
     let mut by_t: BTreeMap<u32, Vec<Trajectory>> = BTreeMap::new();
     for d in &a.trajectories {
