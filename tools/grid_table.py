@@ -39,6 +39,12 @@ def read(grid: Path, limit: int | None):
     return cells
 
 
+def order(cell) -> tuple:
+    """Rows by set, protocol, then numeric temperature and budget."""
+    (set_, protocol, t, d), _ = cell
+    return (set_, protocol, float(t), -1 if d is None else d)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("grid", type=Path)
@@ -50,7 +56,7 @@ def main() -> None:
     head += ["oracle / SPOT", "joint / SPOT"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
-    for (set_, protocol, t, d), methods in sorted(cells.items(), key=lambda kv: str(kv[0])):
+    for (set_, protocol, t, d), methods in sorted(cells.items(), key=order):
         if d is None:
             continue
         reference = df.get((set_, protocol, t), {})
