@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Draws a grid table of docs/benchmarks.md as an SVG bar chart (no plotting library needed).
 
-Reads the Markdown table that `tools/grid_table.py` prints (or one written in the same
-columns: set, protocol, T, D, then one column per method) and draws, per row, the mean
-forwards per prompt of every method in `--methods` as a group of bars. Cells that are `-` or
-empty are left out. The docs' tables can be composed from several runs, so the chart is drawn
-from the table itself rather than from samples.
+Reads the first Markdown table of a file (with `--after TEXT`: the first table after a line
+holding TEXT), either as `tools/grid_table.py` prints it (set, protocol, T, D, then one column
+per method) or with the column names of docs/benchmarks.md ("draft-free", "SSD", "BlockSpec
+cal", "Spiffy cal", "Spiffy paper", "MRP", "SPOT", "oracle", "joint"), and draws, per row,
+the mean forwards per prompt of every method in `--methods` as a group of bars. Cells that
+are `-` or empty are left out. The docs' tables can be composed from several runs, so the
+chart is drawn from the published table itself rather than from samples.
 
     python3 tools/grid_table.py /tmp/grid > grid.md
-    python3 tools/grid_plot.py grid.md --title "T = 0" --out docs/img/grid-t0.svg
+    python3 tools/grid_plot.py grid.md --title "T = 0" --out grid.svg
+    python3 tools/grid_plot.py docs/benchmarks.md --after "## T = 0, every method live" \
+        --title "T = 0" --out docs/img/grid-t0.svg
 """
 
 import argparse
@@ -16,16 +20,38 @@ import sys
 from pathlib import Path
 
 METHODS = ["df", "ssd", "blockspec", "spiffy", "spiffy-paper", "mrp", "spot", "oracle", "oracle-joint"]
+# docs/benchmarks.md's column names for grid_table.py's.
+ALIASES = {
+    "draft-free": "df",
+    "SSD": "ssd",
+    "BlockSpec cal": "blockspec",
+    "Spiffy cal": "spiffy",
+    "Spiffy paper": "spiffy-paper",
+    "MRP": "mrp",
+    "SPOT": "spot",
+    "joint": "oracle-joint",
+}
 COLOURS = ["#999999", "#8c564b", "#1f77b4", "#2ca02c", "#98df8a", "#9467bd", "#d62728", "#ff7f0e", "#ffbb78"]
 
 
-def parse(text: str) -> tuple[list[str], list[dict[str, str]]]:
-    """The header and rows of the first Markdown table in `text`."""
-    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
-    if len(lines) < 3:
+def parse(text: str, after: str | None) -> tuple[list[str], list[dict[str, str]]]:
+    """The header and rows of the first Markdown table in `text` (after a line holding `after`)."""
+    lines = text.splitlines()
+    if after is not None:
+        hits = [i for i, line in enumerate(lines) if after in line]
+        if not hits:
+            sys.exit(f"no line holds {after!r}")
+        lines = lines[hits[0] + 1 :]
+    table = []
+    for line in lines:
+        if line.strip().startswith("|"):
+            table.append(line.strip())
+        elif table:
+            break
+    if len(table) < 3:
         sys.exit("no Markdown table with a header, a rule and at least one row")
-    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    head = cells[0]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table]
+    head = [ALIASES.get(c.replace("*", ""), c.replace("*", "")) for c in cells[0]]
     rows = [dict(zip(head, row)) for row in cells[2:]]
     return head, rows
 
@@ -43,7 +69,7 @@ def draw(rows: list[dict[str, str]], methods: list[str], title: str) -> str:
     groups = []
     for row in rows:
         name = " ".join(row.get(k, "") for k in ("set", "protocol") if row.get(k))
-        label = (name, f"T={row.get('T', '?')} D={row.get('D', '?')}")
+        label = (name, " ".join(f"{k}={row[k]}" for k in ("T", "D") if row.get(k)))
         bars = [(m, number(row.get(m, ""))) for m in methods]
         groups.append((label, [(m, v) for m, v in bars if v is not None]))
     top = max((v for _, bars in groups for _, v in bars), default=1.0)
@@ -84,11 +110,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("table", type=Path, help="Markdown file holding the table (- for stdin)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--after", default=None, help="use the first table after a line holding this text")
     ap.add_argument("--title", default="spot bench grid")
     ap.add_argument("--methods", default=",".join(METHODS), help="columns to draw, in order")
     a = ap.parse_args()
     text = sys.stdin.read() if str(a.table) == "-" else a.table.read_text()
-    head, rows = parse(text)
+    head, rows = parse(text, a.after)
     methods = [m for m in a.methods.split(",") if m in head]
     if not methods:
         sys.exit(f"none of {a.methods} is a column of the table ({', '.join(head)})")
