@@ -132,6 +132,7 @@ fn learned_drafter_is_exact() {
             tilt: 1.5,
         },
     ]);
+    depth0_hits_are_evaluate_ons(&trained, &tilted, &trajs);
     for t in [0.0, 1.0] {
         let nfe = total_nfe(&tilted, 0..6, t, 8);
         eprintln!("T={t} D=8: tilted spot NFE {nfe}");
@@ -290,4 +291,43 @@ fn replay_matches<S: spot_dlm::OrderScorer + Send + 'static>(
         assert!(live.1 > 0, "T={t} {name}: no node accepted");
         assert!(live.2 > 0, "T={t} {name}: no block start prefetched");
     }
+}
+
+/// `replay::depth0_hits` (what `spot eval-drafter` reports "as SPOT decodes") counts the
+/// depth-0 hits `evaluate_on` counts: stale confidence's, and the raw network's when it
+/// decodes without tilt or prior; a large tilt brings the order to stale confidence's pick.
+fn depth0_hits_are_evaluate_ons(
+    trained: &OrderModel<B>,
+    tilted: &OrderModel<B>,
+    trajs: &[spot_drafter::Trajectory],
+) {
+    use spot_drafter::replay::depth0_hits;
+    let hits = |scorer: &mut dyn spot_dlm::OrderScorer| {
+        trajs.iter().fold((0, 0), |(h, n), t| {
+            let (a, b) = depth0_hits(t, scorer).unwrap();
+            (h + a, n + b)
+        })
+    };
+    let acc = spot_drafter::evaluate_on(trained, trajs, 0);
+    let stale = hits(&mut StaleConfidenceScorer);
+    assert_eq!(stale, (acc.confidence_hits[0], acc.count[0]));
+    let mut raw = trained.clone();
+    raw.set_rank_tilts(Vec::new());
+    let net = hits(&mut LearnedScorer::new(raw));
+    assert_eq!(net, (acc.drafter_hits[0], acc.count[0]));
+    assert_ne!(
+        net.0, stale.0,
+        "the trained order should differ from stale confidence's"
+    );
+    let mut steep = tilted.clone();
+    steep.set_rank_tilts(vec![RankTilt {
+        temperature: 0.0,
+        tilt: 1000.0,
+    }]);
+    assert_eq!(hits(&mut LearnedScorer::new(steep)), stale);
+    let mid = hits(&mut LearnedScorer::new(tilted.clone()));
+    eprintln!(
+        "depth 0 over {} examples: stale {}, network {}, tilted {}",
+        acc.count[0], stale.0, net.0, mid.0
+    );
 }

@@ -1,10 +1,11 @@
 //! `spot eval-drafter`: next-commit accuracy of a drafter on held-out trajectories, by depth,
-//! next to stale-confidence ranking, and how often the stale token is the committed one.
+//! next to stale-confidence ranking, and how often the stale token is the committed one; at
+//! depth 0 also the accuracy of the order SPOT decodes with (tilt and prior applied).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use spot_drafter::{TrajectoryDir, checkpoint, evaluate_on, token_hits};
+use spot_drafter::{LearnedScorer, TrajectoryDir, checkpoint, evaluate_on, replay, token_hits};
 
 use crate::{Backend, methods, model_dir};
 
@@ -49,6 +50,16 @@ pub fn run(a: &EvalArgs) -> Result<()> {
         bail!("no trajectories in {:?}", a.trajectories);
     }
     let acc = evaluate_on(&net, &trajs, a.max_depth);
+    // The order SPOT decodes with: the network after the tilt and prior of each trajectory's
+    // temperature (the columns above are the raw network's).
+    let mut decoded = LearnedScorer::new(net.clone());
+    let (mut hits0, mut n0) = (0, 0);
+    for t in &trajs {
+        let (h, n) = replay::depth0_hits(t, &mut decoded)?;
+        hits0 += h;
+        n0 += n;
+    }
+    let decoded0 = hits0 as f64 / n0.max(1) as f64;
     let hits = token_hits(&trajs, a.max_depth);
     let depths: Vec<serde_json::Value> = (0..acc.count.len())
         .map(|d| {
@@ -72,6 +83,7 @@ pub fn run(a: &EvalArgs) -> Result<()> {
             "loss": acc.loss,
             "drafter_accuracy": acc.drafter(),
             "stale_confidence_accuracy": acc.confidence(),
+            "decoded_depth0_accuracy": decoded0,
             "by_depth": depths,
         });
         println!("{j}");
@@ -84,6 +96,9 @@ pub fn run(a: &EvalArgs) -> Result<()> {
         acc.loss,
         acc.drafter(),
         acc.confidence()
+    );
+    println!(
+        "depth 0 as SPOT decodes (rank tilt and prior of each trajectory's temperature applied): {decoded0:.3} over {n0} examples"
     );
     println!(
         "| depth | examples | drafter | stale confidence | stale token = committed | runner-up = committed | mean stale top-1 prob |"

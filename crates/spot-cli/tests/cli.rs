@@ -987,6 +987,25 @@ fn calibrate_tokens_refits_a_checkpoint() {
         !out.status.success() && err.contains("neither `on` nor `off`"),
         "{err}"
     );
+    // `spot eval-drafter` reports the order SPOT decodes with next to the raw network; with a
+    // steep rank tilt at T = 1 that order picks what stale confidence picks at depth 0.
+    written_config(&calibrate_order(&weights, &["--tilt", "1:1000"]), &weights);
+    let eval = json(&spot(&[
+        "eval-drafter",
+        "--trajectories",
+        traj.to_str().unwrap(),
+        "--drafter",
+        weights.to_str().unwrap(),
+        "--max-depth",
+        "0",
+        "--json",
+    ]));
+    let depth0 = &eval["by_depth"][0];
+    assert!(depth0["examples"].as_u64().unwrap() > 0, "{eval}");
+    assert_eq!(
+        eval["decoded_depth0_accuracy"], depth0["stale_confidence_accuracy"],
+        "{eval}"
+    );
     let trained = dir.path().join("trained.safetensors");
     let out = spot(&[
         "train-drafter",

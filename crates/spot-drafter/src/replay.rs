@@ -20,7 +20,7 @@
 //! position's chosen-token probability is its confidence).
 
 use spot_core::{BlockState, BlockStats, GumbelNoise, TokenId, stats::PositionStats};
-use spot_tree::{OrderScorer, ScoreContext, TreeBuilder, TreeError};
+use spot_tree::{DraftTree, NodeBatch, OrderScorer, ScoreContext, TreeBuilder, TreeError};
 
 use crate::trajectory::{StepRecord, Trajectory};
 
@@ -256,21 +256,14 @@ fn replay_with(
         apply(&mut state, commits[0]);
         let mut c = 1;
         while c < commits.len() {
-            let stale = step_stats(traj, &b.steps[c - 1], &state)?;
-            let root = BlockState::from_tokens(state.clone(), traj.mask_id);
-            let ctx = ScoreContext {
-                root: &root,
-                stale: &stale,
-                block_start: b.start as usize,
-                noise,
-                temperature: traj.temperature,
-            };
+            let round = Round::new(traj, &b.steps[c - 1], &state)?;
+            let (stale, ctx) = (&round.stale, round.ctx(traj, b.start, noise));
             let tree = match scorer.as_deref_mut() {
                 Some(s) => builder.build(&ctx, s),
                 None => builder.build_chain(&ctx),
             }
             .map_err(tree_err)?;
-            let lookahead = tree.block_end(&stale, fill);
+            let lookahead = tree.block_end(stale, fill);
             n.rounds += 1;
             n.drafted += tree.draft_count();
             let mut node = 0;
@@ -297,6 +290,100 @@ fn replay_with(
         }
     }
     Ok(n)
+}
+
+/// Depth-0 next-commit hits of an order scorer on `traj`, as a decoder would score: for every
+/// step `c ≥ 1` of a block whose step makes one commit, the round rooted after steps `< c` is
+/// scored with the statistics of step `c - 1` ([`step_stats`]) and its top position (the
+/// highest score among the positions masked at the root, ties to the lower index) is compared
+/// with step `c`'s commit. The examples are [`examples`](crate::trajectory::examples)' at
+/// depth 0, so with [`StaleConfidenceScorer`](spot_tree::StaleConfidenceScorer) the hits are
+/// the stale-confidence ones of [`evaluate_on`](crate::evaluate_on); with a
+/// [`LearnedScorer`](crate::LearnedScorer) they are those of the order SPOT decodes with (the
+/// network after the rank tilt and the rank-path prior of the trajectory's temperature).
+/// Returns `(hits, examples)`.
+///
+/// ```
+/// use spot_core::{DecodeConfig, toy::{ToyConfig, ToyModel}};
+/// use spot_drafter::{examples, record, replay::depth0_hits};
+/// use spot_tree::StaleConfidenceScorer;
+/// let mut m = ToyModel::new(ToyConfig::default());
+/// let cfg = DecodeConfig { block_size: 8, max_new_tokens: 16, early_stop: false, ..DecodeConfig::default() };
+/// let (_, traj) = record(&mut m, &[1, 2, 3], &cfg, "p").unwrap();
+/// let (hits, n) = depth0_hits(&traj, &mut StaleConfidenceScorer).unwrap();
+/// // One per step after a block's first: the depth-0 examples of training.
+/// assert_eq!(n, examples(&traj, 0, |_| ()));
+/// assert!(n > 0 && hits <= n);
+/// ```
+pub fn depth0_hits(
+    traj: &Trajectory,
+    scorer: &mut dyn OrderScorer,
+) -> Result<(usize, usize), ReplayError> {
+    let noise = (traj.temperature > 0.0).then(|| GumbelNoise::new(traj.seed));
+    let l = traj.block_size;
+    let mut scores = vec![0.0f32; l];
+    let (mut hits, mut n) = (0, 0);
+    for b in &traj.blocks {
+        let mut state = b.initial.clone();
+        for (c, step) in b.steps.iter().enumerate() {
+            if let (Some(prev), [target]) = (c.checked_sub(1), step.commits.as_slice()) {
+                let round = Round::new(traj, &b.steps[prev], &state)?;
+                let ctx = round.ctx(traj, b.start, noise);
+                let tree = DraftTree::new(&round.root);
+                scores.fill(0.0);
+                scorer
+                    .score(&ctx, &NodeBatch::new(&tree, &[0]), &mut scores)
+                    .map_err(|source| ReplayError::Tree {
+                        id: traj.id.clone(),
+                        source,
+                    })?;
+                let pick = (0..l)
+                    .filter(|&s| state.get(s) == Some(&traj.mask_id))
+                    .fold(None::<usize>, |best, s| match best {
+                        Some(b) if scores[b] >= scores[s] => Some(b),
+                        _ => Some(s),
+                    });
+                hits += usize::from(pick == Some(target.position));
+                n += 1;
+            }
+            for &cm in &step.commits {
+                apply(&mut state, cm);
+            }
+        }
+    }
+    Ok((hits, n))
+}
+
+/// A replayed round's root and the stale statistics it drafts from.
+struct Round {
+    root: BlockState,
+    stale: BlockStats,
+}
+
+impl Round {
+    /// The round rooted at `state`, drafting from the statistics of `step`.
+    fn new(traj: &Trajectory, step: &StepRecord, state: &[TokenId]) -> Result<Self, ReplayError> {
+        Ok(Self {
+            stale: step_stats(traj, step, state)?,
+            root: BlockState::from_tokens(state.to_vec(), traj.mask_id),
+        })
+    }
+
+    /// What a scorer reads for this round of `traj`'s block starting at `block_start`.
+    fn ctx(
+        &self,
+        traj: &Trajectory,
+        block_start: u64,
+        noise: Option<GumbelNoise>,
+    ) -> ScoreContext<'_> {
+        ScoreContext {
+            root: &self.root,
+            stale: &self.stale,
+            block_start: block_start as usize,
+            noise,
+            temperature: traj.temperature,
+        }
+    }
 }
 
 fn apply(state: &mut [TokenId], c: spot_core::Commit) {
