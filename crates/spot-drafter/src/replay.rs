@@ -22,6 +22,7 @@
 use spot_core::{BlockState, BlockStats, GumbelNoise, TokenId, stats::PositionStats};
 use spot_tree::{DraftTree, NodeBatch, OrderScorer, ScoreContext, TreeBuilder, TreeError};
 
+use crate::train::top_position;
 use crate::trajectory::{StepRecord, Trajectory};
 
 /// Why a trajectory cannot be replayed.
@@ -337,12 +338,10 @@ pub fn depth0_hits(
                         id: traj.id.clone(),
                         source,
                     })?;
-                let pick = (0..l)
-                    .filter(|&s| state.get(s) == Some(&traj.mask_id))
-                    .fold(None::<usize>, |best, s| match best {
-                        Some(b) if scores[b] >= scores[s] => Some(b),
-                        _ => Some(s),
-                    });
+                let pick = top_position(
+                    &scores,
+                    (0..l).filter(|&s| state.get(s) == Some(&traj.mask_id)),
+                );
                 hits += usize::from(pick == Some(target.position));
                 n += 1;
             }

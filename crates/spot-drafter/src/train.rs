@@ -274,13 +274,7 @@ fn evaluate<B: Backend>(
         )) * n as f64;
         for i in 0..n {
             let row = &host[i * l..(i + 1) * l];
-            let pick = (0..l).filter(|&s| batch.valid[i * l + s] > 0.0).fold(
-                None::<usize>,
-                |b, s| match b {
-                    Some(b) if row[b] >= row[s] => Some(b),
-                    _ => Some(s),
-                },
-            );
+            let pick = top_position(row, (0..l).filter(|&s| batch.valid[i * l + s] > 0.0));
             let d = batch.depth[i];
             acc.count[d] += 1;
             acc.drafter_hits[d] += usize::from(pick == Some(batch.target[i]));
@@ -289,6 +283,15 @@ fn evaluate<B: Backend>(
     }
     acc.loss = total / refs.len().max(1) as f64;
     acc
+}
+
+/// The candidate with the highest score in `row`, ties to the first (the lower index): the
+/// order's pick that next-commit accuracy counts. `None` without candidates.
+pub(crate) fn top_position(row: &[f32], candidates: impl Iterator<Item = usize>) -> Option<usize> {
+    candidates.fold(None, |best, s| match best {
+        Some(b) if row[b] >= row[s] => Some(b),
+        _ => Some(s),
+    })
 }
 
 /// Why [`train`] could not run.
