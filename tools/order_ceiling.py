@@ -27,9 +27,14 @@ states (fitted on the training side) and their cosine.
     tools/order_ceiling.py --train DIR... --test DIR... [--hidden] [--json]
 
 Needs numpy, scikit-learn and lightgbm (tested with numpy 2.4.6, scikit-learn 1.8.0,
-lightgbm 4.7.0); not used by the tests. Prints a Markdown table: depth-0 accuracy of the
+lightgbm 4.7.0); not used by the tests. Prints Markdown tables: depth-0 accuracy of the
 position (what `spot eval-drafter` reports) and of position and stale token together, on
-the training side and held out, for stale confidence and for rankers of two sizes.
+the training side and held out, for stale confidence, a conditional logit of the same
+features fitted by cross-entropy, and rankers of two sizes; held out, how often the
+committed position is among each scorer's top 1-4 candidates (alone, with its stale token,
+with its stale token or hedge) and the cross-entropy of the softmax scorers; and, on the
+training side, the depth-0 commits by their offset from the last commit with how often the
+stale choice or the hedge is the committed token.
 """
 
 import argparse
@@ -174,14 +179,15 @@ def examples(trajs, hidden):
                             sys.exit("--hidden needs trajectories from `spot collect --hidden-states`")
                         hid.append((s["hidden"], h_last))
                 groups.append(len(cand))
-                truths.append((cand, [stale[p]["tok"] for p in cand], target))
+                truths.append((cand, [stale[p]["tok"] for p in cand], target,
+                               [stale[p]["hedge"] for p in cand]))
     return np.array(rows), hid, np.array(groups), truths
 
 
 def accuracy(scores, groups, truths):
     """(position, position and stale token) accuracy of the top-scored candidate."""
     o, pos, joint = 0, 0, 0
-    for n, (cand, toks, (tp, tt)) in zip(groups, truths):
+    for n, (cand, toks, (tp, tt), _) in zip(groups, truths):
         i = int(np.argmax(scores[o:o + n]))  # first maximum: ties to the lower index
         o += n
         pos += cand[i] == tp
@@ -189,9 +195,77 @@ def accuracy(scores, groups, truths):
     return pos / len(groups), joint / len(groups)
 
 
+def coverage(scores, groups, truths, ks=(1, 2, 3, 4)):
+    """Share of examples whose committed position is among the `k` top-scored candidates, for
+    each `k`: (position; position with its stale token; position with its stale token or its
+    hedge)."""
+    o, hit = 0, np.zeros((3, len(ks)))
+    for n, (cand, toks, (tp, tt), hedges) in zip(groups, truths):
+        order = np.argsort(-scores[o:o + n], kind="stable")
+        o += n
+        for j, k in enumerate(ks):
+            top = [i for i in order[:k] if cand[i] == tp]
+            hit[0, j] += bool(top)
+            hit[1, j] += any(toks[i] == tt for i in top)
+            hit[2, j] += any(tt in (toks[i], hedges[i]) for i in top)
+    return hit / len(groups)
+
+
+def by_offset(trajs):
+    """Rows (offset, share of commits, stale choice right, hedge right): the depth-0 commits
+    grouped by their offset from the last commit (|offset| > 3 pooled as "far")."""
+    count = {}
+    for traj in trajs:
+        for steps in traj["blocks"]:
+            for t in range(1, len(steps)):
+                if len(steps[t][0]) != 1 or len(steps[t - 1][0]) != 1:
+                    continue
+                stale, last = steps[t - 1][1], steps[t - 1][0][0][0]
+                tp, tt = steps[t][0][0]
+                if tp not in stale:
+                    continue
+                key = tp - last if abs(tp - last) <= 3 else "far"
+                c = count.setdefault(key, [0, 0, 0])
+                c[0] += 1
+                c[1] += stale[tp]["tok"] == tt
+                c[2] += stale[tp]["hedge"] == tt
+    total = sum(c[0] for c in count.values())
+    return [(k, c[0] / total, c[1] / c[0], c[2] / c[0])
+            for k in [-3, -2, -1, 1, 2, 3, "far"] if (c := count.get(k))]
+
+
+def group_nll(scores, groups, y):
+    """Mean cross-entropy of the committed position under a softmax of `scores` per example."""
+    starts = np.r_[0, np.cumsum(groups)[:-1]]
+    s = scores - np.repeat(np.maximum.reduceat(scores, starts), groups)
+    lse = np.log(np.add.reduceat(np.exp(s), starts))
+    return float(np.mean(lse - np.add.reduceat(s * y, starts)))
+
+
+def fit_logit(x, groups, y, steps=1500, l2=1e-4):
+    """A conditional logit (softmax over each example's candidates) of standardised features,
+    fitted by Adam on the cross-entropy of the committed position; starts from the stale
+    confidence ranking (weight 1 on ln_conf, column 0). Returns a scoring function."""
+    mu, sd = x.mean(0), x.std(0) + 1e-6
+    mu[0], sd[0] = 0.0, 1.0
+    z = (x - mu) / sd
+    starts = np.r_[0, np.cumsum(groups)[:-1]]
+    w = np.zeros(z.shape[1])
+    w[0] = 1.0
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    for it in range(1, steps + 1):
+        s = z @ w
+        e = np.exp(s - np.repeat(np.maximum.reduceat(s, starts), groups))
+        p = e / np.repeat(np.add.reduceat(e, starts), groups)
+        g = z.T @ (p - y) / len(groups) + l2 * w
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+        w -= 0.03 * (m / (1 - 0.9**it)) / (np.sqrt(v / (1 - 0.999**it)) + 1e-8)
+    return lambda xs: ((xs - mu) / sd) @ w
+
+
 def labels(truths, joint):
     out = []
-    for cand, toks, (tp, tt) in truths:
+    for cand, toks, (tp, tt), _ in truths:
         out += [int(c == tp and (not joint or k == tt)) for c, k in zip(cand, toks)]
     return np.array(out)
 
@@ -229,7 +303,13 @@ def main():
     keep = [i for i, f in enumerate(FEATURES) if f not in drop]
     keep += list(range(len(FEATURES), xa.shape[1]))
     xa, xb = xa[:, keep], xb[:, keep]
-    results = [("stale confidence", accuracy(xa[:, 0], ga, ta), accuracy(xb[:, 0], gb, tb))]
+    ya, yb = labels(ta, False), labels(tb, False)
+    results = [("stale confidence", accuracy(xa[:, 0], ga, ta), accuracy(xb[:, 0], gb, tb),
+                coverage(xb[:, 0], gb, tb), group_nll(xb[:, 0], gb, yb))]
+    logit = fit_logit(xa, ga, ya)
+    results.append(("conditional logit (cross-entropy)", accuracy(logit(xa), ga, ta),
+                    accuracy(logit(xb), gb, tb), coverage(logit(xb), gb, tb),
+                    group_nll(logit(xb), gb, yb)))
     sizes = [("small", 7, 200, 200), ("large", 15, 400, 100)]
     for label_joint in (False, True):
         y = labels(ta, label_joint)
@@ -245,12 +325,17 @@ def main():
                 f"ranker {name} (label: {what})",
                 accuracy(model.predict(xa), ga, ta),
                 accuracy(model.predict(xb), gb, tb),
+                coverage(model.predict(xb), gb, tb),
+                None,
             ))
     if args.json:
         print(json.dumps({
             "temperatures": temps, "train_examples": len(ga), "test_examples": len(gb),
             "hidden": args.hidden, "dropped": drop,
-            "rows": [{"scorer": n, "train": list(a), "test": list(b)} for n, a, b in results],
+            "rows": [{"scorer": n, "train": list(a), "test": list(b),
+                      "test_coverage": c.tolist(), "test_nll": nll}
+                     for n, a, b, c, nll in results],
+            "by_offset": by_offset(train),
         }))
         return
     print(f"T {temps}, {len(ga)} training and {len(gb)} held-out depth-0 examples, "
@@ -260,8 +345,24 @@ def main():
     print("| scorer | train: position | train: position + token | held out: position "
           "| held out: position + token |")
     print("|---|---|---|---|---|")
-    for n, (pa, ja), (pb, jb) in results:
+    for n, (pa, ja), (pb, jb), _, _ in results:
         print(f"| {n} | {pa:.3f} | {ja:.3f} | {pb:.3f} | {jb:.3f} |")
+    print()
+    print("Held out: the committed position among the top 1 / 2 / 3 / 4 candidates; with its "
+          "stale token; with its stale token or hedge; cross-entropy of the position")
+    print()
+    print("| scorer | position | + stale token | + token or hedge | cross-entropy |")
+    print("|---|---|---|---|---|")
+    for n, _, _, c, nll in results:
+        cells = [" / ".join(f"{v:.3f}" for v in row) for row in c]
+        print(f"| {n} | {' | '.join(cells)} | {'-' if nll is None else f'{nll:.4f}'} |")
+    print()
+    print("Training side: depth-0 commits by offset from the last commit")
+    print()
+    print("| offset | share of commits | stale choice is the token | hedge is the token |")
+    print("|---|---|---|---|")
+    for k, share, choice, hedge in by_offset(train):
+        print(f"| {k} | {share:.3f} | {choice:.3f} | {hedge:.3f} |")
 
 
 if __name__ == "__main__":
