@@ -211,24 +211,19 @@ def coverage(scores, groups, truths, ks=(1, 2, 3, 4)):
     return hit / len(groups)
 
 
-def by_offset(trajs):
-    """Rows (offset, share of commits, stale choice right, hedge right): the depth-0 commits
-    grouped by their offset from the last commit (|offset| > 3 pooled as "far")."""
-    count = {}
-    for traj in trajs:
-        for steps in traj["blocks"]:
-            for t in range(1, len(steps)):
-                if len(steps[t][0]) != 1 or len(steps[t - 1][0]) != 1:
-                    continue
-                stale, last = steps[t - 1][1], steps[t - 1][0][0][0]
-                tp, tt = steps[t][0][0]
-                if tp not in stale:
-                    continue
-                key = tp - last if abs(tp - last) <= 3 else "far"
-                c = count.setdefault(key, [0, 0, 0])
-                c[0] += 1
-                c[1] += stale[tp]["tok"] == tt
-                c[2] += stale[tp]["hedge"] == tt
+def by_offset(x, groups, truths):
+    """Rows (offset, share of commits, stale choice right, hedge right): the examples' commits
+    grouped by their offset from the last commit (|offset| > 3 pooled as "far"), read from the
+    committed candidate's `from_last` feature (`x` with every column of FEATURES)."""
+    col, o, count = FEATURES.index("from_last"), 0, {}
+    for n, (cand, toks, (tp, tt), hedges) in zip(groups, truths):
+        i = cand.index(tp)
+        off = int(x[o + i, col])
+        o += n
+        c = count.setdefault(off if abs(off) <= 3 else "far", [0, 0, 0])
+        c[0] += 1
+        c[1] += toks[i] == tt
+        c[2] += hedges[i] == tt
     total = sum(c[0] for c in count.values())
     return [(k, c[0] / total, c[1] / c[0], c[2] / c[0])
             for k in [-3, -2, -1, 1, 2, 3, "far"] if (c := count.get(k))]
@@ -293,6 +288,7 @@ def main():
     temps = sorted({t["temperature"] for t in train + test})
     xa, ha, ga, ta = examples(train, args.hidden)
     xb, hb, gb, tb = examples(test, args.hidden)
+    offsets = by_offset(xa, ga, ta)
     if args.hidden:
         pca = PCA(16, random_state=0).fit(np.array([a for a, _ in ha]))
         xa, xb = with_hidden(xa, ha, pca), with_hidden(xb, hb, pca)
@@ -335,7 +331,7 @@ def main():
             "rows": [{"scorer": n, "train": list(a), "test": list(b),
                       "test_coverage": c.tolist(), "test_nll": nll}
                      for n, a, b, c, nll in results],
-            "by_offset": by_offset(train),
+            "by_offset": offsets,
         }))
         return
     print(f"T {temps}, {len(ga)} training and {len(gb)} held-out depth-0 examples, "
@@ -361,7 +357,7 @@ def main():
     print()
     print("| offset | share of commits | stale choice is the token | hedge is the token |")
     print("|---|---|---|---|")
-    for k, share, choice, hedge in by_offset(train):
+    for k, share, choice, hedge in offsets:
         print(f"| {k} | {share:.3f} | {choice:.3f} | {hedge:.3f} |")
 
 
