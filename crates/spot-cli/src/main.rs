@@ -6,6 +6,7 @@
 mod backend;
 mod bench;
 mod bench_ar;
+mod bench_drafter;
 mod bench_forward;
 mod bench_report;
 mod bench_serve;
@@ -53,6 +54,9 @@ enum Command {
     /// Time target forwards (prefix in the KV cache, batches of block states) and report
     /// medians and peak memory as one JSON line.
     BenchForward(bench_forward::BenchArgs),
+    /// Time one call of the order drafter at several batch sizes, packed host path against
+    /// burn, and report medians and p95 as one JSON line.
+    BenchDrafter(bench_drafter::BenchDrafterArgs),
     /// Record draft-free trajectories of a prompt set (training data for the drafter).
     Collect(collect::CollectArgs),
     /// Train the commit-order drafter on collected trajectories (Algorithm 1).
@@ -118,6 +122,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::BenchForward(a) => bench_forward::run(a),
+        Command::BenchDrafter(a) => bench_drafter::run(a),
         Command::Collect(a) => collect::run(a),
         Command::TrainDrafter(a) => train_drafter::run(a),
         Command::EvalDrafter(a) => eval_drafter::run(a),

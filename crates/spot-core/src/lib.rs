@@ -45,6 +45,7 @@ pub mod autoregressive;
 pub mod batch;
 pub mod decode;
 pub mod error;
+pub mod fastmath;
 pub mod model;
 pub mod noise;
 pub mod request;

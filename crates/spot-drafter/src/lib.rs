@@ -33,6 +33,7 @@ pub mod analysis;
 pub mod checkpoint;
 pub mod collect;
 pub mod features;
+pub mod host;
 pub mod module_tokens;
 pub mod network;
 pub mod prior;
@@ -58,6 +59,7 @@ pub use features::{
     FEATURES_VERSION, LiveStale, N_FEATURES, PositionStale, StaleSource, TOP_K, noised_margin,
     write_features,
 };
+pub use host::HostOrderNet;
 pub use module_tokens::ModuleTokens;
 pub use network::{ConfigError, OrderModel, OrderModelConfig};
 pub use prior::PriorWeight;

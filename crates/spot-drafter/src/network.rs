@@ -352,17 +352,17 @@ impl OrderModelConfig {
 #[derive(Module, Debug)]
 pub struct OrderModel<B: Backend> {
     /// Features to `d_model`.
-    embed: Linear<B>,
+    pub(crate) embed: Linear<B>,
     /// Learned position embedding `[block_size, d_model]`.
-    position: Param<Tensor<B, 2>>,
+    pub(crate) position: Param<Tensor<B, 2>>,
     /// Pre-norm transformer encoder.
-    encoder: TransformerEncoder<B>,
+    pub(crate) encoder: TransformerEncoder<B>,
     /// Final norm.
-    final_ln: LayerNorm<B>,
+    pub(crate) final_ln: LayerNorm<B>,
     /// `d_model` to one score per position.
-    head: Linear<B>,
+    pub(crate) head: Linear<B>,
     /// `β`, the weight of `ln` stale confidence (residual networks only).
-    base_scale: Option<Param<Tensor<B, 1>>>,
+    pub(crate) base_scale: Option<Param<Tensor<B, 1>>>,
     /// The shape and calibrations.
     #[module(skip)]
     cfg: OrderModelConfig,
@@ -504,4 +504,4 @@ impl<B: Backend> ModuleMapper<B> for SeededInit {
 const MAX_PARAMETERS: u128 = 1 << 28;
 
 /// The feature a residual network adds its output to: `ln` stale confidence.
-const BASE_FEATURE: usize = 74;
+pub(crate) const BASE_FEATURE: usize = 74;

@@ -6,6 +6,7 @@ use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_siz
 
 use crate::analysis::{CalibrationKey, TokenCalibration, nearest_calibration};
 use crate::features::{LiveStale, noised_margin, write_features};
+use crate::host::HostOrderNet;
 use crate::network::OrderModel;
 use crate::prior::mix_rows;
 use crate::spiffy::SpiffyScorer;
@@ -24,6 +25,9 @@ use crate::tilt::tilt_rows;
 #[derive(Debug)]
 pub struct LearnedScorer<B: Backend> {
     model: OrderModel<B>,
+    /// The packed inference path; `None`: the network runs through burn ([`Self::burn`]).
+    host: Option<HostOrderNet>,
+    probs: Vec<f32>,
     features: Vec<f32>,
     valid: Vec<f32>,
     /// The rank-path prior's scorer, when the checkpoint carries rank paths.
@@ -32,11 +36,24 @@ pub struct LearnedScorer<B: Backend> {
 }
 
 impl<B: Backend> LearnedScorer<B> {
-    /// Wraps a trained network.
+    /// Wraps a trained network, scoring through its packed host path ([`HostOrderNet`]).
     pub fn new(model: OrderModel<B>) -> Self {
+        let host = HostOrderNet::new(&model);
+        Self {
+            host: Some(host),
+            ..Self::burn(model)
+        }
+    }
+
+    /// Wraps a trained network, scoring through burn ([`OrderModel::probabilities`]) on its
+    /// own backend: the reference the host path is checked against, and the path for a
+    /// network on a device.
+    pub fn burn(model: OrderModel<B>) -> Self {
         let prior = model.config().rank_paths.as_ref().map(SpiffyScorer::new);
         Self {
             model,
+            host: None,
+            probs: Vec::new(),
             features: Vec::new(),
             valid: Vec::new(),
             prior,
@@ -86,16 +103,23 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
                 self.valid[i * l + s] = if t == mask { 1.0 } else { 0.0 };
             }
         }
-        let mut p = self.model.probabilities(&self.features, &self.valid, n);
+        let p = &mut self.probs;
+        match &mut self.host {
+            Some(host) => {
+                p.resize(n * l, 0.0);
+                host.probabilities(&self.features, &self.valid, n, p);
+            }
+            None => *p = self.model.probabilities(&self.features, &self.valid, n),
+        }
         let tilt = self.model.config().rank_tilt_for(ctx.temperature);
-        tilt_rows(&mut p, &self.features, &self.valid, l, nf, tilt);
+        tilt_rows(p, &self.features, &self.valid, l, nf, tilt);
         let w = self.model.config().rank_prior_for(ctx.temperature);
         if let Some(prior) = self.prior.as_mut().filter(|_| w > 0.0) {
             self.prior_rows.resize(n * l, 0.0);
             prior.score(ctx, nodes, &mut self.prior_rows)?;
-            mix_rows(&mut p, &self.prior_rows, &self.valid, l, w);
+            mix_rows(p, &self.prior_rows, &self.valid, l, w);
         }
-        out[..n * l].copy_from_slice(&p);
+        out[..n * l].copy_from_slice(p);
         Ok(())
     }
 

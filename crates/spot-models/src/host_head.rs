@@ -431,28 +431,7 @@ fn exp_sums(x: &[f32], m: f32) -> (f64, f64) {
     (ss, uu)
 }
 
-/// `exp(x)` for `x <= 0` in f32 (relative error about 2e-7; 0 below -87, and for `-inf`),
-/// branch-free so that loops over it vectorise.
-#[inline(always)]
-pub(crate) fn fast_exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let under = x < -87.0;
-    let x = x.max(-87.0);
-    let n = (x * LOG2E + 0.5).floor();
-    let r = x - n * LN2_HI - n * LN2_LO;
-    // exp(r) on [-ln2/2, ln2/2]: Cephes' degree-5 polynomial.
-    let p = 1.987_569_1e-4f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5e-1;
-    let e = p * r * r + r + 1.0;
-    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
-    if under { 0.0 } else { e * scale }
-}
+pub(crate) use spot_core::fastmath::fast_exp;
 
 impl HostHead {
     /// Packs an HF `[vocab, dim]` output (or tied embedding) matrix.
@@ -1039,16 +1018,5 @@ mod tests {
             .reduce(&[1.0; 8], &job, &q, Some(0), None, &[3])
             .unwrap_err();
         assert!(err.to_string().contains("no finite logit"), "{err}");
-    }
-
-    #[test]
-    fn fast_exp_is_close() {
-        for i in 0..=1740 {
-            let x = -(i as f32) * 0.05;
-            let (a, b) = (fast_exp(x), x.exp());
-            assert!((a - b).abs() <= 3e-7 * b.max(1e-30), "{x}: {a} vs {b}");
-        }
-        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(fast_exp(-100.0), 0.0);
     }
 }

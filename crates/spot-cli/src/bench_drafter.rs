@@ -1,0 +1,103 @@
+//! `spot bench-drafter`: time one call of the order network at several batch sizes, through
+//! the packed host path and through burn, side by side.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use spot_drafter::{HostOrderNet, OrderModel};
+
+use crate::{Backend, methods::DEFAULT_DRAFTER, model_dir};
+
+/// Arguments of `spot bench-drafter`.
+#[derive(clap::Args)]
+pub struct BenchDrafterArgs {
+    /// Order-network checkpoint (default: `MODEL/spot-drafter.safetensors`).
+    #[arg(long)]
+    drafter: Option<PathBuf>,
+    /// Model folder whose drafter is timed when `--drafter` is not given (default: the
+    /// shipped `models/sdar-tiny-code`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Block states per call.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8,20")]
+    nodes: Vec<usize>,
+    /// Timed calls per batch size and path (after two untimed ones).
+    #[arg(long, default_value_t = 50)]
+    reps: usize,
+}
+
+/// Runs the benchmark and prints one JSON line: per batch size and path the median and
+/// p95 milliseconds per call, and the ratio burn / host.
+pub fn run(a: &BenchDrafterArgs) -> Result<()> {
+    let path = match &a.drafter {
+        Some(p) => p.clone(),
+        None => model_dir::resolve(a.model.as_deref())?.join(DEFAULT_DRAFTER),
+    };
+    if a.reps == 0 || a.nodes.contains(&0) {
+        bail!("--reps and every --nodes value must be at least 1");
+    }
+    let net: OrderModel<Backend> = spot_drafter::checkpoint::load(&path, &Default::default())
+        .with_context(|| format!("loading {}", path.display()))?;
+    let cfg = net.config().clone();
+    let (l, nf) = (cfg.block_size, cfg.n_features);
+    let mut host = HostOrderNet::new(&net);
+    let mut results = serde_json::Map::new();
+    results.insert("drafter".into(), path.display().to_string().into());
+    results.insert("threads".into(), rayon_threads().into());
+    for &n in &a.nodes {
+        // Feature values do not change the cost; these are shaped like real ones.
+        let features: Vec<f32> = (0..n * l * nf)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let valid: Vec<f32> = (0..n * l)
+            .map(|i| if i % 3 == 0 { 0.0 } else { 1.0 })
+            .collect();
+        let mut out = vec![0.0; n * l];
+        let mut host_ms = time(a.reps, || {
+            host.probabilities(&features, &valid, n, &mut out)
+        });
+        let mut burn_ms = time(a.reps, || {
+            std::hint::black_box(net.probabilities(&features, &valid, n));
+        });
+        let (h, b) = (quantile(&mut host_ms, 0.5), quantile(&mut burn_ms, 0.5));
+        results.insert(format!("n{n}_host_median_ms"), h.into());
+        results.insert(
+            format!("n{n}_host_p95_ms"),
+            quantile(&mut host_ms, 0.95).into(),
+        );
+        results.insert(format!("n{n}_burn_median_ms"), b.into());
+        results.insert(
+            format!("n{n}_burn_p95_ms"),
+            quantile(&mut burn_ms, 0.95).into(),
+        );
+        results.insert(format!("n{n}_burn_over_host"), (b / h).into());
+    }
+    println!("{}", serde_json::Value::Object(results));
+    Ok(())
+}
+
+/// Milliseconds of `reps` calls of `f`, after two untimed ones.
+fn time(reps: usize, mut f: impl FnMut()) -> Vec<f64> {
+    f();
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect()
+}
+
+/// The `q` quantile (nearest rank) of `v`.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
+/// Threads of the global pool the target forward uses (the host path itself runs on one).
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
