@@ -114,6 +114,12 @@ impl Cell {
             "mean_accepted_per_round": r.mean_accepted(),
             "accepted_histogram": r.accepted,
             "draft_share": r.draft_share(),
+            "draft_ms_median": r.draft_quantile(0.5).as_secs_f64() * 1e3,
+            "draft_ms_p95": r.draft_quantile(0.95).as_secs_f64() * 1e3,
+            "scored_nodes_per_tree": r.drafter.scored_nodes as f64 / r.drafter.trees.max(1) as f64,
+            "scorer_calls_per_tree": r.drafter.scorer_calls as f64 / r.drafter.trees.max(1) as f64,
+            "hypothesis_positions_per_tree":
+                r.drafter.hypothesis_positions as f64 / r.drafter.trees.max(1) as f64,
             "round_ends": {"complete": r.complete, "leaf": r.leaf as f64 / ends,
                 "position_miss": r.position_miss as f64 / ends, "token_miss": r.token_miss as f64 / ends},
         })
@@ -167,7 +173,7 @@ pub fn write_outputs(
             rows.iter().map(|(k, c)| c.summary(k, df)).collect();
         let _ = writeln!(
             md,
-            "## {set}, T = {t}, {protocol} protocol\n\n| method | D | equal | mean NFE | x fewer | positions | commits/forward | accepted/round | leaf / position / token ends | draft share | wall s |\n|---|---|---|---|---|---|---|---|---|---|---|"
+            "## {set}, T = {t}, {protocol} protocol\n\n| method | D | equal | mean NFE | x fewer | positions | commits/forward | accepted/round | leaf / position / token ends | draft share | draft ms / round (median, p95) | wall s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for s in &summaries {
             let f = |name: &str| s[name].as_f64().unwrap_or(f64::NAN);
@@ -176,7 +182,7 @@ pub fn write_outputs(
             let spec = s["budget"].is_u64();
             let _ = writeln!(
                 md,
-                "| {} | {} | {}/{} | {:.2} | {} | {:.0} | {:.2} | {} | {} | {} | {:.2} |",
+                "| {} | {} | {}/{} | {:.2} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {:.2} |",
                 s["method"].as_str().unwrap_or(""),
                 s["budget"].as_u64().map_or("-".into(), |b| b.to_string()),
                 s["equal"],
@@ -204,6 +210,11 @@ pub fn write_outputs(
                 },
                 if spec {
                     format!("{:.1}%", f("draft_share") * 100.0)
+                } else {
+                    "-".into()
+                },
+                if spec {
+                    format!("{:.2}, {:.2}", f("draft_ms_median"), f("draft_ms_p95"))
                 } else {
                     "-".into()
                 },

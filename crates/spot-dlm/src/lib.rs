@@ -446,7 +446,16 @@ impl StepStrategy for SpotDecoder {
                     _ => sets.build(&ctx, tau, model.as_mut(), order.as_mut())?,
                 }
             }
-            (Drafter::Tree(scorer), _) => self.builder.build(&ctx, scorer.as_mut())?,
+            (Drafter::Tree(scorer), _) => {
+                let before = self.builder.counts();
+                self.builder.build(&ctx, scorer.as_mut())?;
+                let (now, r) = (self.builder.counts(), &mut self.report.drafter);
+                r.trees += now.trees - before.trees;
+                r.scorer_calls += now.scorer_calls - before.scorer_calls;
+                r.scored_nodes += now.scored_nodes - before.scored_nodes;
+                r.hypothesis_positions += now.hypothesis_positions - before.hypothesis_positions;
+                self.builder.tree()
+            }
             _ => self.builder.build_chain(&ctx)?,
         };
         self.verifier.batch(tree, states);

@@ -40,6 +40,11 @@ pub struct SpotReport {
     pub position_miss: u64,
     /// Rounds whose target position was proposed, but with another token.
     pub token_miss: u64,
+    /// Drafting time of each round, in order ([`SpotReport::draft_quantile`]).
+    pub round_draft: Vec<Duration>,
+    /// What the tree builder asked of the drafter over the decode (single-commit trees;
+    /// zero for set-valued trees and chains).
+    pub drafter: spot_tree::BuildCounts,
 }
 
 impl SpotReport {
@@ -53,6 +58,7 @@ impl SpotReport {
     ) {
         self.rounds += 1;
         self.draft_time += draft;
+        self.round_draft.push(draft);
         self.verify_time += verify;
         if self.accepted.len() <= accepted {
             self.accepted.resize(accepted + 1, 0);
@@ -81,6 +87,12 @@ impl SpotReport {
         self.leaf += other.leaf;
         self.position_miss += other.position_miss;
         self.token_miss += other.token_miss;
+        self.round_draft.extend_from_slice(&other.round_draft);
+        let (a, b) = (&mut self.drafter, &other.drafter);
+        a.trees += b.trees;
+        a.scorer_calls += b.scorer_calls;
+        a.scored_nodes += b.scored_nodes;
+        a.hypothesis_positions += b.hypothesis_positions;
     }
 
     /// Mean draft nodes accepted per round.
@@ -92,6 +104,27 @@ impl SpotReport {
             .map(|(k, &n)| k as u64 * n)
             .sum();
         total as f64 / self.rounds.max(1) as f64
+    }
+
+    /// The `q` quantile (nearest rank, `q` in `[0, 1]`) of the rounds' drafting times; zero
+    /// without rounds.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let r = spot_dlm::SpotReport {
+    ///     round_draft: [3, 1, 2, 10].map(Duration::from_millis).to_vec(),
+    ///     ..Default::default()
+    /// };
+    /// assert_eq!(r.draft_quantile(0.5), Duration::from_millis(2));
+    /// assert_eq!(r.draft_quantile(0.95), Duration::from_millis(10));
+    /// ```
+    pub fn draft_quantile(&self, q: f64) -> Duration {
+        let mut v = self.round_draft.clone();
+        v.sort_unstable();
+        let rank = (v.len() as f64 * q.clamp(0.0, 1.0)).ceil() as usize;
+        v.get(rank.clamp(1, v.len().max(1)) - 1)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Share of round time spent drafting (tree building and drafter calls).

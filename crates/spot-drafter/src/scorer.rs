@@ -236,6 +236,21 @@ impl<S: OrderScorer> OrderScorer for Calibrated<S> {
         self.inner.score(ctx, nodes, out)
     }
 
+    fn prepare_hypotheses(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        wanted: &[(usize, usize)],
+    ) -> Result<(), TreeError> {
+        // The inner scorer's hypotheses are asked only where no table replaces them.
+        match &self.tokens {
+            TokenRule::Tables(t) if nearest_calibration(t, ctx.temperature).is_none() => {
+                self.inner.prepare_hypotheses(ctx, nodes, wanted)
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn token_hypotheses(
         &mut self,
         ctx: &ScoreContext<'_>,

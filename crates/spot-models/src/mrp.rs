@@ -308,6 +308,9 @@ pub struct MrpScorer<B: Backend> {
     tree: bool,
     noise: Option<BlockNoise<B>>,
     bias: Option<(TokenId, Tensor<B, 2>)>,
+    /// Tokens only (for [`MrpTokens`]): positions are not scored, and a node's tokens are
+    /// reduced only where the builder asks for them.
+    lazy: bool,
 }
 
 impl<B: Backend> std::fmt::Debug for MrpScorer<B> {
@@ -333,6 +336,7 @@ impl<B: Backend> MrpScorer<B> {
             tree: false,
             noise: None,
             bias: None,
+            lazy: false,
         }
     }
 
@@ -402,6 +406,74 @@ impl<B: Backend> MrpScorer<B> {
         }
         Ok(values)
     }
+    /// The module's choice at `position` of node `i`, once reduced.
+    fn choice(&self, nodes: &NodeBatch<'_>, i: usize, position: usize) -> Option<(TokenId, f32)> {
+        self.memo
+            .get(nodes.tokens(i))
+            .and_then(|s| s.choice.get(position).copied().flatten())
+    }
+
+    /// Reduces the corrected hidden state (stale plus the node's residuals) at each
+    /// `(node, position)` of `wanted` by the target's rule, in one call, and stores each
+    /// choice in the node's memo. A row's statistics do not depend on the other rows of the
+    /// call, so reducing a few positions gives the values reducing all of them would.
+    fn reduce_pairs(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        wanted: &[(usize, usize)],
+    ) -> Result<Vec<RowStats>, TreeError> {
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (l, h, mask) = (ctx.root.len(), self.mrp.hidden, nodes.mask_id());
+        let base = self.stale_hidden(ctx.stale, l)?;
+        let query = self.query(ctx);
+        self.block_noise(ctx, &query, l);
+        let mut rows = Vec::with_capacity(wanted.len() * h);
+        let (mut jobs, mut positions) = (Vec::new(), Vec::new());
+        for &(i, s) in wanted {
+            let Some(memo) = self.memo.get(nodes.tokens(i)) else {
+                return Err(self.error("token hypotheses asked of a node that was not scored"));
+            };
+            rows.extend(
+                base[s * h..(s + 1) * h]
+                    .iter()
+                    .zip(&memo.acc[s * h..(s + 1) * h])
+                    .map(|(a, b)| a + b),
+            );
+            jobs.push(RowJob {
+                hidden: jobs.len(),
+                noise: s,
+            });
+            positions.push(ctx.block_start + s);
+        }
+        if self.bias.as_ref().is_none_or(|(m, _)| *m != mask) {
+            let bias = mask_bias(mask, self.mrp.vocab, &self.mrp.net.device);
+            self.bias = Some((mask, bias));
+        }
+        let terms = MaskTerms {
+            id: Some(mask),
+            bias: self.bias.as_ref().map(|(_, b)| b),
+        };
+        let noise = self.noise.as_mut().map(|n| NoiseRows {
+            host: &n.host,
+            device: &mut n.device,
+        });
+        let reduced = self
+            .mrp
+            .reduce(rows, &jobs, &positions, &query, (terms, noise))
+            .map_err(|e| self.error(e.to_string()))?;
+        if reduced.len() != wanted.len() {
+            return Err(self.error("the reduction returned too few rows"));
+        }
+        for (&(i, s), r) in wanted.iter().zip(&reduced) {
+            if let Some(memo) = self.memo.get_mut(nodes.tokens(i)) {
+                memo.choice[s] = Some((r.token, r.token_prob as f32));
+            }
+        }
+        Ok(reduced)
+    }
 }
 
 impl<B: Backend> OrderScorer for MrpScorer<B> {
@@ -462,79 +534,67 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
             .mrp
             .step(&ids, &input, nodes.len(), l)
             .map_err(|e| self.error(e.to_string()))?;
-        // 2. Corrected hidden states at every masked position of every node, reduced in one
-        // call by the target's rule.
-        let query = self.query(ctx);
-        self.block_noise(ctx, &query, l);
-        let mut accs = Vec::with_capacity(nodes.len());
-        let (mut rows, mut jobs, mut positions) = (Vec::new(), Vec::new(), Vec::new());
+        // 2. Each node's residuals: its parent's plus its own step's.
         for (i, mut acc) in parents.into_iter().enumerate() {
             acc.iter_mut()
                 .zip(&hc[i * l * h..(i + 1) * l * h])
                 .for_each(|(a, c)| *a += c);
-            for s in (0..l).filter(|&s| nodes.tokens(i)[s] == mask) {
-                rows.extend(
-                    base[s * h..(s + 1) * h]
-                        .iter()
-                        .zip(&acc[s * h..(s + 1) * h])
-                        .map(|(a, b)| a + b),
-                );
-                jobs.push(RowJob {
-                    hidden: jobs.len(),
-                    noise: s,
-                });
-                positions.push(ctx.block_start + s);
-            }
-            accs.push(acc);
+            let choice = vec![None; l];
+            self.memo
+                .insert(nodes.tokens(i).to_vec(), Scored { acc, choice });
         }
-        if self.bias.as_ref().is_none_or(|(m, _)| *m != mask) {
-            let bias = mask_bias(mask, self.mrp.vocab, &self.mrp.net.device);
-            self.bias = Some((mask, bias));
+        if self.lazy {
+            // The tokens wait for the positions the builder asks (`prepare_hypotheses`).
+            return Ok(());
         }
-        let terms = MaskTerms {
-            id: Some(mask),
-            bias: self.bias.as_ref().map(|(_, b)| b),
-        };
-        let noise = self.noise.as_mut().map(|n| NoiseRows {
-            host: &n.host,
-            device: &mut n.device,
-        });
-        let reduced = self
-            .mrp
-            .reduce(rows, &jobs, &positions, &query, (terms, noise))
-            .map_err(|e| self.error(e.to_string()))?;
-        let mut reduced = reduced.into_iter();
+        // 3. Corrected hidden states at every masked position of every node, reduced in one
+        // call by the target's rule.
+        let wanted: Vec<(usize, usize)> = (0..nodes.len())
+            .flat_map(|i| (0..l).map(move |s| (i, s)))
+            .filter(|&(i, s)| nodes.tokens(i)[s] == mask)
+            .collect();
+        let reduced = self.reduce_pairs(ctx, nodes, &wanted)?;
         // The corrected probability of each node's choices (0 where committed).
         let mut probs = vec![0.0f32; nodes.len() * l];
-        for (i, acc) in accs.into_iter().enumerate() {
-            let tokens = nodes.tokens(i);
-            let mut choice = vec![None; l];
-            let mut conf = vec![f32::NEG_INFINITY; l];
-            for s in (0..l).filter(|&s| tokens[s] == mask) {
-                let Some(r) = reduced.next() else {
-                    return Err(self.error("the reduction returned too few rows"));
-                };
-                conf[s] = r.confidence(self.rule) as f32;
-                choice[s] = Some((r.token, r.token_prob as f32));
-                probs[i * l + s] = r.token_prob as f32;
-            }
-            if !self.tree
-                && let Some(s) = best_position(tokens, mask, |s| conf[s])
-            {
-                out[i * l + s] = 1.0;
-            }
-            self.memo.insert(tokens.to_vec(), Scored { acc, choice });
+        let mut conf = vec![f32::NEG_INFINITY; nodes.len() * l];
+        for (&(i, s), r) in wanted.iter().zip(&reduced) {
+            conf[i * l + s] = r.confidence(self.rule) as f32;
+            probs[i * l + s] = r.token_prob as f32;
         }
         if self.tree {
             // The corrected probability of each choice, as BlockSpec weighs the stale ones.
             fill_normalised(nodes, l, out, |i, s| probs[i * l + s]);
+        } else {
+            for i in 0..nodes.len() {
+                if let Some(s) = best_position(nodes.tokens(i), mask, |s| conf[i * l + s]) {
+                    out[i * l + s] = 1.0;
+                }
+            }
         }
+        Ok(())
+    }
+
+    fn prepare_hypotheses(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        wanted: &[(usize, usize)],
+    ) -> Result<(), TreeError> {
+        if !self.lazy || self.fallback {
+            return Ok(());
+        }
+        let missing: Vec<(usize, usize)> = wanted
+            .iter()
+            .copied()
+            .filter(|&(i, s)| self.choice(nodes, i, s).is_none())
+            .collect();
+        self.reduce_pairs(ctx, nodes, &missing)?;
         Ok(())
     }
 
     fn token_hypotheses(
         &mut self,
-        _ctx: &ScoreContext<'_>,
+        ctx: &ScoreContext<'_>,
         nodes: &NodeBatch<'_>,
         i: usize,
         position: usize,
@@ -543,11 +603,14 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
         if self.fallback {
             return false;
         }
-        match self
-            .memo
-            .get(nodes.tokens(i))
-            .and_then(|s| s.choice.get(position).copied().flatten())
-        {
+        // Not prepared (a caller that does not announce its positions): this one alone.
+        if self.lazy && self.choice(nodes, i, position).is_none() {
+            let masked = nodes.tokens(i).get(position) == Some(&nodes.mask_id());
+            if !masked || self.reduce_pairs(ctx, nodes, &[(i, position)]).is_err() {
+                return false;
+            }
+        }
+        match self.choice(nodes, i, position) {
             Some(c) => {
                 out.push(c);
                 true
@@ -569,9 +632,11 @@ pub struct MrpTokens<S, B: Backend> {
 impl<S, B: Backend> MrpTokens<S, B> {
     /// `order`'s positions with `mrp`'s tokens.
     pub fn new(order: S, mrp: std::sync::Arc<Mrp<B>>) -> Self {
+        let mut mrp = MrpScorer::new(mrp);
+        mrp.lazy = true;
         Self {
             order,
-            mrp: MrpScorer::new(mrp),
+            mrp,
             scratch: Vec::new(),
         }
     }
@@ -603,6 +668,16 @@ impl<S: OrderScorer, B: Backend> OrderScorer for MrpTokens<S, B> {
         self.scratch.resize(out.len(), 0.0);
         self.mrp.score(ctx, nodes, &mut self.scratch)?;
         self.order.score(ctx, nodes, out)
+    }
+
+    fn prepare_hypotheses(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        wanted: &[(usize, usize)],
+    ) -> Result<(), TreeError> {
+        self.mrp.prepare_hypotheses(ctx, nodes, wanted)?;
+        self.order.prepare_hypotheses(ctx, nodes, wanted)
     }
 
     fn token_hypotheses(

@@ -184,6 +184,23 @@ pub struct TreeBuilder {
     hyps: Vec<Hyp>,
     hyp_buf: Vec<(TokenId, f32)>,
     remap: Vec<u32>,
+    wanted: Vec<(usize, usize)>,
+    counts: BuildCounts,
+}
+
+/// What a [`TreeBuilder`] asked of its scorer, summed over the trees it built since it was
+/// made ([`TreeBuilder::counts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BuildCounts {
+    /// Trees built.
+    pub trees: u64,
+    /// [`OrderScorer::score`] calls (one per depth with a node to score).
+    pub scorer_calls: u64,
+    /// Nodes scored.
+    pub scored_nodes: u64,
+    /// (node, position) pairs whose token hypotheses were asked
+    /// ([`OrderScorer::prepare_hypotheses`]).
+    pub hypothesis_positions: u64,
 }
 
 impl TreeBuilder {
@@ -204,6 +221,8 @@ impl TreeBuilder {
             hyps: Vec::new(),
             hyp_buf: Vec::new(),
             remap: Vec::new(),
+            wanted: Vec::new(),
+            counts: BuildCounts::default(),
         })
     }
 
@@ -218,6 +237,11 @@ impl TreeBuilder {
         TreeConfig { gamma, ..self.cfg }.validate()?;
         self.cfg.gamma = gamma;
         Ok(())
+    }
+
+    /// What the builder asked of its scorers so far.
+    pub fn counts(&self) -> BuildCounts {
+        self.counts
     }
 
     /// The most recently built tree.
@@ -252,6 +276,7 @@ impl TreeBuilder {
         scorer: &mut dyn OrderScorer,
     ) -> Result<&DraftTree, TreeError> {
         self.prepare(ctx)?;
+        self.counts.trees += 1;
         let l = ctx.root.len();
         let mask = ctx.root.mask_id();
         let budget = self.cfg.budget;
@@ -266,12 +291,8 @@ impl TreeBuilder {
             if self.frontier.is_empty() {
                 break;
             }
-            // 1. One scorer call for the whole frontier.
-            self.scores.clear();
-            self.scores.resize(self.frontier.len() * l, 0.0);
-            let batch = NodeBatch::new(&self.arena, &self.frontier);
-            scorer.score(ctx, &batch, &mut self.scores)?;
-            // 2. Children of every frontier node that could still enter the best `D`.
+            // A candidate must beat the mass of the `D`-th best node so far (once there are
+            // `D`) and the floor γ.
             let floor = if self.selected.len() >= budget {
                 self.selected
                     .iter()
@@ -280,10 +301,26 @@ impl TreeBuilder {
             } else {
                 f32::NEG_INFINITY
             };
-            self.cands.clear();
+            // 1. One scorer call for the frontier nodes that can still have a child in the
+            // best `D`: a child's mass never exceeds its parent's, so a node at or below the
+            // floor would have every child dropped below, and scoring it changes nothing.
+            let arena = &self.arena;
+            self.frontier.retain(|&id| {
+                let m = arena.mass(id as usize);
+                m > 0.0 && m > floor && m >= gamma
+            });
+            self.counts.scored_nodes += self.frontier.len() as u64;
+            self.counts.scorer_calls += u64::from(!self.frontier.is_empty());
+            self.scores.clear();
+            self.scores.resize(self.frontier.len() * l, 0.0);
+            let batch = NodeBatch::new(&self.arena, &self.frontier);
+            scorer.score(ctx, &batch, &mut self.scores)?;
+            // 2. Children of every frontier node that could still enter the best `D`: first
+            // the positions whose mass clears the floors (the scorer prepares their token
+            // hypotheses in one go), then their hypotheses.
+            self.wanted.clear();
             for fi in 0..self.frontier.len() {
-                let node = self.frontier[fi] as usize;
-                let m = self.arena.mass(node);
+                let m = self.arena.mass(self.frontier[fi] as usize);
                 for s in 0..l {
                     if batch.tokens(fi)[s] != mask {
                         continue;
@@ -296,27 +333,36 @@ impl TreeBuilder {
                     if mq <= 0.0 || mq <= floor || mq < gamma {
                         continue;
                     }
-                    self.hyp_buf.clear();
-                    if !scorer.token_hypotheses(ctx, &batch, fi, s, &mut self.hyp_buf) {
-                        let h = self.hyps[s];
-                        self.hyp_buf.extend_from_slice(&h.items[..usize::from(h.n)]);
+                    self.wanted.push((fi, s));
+                }
+            }
+            self.counts.hypothesis_positions += self.wanted.len() as u64;
+            scorer.prepare_hypotheses(ctx, &batch, &self.wanted)?;
+            self.cands.clear();
+            for &(fi, s) in &self.wanted {
+                let node = self.frontier[fi] as usize;
+                let m = self.arena.mass(node);
+                let mq = m * self.scores[fi * l + s];
+                self.hyp_buf.clear();
+                if !scorer.token_hypotheses(ctx, &batch, fi, s, &mut self.hyp_buf) {
+                    let h = self.hyps[s];
+                    self.hyp_buf.extend_from_slice(&h.items[..usize::from(h.n)]);
+                }
+                for &(v, p) in &self.hyp_buf {
+                    if !(0.0..=1.0).contains(&p) {
+                        return Err(invalid_score(scorer, fi, s, p));
                     }
-                    for &(v, p) in &self.hyp_buf {
-                        if !(0.0..=1.0).contains(&p) {
-                            return Err(invalid_score(scorer, fi, s, p));
-                        }
-                        let mass = mq * p;
-                        if v == mask || mass <= 0.0 || mass <= floor || mass < gamma {
-                            continue;
-                        }
-                        self.cands.push(Cand {
-                            parent: node as u32,
-                            commit: Commit::new(s, v),
-                            mass: mass.min(m),
-                            hash: self.arena.hash(node) ^ zobrist(s, mask) ^ zobrist(s, v),
-                            alive: true,
-                        });
+                    let mass = mq * p;
+                    if v == mask || mass <= 0.0 || mass <= floor || mass < gamma {
+                        continue;
                     }
+                    self.cands.push(Cand {
+                        parent: node as u32,
+                        commit: Commit::new(s, v),
+                        mass: mass.min(m),
+                        hash: self.arena.hash(node) ^ zobrist(s, mask) ^ zobrist(s, v),
+                        alive: true,
+                    });
                 }
             }
             self.dedupe(l);

@@ -43,7 +43,7 @@ mod scorer;
 mod sets;
 mod tree;
 
-pub use builder::{TreeBuilder, TreeConfig};
+pub use builder::{BuildCounts, TreeBuilder, TreeConfig};
 pub use error::TreeError;
 pub use scorer::{
     NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,

@@ -165,6 +165,20 @@ pub trait OrderScorer {
         false
     }
 
+    /// Called once per scored batch, after [`OrderScorer::score`] and before any
+    /// [`OrderScorer::token_hypotheses`] call for it, with every `(node, position)` pair whose
+    /// hypotheses the builder will ask (node indices into `nodes`, in increasing order). A
+    /// scorer whose hypotheses are costly computes them here in one go, for these pairs only.
+    /// No-op by default.
+    fn prepare_hypotheses(
+        &mut self,
+        _ctx: &ScoreContext<'_>,
+        _nodes: &NodeBatch<'_>,
+        _wanted: &[(usize, usize)],
+    ) -> Result<(), TreeError> {
+        Ok(())
+    }
+
     /// Optionally replaces the token hypotheses `H(s)` for `position` of the `i`-th node.
     /// Return `true` after writing `(token, probability)` pairs into `out`; the default returns
     /// `false` and the builder uses the stale choice (and the hedge).

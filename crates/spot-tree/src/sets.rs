@@ -309,6 +309,8 @@ pub struct SetTreeBuilder {
     subsets: BinaryHeap<Subset>,
     set_buf: Vec<Commit>,
     order_scores: Vec<f32>,
+    /// The `(node, position)` pairs whose token hypotheses are asked of the order scorer.
+    wanted: Vec<(usize, usize)>,
     /// Per masked position: (position, its options best first as (weight, token or mask)).
     options: Vec<(usize, [(f64, TokenId); 3])>,
     hyps: Vec<(TokenId, f32)>,
@@ -354,6 +356,7 @@ impl SetTreeBuilder {
             subsets: BinaryHeap::new(),
             set_buf: Vec::new(),
             order_scores: Vec::new(),
+            wanted: Vec::new(),
             options: Vec::new(),
             hyps: Vec::new(),
             choice: Vec::new(),
@@ -588,6 +591,12 @@ impl SetTreeBuilder {
         self.flips.clear();
         self.leaders.clear();
         let owns = model.owns_token_weights();
+        if !owns {
+            self.wanted.clear();
+            self.wanted
+                .extend((0..l).filter(|&s| state[s] == mask).map(|s| (0, s)));
+            order.prepare_hypotheses(ctx, &batch, &self.wanted)?;
+        }
         for s in (0..l).filter(|&s| state[s] == mask) {
             let p = &self.pred;
             let (lead, join, t, h) = (p.lead[s], p.join[s], p.token[s], p.hedge[s]);
