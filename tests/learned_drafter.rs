@@ -331,3 +331,50 @@ fn depth0_hits_are_evaluate_ons(
         acc.count[0], stale.0, net.0, mid.0
     );
 }
+
+/// The shipped drafter scores through its packed host path (`LearnedScorer::new`) and through
+/// burn (`LearnedScorer::burn`) to the same trees: on toy prompts (a block of 32) at T = 0
+/// and 1, D = 8 and 20, both decode draft-free's tokens with the same forwards, accepted-node
+/// histogram, round ends and drafter counts. `spot-reuse`'s approximate order (nodes below
+/// depth 1 take their parent's) may change trees, never the output.
+#[test]
+fn the_host_path_drafts_the_trees_burn_drafts() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = root.join("models/sdar-tiny-code/spot-drafter.safetensors");
+    let net = spot_drafter::checkpoint::load::<B>(&shipped, &Default::default()).unwrap();
+    let cfg32 = |t: f32| DecodeConfig {
+        block_size: 32,
+        max_new_tokens: 32,
+        ..cfg(t)
+    };
+    for t in [0.0, 1.0] {
+        for budget in [8, 20] {
+            let mut scored = 0;
+            for seed in 0..(if budget == 8 { 2u64 } else { 1 }) {
+                let prompt: Vec<u32> = (1..8).map(|x| (x * 7 + seed as u32) % 60 + 1).collect();
+                let want = DraftFreeDecoder::new()
+                    .decode(&mut toy(seed), &prompt, &cfg32(t))
+                    .unwrap();
+                let run = |scorer: LearnedScorer<B>| {
+                    let mut d = SpotDecoder::builder()
+                        .budget(budget)
+                        .scorer(scorer)
+                        .build()
+                        .unwrap();
+                    let out = d.decode(&mut toy(seed), &prompt, &cfg32(t)).unwrap();
+                    assert_eq!(out.tokens, want.tokens, "seed {seed} T={t} D={budget}");
+                    let mut r = d.report().clone();
+                    (r.draft_time, r.verify_time) = Default::default();
+                    r.round_draft.clear();
+                    (out.stats.work, r)
+                };
+                let host = run(LearnedScorer::new(net.clone()));
+                let burn = run(LearnedScorer::burn(net.clone()));
+                assert_eq!(host, burn, "seed {seed} T={t} D={budget}");
+                run(LearnedScorer::new(net.clone()).reuse_below(1));
+                scored += host.1.drafter.scored_nodes;
+            }
+            assert!(scored > 0, "T={t} D={budget}: nothing was scored");
+        }
+    }
+}

@@ -27,6 +27,9 @@ pub const DEFAULT_SPIFFY: &str = "spiffy-graph.json";
 pub use spot_drafter::sets::DEFAULT_SETS;
 pub use spot_drafter::sets_net::DEFAULT_SETS_NET;
 
+/// The depth below which `spot-reuse` stops calling its network.
+pub(crate) const REUSE_BELOW: usize = 1;
+
 /// Decoding methods.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
 pub enum Method {
@@ -54,6 +57,11 @@ pub enum Method {
     /// 1, no hedge) instead of the checkpoint's calibrated token weights: the ablation that
     /// separates the order from the token weights.
     SpotUnit,
+    /// **Approximate drafting** (the output is still exact): SPOT whose order network scores
+    /// only the root and its children; deeper nodes take their parent's order over the
+    /// positions still masked ([`spot_drafter::LearnedScorer::reuse_below`]). Fewer network
+    /// calls per round, possibly more forwards.
+    SpotReuse,
     /// Speculative baseline: MRP (multi-token residual prediction, arXiv 2605.18817), a chain
     /// drafted by a small module that corrects the stale logits from the target's hidden
     /// states (`--mrp`, default `MODEL/mrp.json`; `tools/mrp/train_mrp.py`).
@@ -116,6 +124,7 @@ impl Method {
             Method::SpotGamma => "spot-gamma",
             Method::SpotAdaptive => "spot-adaptive",
             Method::SpotUnit => "spot-unit",
+            Method::SpotReuse => "spot-reuse",
             Method::Mrp => "mrp",
             Method::MrpTree => "mrp-tree",
             Method::SpotMrp => "spot-mrp",
@@ -279,7 +288,11 @@ impl DraftFiles<'_> {
             given.map_or_else(|| self.dir.join(name), Path::to_path_buf)
         };
         match method {
-            Method::Spot | Method::SpotGamma | Method::SpotAdaptive | Method::SpotUnit => {
+            Method::Spot
+            | Method::SpotGamma
+            | Method::SpotAdaptive
+            | Method::SpotUnit
+            | Method::SpotReuse => {
                 let weights = path(self.drafter, DEFAULT_DRAFTER);
                 let config = spot_drafter::checkpoint::config_path(&weights);
                 vec![weights, config]
@@ -313,9 +326,11 @@ impl DraftFiles<'_> {
     /// Whether the file of `method` was given on the command line (`--drafter`, `--spiffy`).
     pub fn given(&self, method: Method) -> bool {
         match method {
-            Method::Spot | Method::SpotGamma | Method::SpotAdaptive | Method::SpotUnit => {
-                self.drafter.is_some()
-            }
+            Method::Spot
+            | Method::SpotGamma
+            | Method::SpotAdaptive
+            | Method::SpotUnit
+            | Method::SpotReuse => self.drafter.is_some(),
             Method::Spiffy => self.spiffy.is_some(),
             Method::Sets | Method::SetsGamma | Method::SetsAdaptive | Method::SetsMax => {
                 self.sets.is_some() || self.drafter.is_some()
@@ -433,6 +448,7 @@ impl Drafters {
                         | Method::SpotUnit
                         | Method::SpotMrp
                         | Method::SpotAdaptive
+                        | Method::SpotReuse
                         | Method::Sets
                         | Method::SetsGamma
                         | Method::SetsAdaptive
@@ -490,16 +506,18 @@ impl Drafters {
         }
         // SPOT takes the token module's tokens where its checkpoint says so and the module is
         // there (`spot_drafter::module_tokens`); without it SPOT drafts stale tokens.
-        let spot_module = methods
-            .iter()
-            .any(|m| matches!(m, Method::Spot | Method::SpotGamma | Method::SpotAdaptive))
-            && d.net.as_ref().is_some_and(|n| {
-                let cfg = n.config();
-                match temperatures {
-                    None => cfg.module_tokens_by_temperature.iter().any(|m| m.enabled),
-                    Some(ts) => ts.iter().any(|&t| cfg.module_tokens_for(t)),
-                }
-            });
+        let spot_module = methods.iter().any(|m| {
+            matches!(
+                m,
+                Method::Spot | Method::SpotGamma | Method::SpotAdaptive | Method::SpotReuse
+            )
+        }) && d.net.as_ref().is_some_and(|n| {
+            let cfg = n.config();
+            match temperatures {
+                None => cfg.module_tokens_by_temperature.iter().any(|m| m.enabled),
+                Some(ts) => ts.iter().any(|&t| cfg.module_tokens_for(t)),
+            }
+        });
         let module_file = first(Method::Mrp);
         if spot_module && let Some(p) = module_file.as_ref().filter(|p| !p.is_file()) {
             eprintln!(
@@ -629,11 +647,15 @@ pub fn strategy(
             };
             b.scorer(Calibrated::unit(LearnedScorer::new(net.clone())))
         }
-        Method::Spot | Method::SpotGamma | Method::SpotAdaptive => {
+        Method::Spot | Method::SpotGamma | Method::SpotAdaptive | Method::SpotReuse => {
             let Some(net) = &drafters.net else {
                 bail!("--method {} needs a drafter checkpoint", method.name());
             };
             let learned = LearnedScorer::new(net.clone());
+            let learned = match method {
+                Method::SpotReuse => learned.reuse_below(REUSE_BELOW),
+                _ => learned,
+            };
             let b = match &drafters.mrp {
                 Some(m) if net.config().module_tokens_for(cfg.temperature) => b.scorer(
                     MrpTokens::new(learned, Arc::clone(m))

@@ -73,10 +73,15 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
     for &m in &a.methods {
         if !matches!(
             m,
-            Method::Spot | Method::SpotUnit | Method::Blockspec | Method::Spiffy | Method::Ssd
+            Method::Spot
+                | Method::SpotUnit
+                | Method::SpotReuse
+                | Method::Blockspec
+                | Method::Spiffy
+                | Method::Ssd
         ) {
             bail!(
-                "--methods: {} is not a one-commit tree drafter that replay can re-enact (spot, spot-unit, blockspec, spiffy, ssd)",
+                "--methods: {} is not a one-commit tree drafter that replay can re-enact (spot, spot-unit, spot-reuse, blockspec, spiffy, ssd)",
                 m.name()
             );
         }
@@ -291,6 +296,13 @@ fn scorer(row: &Row, d: &Drafters) -> Result<(Scorer, Option<usize>)> {
             Some(Box::new(LearnedScorer::new(
                 net()?.context("no drafter checkpoint")?,
             ))),
+            None,
+        ),
+        Method::SpotReuse => (
+            Some(Box::new(
+                LearnedScorer::new(net()?.context("no drafter checkpoint")?)
+                    .reuse_below(crate::methods::REUSE_BELOW),
+            )),
             None,
         ),
         Method::SpotUnit => (

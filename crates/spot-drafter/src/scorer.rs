@@ -1,6 +1,8 @@
 //! The learned drafter as an [`OrderScorer`]: every node of a tree depth in one network call.
 
 use burn_tensor::backend::Backend;
+use std::collections::HashMap;
+
 use spot_core::TokenId;
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size};
 
@@ -33,6 +35,16 @@ pub struct LearnedScorer<B: Backend> {
     /// The rank-path prior's scorer, when the checkpoint carries rank paths.
     prior: Option<SpiffyScorer>,
     prior_rows: Vec<f32>,
+    /// Nodes deeper than this take their parent's order instead of a network call
+    /// ([`LearnedScorer::reuse_below`]); `None`: every node is scored.
+    reuse_below: Option<usize>,
+    /// This round's order of every node scored so far, by state.
+    reused: HashMap<Vec<TokenId>, Vec<f32>>,
+    /// The nodes of the current batch the network scores.
+    fresh: Vec<usize>,
+    /// A parent's order ([`LearnedScorer::parent_row`]).
+    parent: Vec<f32>,
+    path: Vec<spot_core::Commit>,
 }
 
 impl<B: Backend> LearnedScorer<B> {
@@ -58,6 +70,40 @@ impl<B: Backend> LearnedScorer<B> {
             valid: Vec::new(),
             prior,
             prior_rows: Vec::new(),
+            reuse_below: None,
+            reused: HashMap::new(),
+            fresh: Vec::new(),
+            parent: Vec::new(),
+            path: Vec::new(),
+        }
+    }
+
+    /// **Approximate drafting, exact output.** Nodes deeper than `depth` below the round's
+    /// root are not scored by the network: each takes its parent's order over the positions
+    /// still masked, renormalised. Fewer network calls per round; the tree, and so the
+    /// forwards, may differ from scoring every node; the decoded tokens do not (the verifier
+    /// accepts only the target's own commits).
+    pub fn reuse_below(mut self, depth: usize) -> Self {
+        self.reuse_below = Some(depth);
+        self
+    }
+
+    /// Loads into `self.parent` the order of node `i`'s parent (its state with the last
+    /// commit masked again), if that parent was scored this round.
+    fn parent_row(&mut self, nodes: &NodeBatch<'_>, i: usize, l: usize) -> bool {
+        nodes.path(i, &mut self.path);
+        let Some(last) = self.path.last() else {
+            return false;
+        };
+        let mut key = nodes.tokens(i).to_vec();
+        key[last.position] = nodes.mask_id();
+        match self.reused.get(&key) {
+            Some(row) if row.len() == l => {
+                self.parent.clear();
+                self.parent.extend_from_slice(row);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -85,11 +131,24 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
             return Ok(());
         }
         let nf = self.model.config().n_features;
-        self.features.resize(n * l * nf, 0.0);
-        self.valid.resize(n * l, 0.0);
         let mask = nodes.mask_id();
-        let stale = LiveStale::new(ctx.stale, ctx.block_start, ctx.noise, mask);
+        if nodes.depth(0) == 0 {
+            self.reused.clear();
+        }
+        // The nodes the network scores: all of them, or with a reuse depth those at or above
+        // it (and any whose parent was not scored); the others take their parent's order.
+        self.fresh.clear();
         for i in 0..n {
+            let deep = self.reuse_below.is_some_and(|k| nodes.depth(i) > k);
+            if !(deep && self.parent_row(nodes, i, l)) {
+                self.fresh.push(i);
+            }
+        }
+        let m = self.fresh.len();
+        self.features.resize(m * l * nf, 0.0);
+        self.valid.resize(m * l, 0.0);
+        let stale = LiveStale::new(ctx.stale, ctx.block_start, ctx.noise, mask);
+        for (j, &i) in self.fresh.iter().enumerate() {
             let y = nodes.tokens(i);
             write_features(
                 &stale,
@@ -97,29 +156,59 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
                 mask,
                 nodes.depth(i),
                 ctx.temperature,
-                &mut self.features[i * l * nf..(i + 1) * l * nf],
+                &mut self.features[j * l * nf..(j + 1) * l * nf],
             );
             for (s, &t) in y.iter().enumerate() {
-                self.valid[i * l + s] = if t == mask { 1.0 } else { 0.0 };
+                self.valid[j * l + s] = if t == mask { 1.0 } else { 0.0 };
             }
         }
-        let p = &mut self.probs;
+        // (A buffer of its own while `self` is borrowed below; put back at the end.)
+        let mut p = std::mem::take(&mut self.probs);
         match &mut self.host {
             Some(host) => {
-                p.resize(n * l, 0.0);
-                host.probabilities(&self.features, &self.valid, n, p);
+                p.resize(m * l, 0.0);
+                host.probabilities(&self.features, &self.valid, m, &mut p);
             }
-            None => *p = self.model.probabilities(&self.features, &self.valid, n),
+            None => p = self.model.probabilities(&self.features, &self.valid, m),
         }
         let tilt = self.model.config().rank_tilt_for(ctx.temperature);
-        tilt_rows(p, &self.features, &self.valid, l, nf, tilt);
+        tilt_rows(&mut p, &self.features, &self.valid, l, nf, tilt);
         let w = self.model.config().rank_prior_for(ctx.temperature);
         if let Some(prior) = self.prior.as_mut().filter(|_| w > 0.0) {
             self.prior_rows.resize(n * l, 0.0);
             prior.score(ctx, nodes, &mut self.prior_rows)?;
-            mix_rows(p, &self.prior_rows, &self.valid, l, w);
+            if m < n {
+                for (j, &i) in self.fresh.iter().enumerate() {
+                    self.prior_rows.copy_within(i * l..(i + 1) * l, j * l);
+                }
+            }
+            mix_rows(&mut p, &self.prior_rows[..m * l], &self.valid, l, w);
         }
-        out[..n * l].copy_from_slice(p);
+        let mut next = 0;
+        for i in 0..n {
+            let row = &mut out[i * l..(i + 1) * l];
+            if self.fresh.get(next) == Some(&i) {
+                row.copy_from_slice(&p[next * l..(next + 1) * l]);
+                next += 1;
+            } else {
+                // The parent's order without the position just committed, renormalised
+                // (every reused node has a scored parent: `fresh` holds the others).
+                self.parent_row(nodes, i, l);
+                let (y, parent) = (nodes.tokens(i), &self.parent);
+                let total: f32 = (0..l).filter(|&s| y[s] == mask).map(|s| parent[s]).sum();
+                for (s, o) in row.iter_mut().enumerate() {
+                    *o = if y[s] == mask && total > 0.0 {
+                        parent[s] / total
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            if self.reuse_below.is_some() {
+                self.reused.insert(nodes.tokens(i).to_vec(), row.to_vec());
+            }
+        }
+        self.probs = p;
         Ok(())
     }
 
