@@ -437,8 +437,11 @@ impl SetTreeBuilder {
                 .or_default()
                 .push(id as u32);
             self.sets.push(NodeSets::default());
+            // The node that fills the budget is not expanded: none of its children could
+            // be drafted (the tree is the same, one drafter call fewer).
             let hops = self.out.hops(id);
-            if hops < self.cfg.max_steps && !self.out.is_complete(id) {
+            let room = self.out.draft_count() < self.cfg.budget;
+            if room && hops < self.cfg.max_steps && !self.out.is_complete(id) {
                 self.expand(ctx, tau, (model, &mut *order), id, hops)?;
             }
         }
