@@ -58,10 +58,10 @@ def main():
         cfg = json.load(f)
     net = OrderNet(cfg).eval()
     out = {"torch_threads": a.threads, "torch_version": torch.__version__}
-    l, nf = cfg["block_size"], cfg["n_features"]
+    block, nf = cfg["block_size"], cfg["n_features"]
     for n in [int(x) for x in a.nodes.split(",")]:
-        features = torch.rand(n, l, nf) - 0.5
-        valid = (torch.arange(n * l).reshape(n, l) % 3 != 0).float()
+        features = torch.rand(n, block, nf) - 0.5
+        valid = (torch.arange(n * block).reshape(n, block) % 3 != 0).float()
         times = []
         with torch.inference_mode():
             for i in range(a.reps + 2):

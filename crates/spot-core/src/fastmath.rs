@@ -41,7 +41,7 @@ pub fn fast_exp(x: f32) -> f32 {
 /// ```
 /// use spot_core::fastmath::fast_erf;
 /// assert!((fast_erf(0.5) - 0.520_499_9).abs() < 4e-7);
-/// assert_eq!(fast_erf(9.0), 1.0);
+/// assert!((fast_erf(9.0) - 1.0).abs() < 4e-7);
 /// ```
 #[inline(always)]
 pub fn fast_erf(x: f32) -> f32 {
