@@ -406,6 +406,54 @@ impl<B: Backend> MrpScorer<B> {
         }
         Ok(values)
     }
+    /// Runs the module's step for nodes `which` of `nodes` in one call (each reads the stale
+    /// hidden states plus its parent's residuals) and stores each node's residuals in the
+    /// memo, its choices not yet reduced.
+    fn step_nodes(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        which: &[usize],
+        base: &[f32],
+    ) -> Result<(), TreeError> {
+        if which.is_empty() {
+            return Ok(());
+        }
+        let (l, h, mask) = (ctx.root.len(), self.mrp.hidden, nodes.mask_id());
+        // 1. Each node's input: the stale hidden states plus its parent's residuals.
+        let mut ids = Vec::with_capacity(which.len() * l);
+        let mut input = Vec::with_capacity(which.len() * l * h);
+        let mut parents = Vec::with_capacity(which.len());
+        let mut path = Vec::new();
+        for &i in which {
+            let tokens = nodes.tokens(i);
+            ids.extend_from_slice(tokens);
+            nodes.path(i, &mut path);
+            let parent = path.last().and_then(|c| {
+                let mut p = tokens.to_vec();
+                p[c.position] = mask;
+                self.memo.get(&p).map(|s| s.acc.clone())
+            });
+            let acc = parent.unwrap_or_else(|| vec![0.0; l * h]);
+            input.extend(base.iter().zip(&acc).map(|(a, b)| a + b));
+            parents.push(acc);
+        }
+        let hc = self
+            .mrp
+            .step(&ids, &input, which.len(), l)
+            .map_err(|e| self.error(e.to_string()))?;
+        // 2. Each node's residuals: its parent's plus its own step's.
+        for (k, (&i, mut acc)) in which.iter().zip(parents).enumerate() {
+            acc.iter_mut()
+                .zip(&hc[k * l * h..(k + 1) * l * h])
+                .for_each(|(a, c)| *a += c);
+            let choice = vec![None; l];
+            self.memo
+                .insert(nodes.tokens(i).to_vec(), Scored { acc, choice });
+        }
+        Ok(())
+    }
+
     /// The module's choice at `position` of node `i`, once reduced.
     fn choice(&self, nodes: &NodeBatch<'_>, i: usize, position: usize) -> Option<(TokenId, f32)> {
         self.memo
@@ -511,42 +559,13 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
             }
             return Ok(());
         }
-        let h = self.mrp.hidden;
-        // 1. Each node's input: the stale hidden states plus its parent's residuals.
-        let mut ids = Vec::with_capacity(nodes.len() * l);
-        let mut input = Vec::with_capacity(nodes.len() * l * h);
-        let mut parents = Vec::with_capacity(nodes.len());
-        let mut path = Vec::new();
-        for i in 0..nodes.len() {
-            let tokens = nodes.tokens(i);
-            ids.extend_from_slice(tokens);
-            nodes.path(i, &mut path);
-            let parent = path.last().and_then(|c| {
-                let mut p = tokens.to_vec();
-                p[c.position] = mask;
-                self.memo.get(&p).map(|s| s.acc.clone())
-            });
-            let acc = parent.unwrap_or_else(|| vec![0.0; l * h]);
-            input.extend(base.iter().zip(&acc).map(|(a, b)| a + b));
-            parents.push(acc);
-        }
-        let hc = self
-            .mrp
-            .step(&ids, &input, nodes.len(), l)
-            .map_err(|e| self.error(e.to_string()))?;
-        // 2. Each node's residuals: its parent's plus its own step's.
-        for (i, mut acc) in parents.into_iter().enumerate() {
-            acc.iter_mut()
-                .zip(&hc[i * l * h..(i + 1) * l * h])
-                .for_each(|(a, c)| *a += c);
-            let choice = vec![None; l];
-            self.memo
-                .insert(nodes.tokens(i).to_vec(), Scored { acc, choice });
-        }
         if self.lazy {
-            // The tokens wait for the positions the builder asks (`prepare_hypotheses`).
+            // The module runs for the nodes whose tokens the builder asks
+            // (`prepare_hypotheses`), and reduces only at those positions.
             return Ok(());
         }
+        let all: Vec<usize> = (0..nodes.len()).collect();
+        self.step_nodes(ctx, nodes, &all, base)?;
         // 3. Corrected hidden states at every masked position of every node, reduced in one
         // call by the target's rule.
         let wanted: Vec<(usize, usize)> = (0..nodes.len())
@@ -583,6 +602,14 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
         if !self.lazy || self.fallback {
             return Ok(());
         }
+        let mut unstepped: Vec<usize> = wanted
+            .iter()
+            .map(|&(i, _)| i)
+            .filter(|&i| !self.memo.contains_key(nodes.tokens(i)))
+            .collect();
+        unstepped.dedup();
+        let base = self.stale_hidden(ctx.stale, ctx.root.len())?;
+        self.step_nodes(ctx, nodes, &unstepped, base)?;
         let missing: Vec<(usize, usize)> = wanted
             .iter()
             .copied()
@@ -604,11 +631,13 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
             return false;
         }
         // Not prepared (a caller that does not announce its positions): this one alone.
-        if self.lazy && self.choice(nodes, i, position).is_none() {
-            let masked = nodes.tokens(i).get(position) == Some(&nodes.mask_id());
-            if !masked || self.reduce_pairs(ctx, nodes, &[(i, position)]).is_err() {
-                return false;
-            }
+        if self.lazy
+            && self.choice(nodes, i, position).is_none()
+            && self
+                .prepare_hypotheses(ctx, nodes, &[(i, position)])
+                .is_err()
+        {
+            return false;
         }
         match self.choice(nodes, i, position) {
             Some(c) => {

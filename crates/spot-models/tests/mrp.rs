@@ -6,9 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use spot_core::{BlockDiffusionModel, BlockState, ConfidenceRule, StatsQuery};
+use spot_core::{BlockDiffusionModel, BlockState, ConfidenceRule, StatsQuery, TokenId};
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_models::{CpuBackend, DEFAULT_MRP, ModelError, Mrp, MrpFile, MrpScorer, MrpTokens, Sdar};
+use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
 
 fn model_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/sdar-tiny-code")
@@ -108,9 +109,17 @@ fn mrp_drafting_equals_draft_free() {
         let out = spec.decode(&mut target, &prompt, &cfg).unwrap();
         assert_eq!(out.tokens, df.tokens, "chain, T = {temperature}");
         if temperature == 0.0 {
-            // A best-first tree whose tokens the module writes (stale-confidence order here).
+            // A best-first tree whose tokens the module writes (stale-confidence order here);
+            // each token the lazy path reduces (only the nodes and positions the builder
+            // asks) is the one the module's full pass over every masked position gives.
+            let both = Both {
+                lazy: MrpTokens::new(StaleConfidenceScorer, Arc::clone(&mrp)),
+                eager: MrpScorer::new(Arc::clone(&mrp)),
+                scratch: Vec::new(),
+                checked: 0,
+            };
             let mut tree = SpotDecoder::builder()
-                .scorer(MrpTokens::new(StaleConfidenceScorer, Arc::clone(&mrp)))
+                .scorer(both)
                 .budget(8)
                 .build()
                 .unwrap();
@@ -139,6 +148,74 @@ fn mrp_drafting_equals_draft_free() {
 }
 
 /// Damaged or foreign files are typed errors naming the file.
+/// `MrpTokens` (lazy) beside an eager `MrpScorer` on the same batches: every token hypothesis
+/// the lazy path gives must be the eager pass's choice at that node and position.
+struct Both {
+    lazy: MrpTokens<StaleConfidenceScorer, CpuBackend>,
+    eager: MrpScorer<CpuBackend>,
+    scratch: Vec<f32>,
+    checked: usize,
+}
+
+impl Drop for Both {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert!(self.checked > 0, "no token hypothesis was compared");
+        }
+    }
+}
+
+impl OrderScorer for Both {
+    fn name(&self) -> &str {
+        "both"
+    }
+
+    fn wants_hidden_states(&self) -> bool {
+        true
+    }
+
+    fn score(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        out: &mut [f32],
+    ) -> Result<(), TreeError> {
+        self.scratch.clear();
+        self.scratch.resize(out.len(), 0.0);
+        self.eager.score(ctx, nodes, &mut self.scratch)?;
+        self.lazy.score(ctx, nodes, out)
+    }
+
+    fn prepare_hypotheses(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        wanted: &[(usize, usize)],
+    ) -> Result<(), TreeError> {
+        self.lazy.prepare_hypotheses(ctx, nodes, wanted)
+    }
+
+    fn token_hypotheses(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        i: usize,
+        position: usize,
+        out: &mut Vec<(TokenId, f32)>,
+    ) -> bool {
+        let mut eager = Vec::new();
+        let has = self
+            .eager
+            .token_hypotheses(ctx, nodes, i, position, &mut eager);
+        let start = out.len();
+        let lazy = self.lazy.token_hypotheses(ctx, nodes, i, position, out);
+        assert_eq!(lazy, has, "node {i} position {position}");
+        assert_eq!(&out[start..], &eager[..], "node {i} position {position}");
+        self.checked += 1;
+        lazy
+    }
+}
+
 #[test]
 fn bad_mrp_files_are_named_errors() {
     let dir = model_dir();
