@@ -97,7 +97,8 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.get(i).copied().unwrap_or(f64::NAN)
 }
 
-/// Threads of the global pool the target forward uses (the host path itself runs on one).
+/// Cores the machine offers: the default size of the thread pool that both paths split a
+/// call over (`RAYON_NUM_THREADS` overrides it).
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }

@@ -449,11 +449,8 @@ impl StepStrategy for SpotDecoder {
             (Drafter::Tree(scorer), _) => {
                 let before = self.builder.counts();
                 self.builder.build(&ctx, scorer.as_mut())?;
-                let (now, r) = (self.builder.counts(), &mut self.report.drafter);
-                r.trees += now.trees - before.trees;
-                r.scorer_calls += now.scorer_calls - before.scorer_calls;
-                r.scored_nodes += now.scored_nodes - before.scored_nodes;
-                r.hypothesis_positions += now.hypothesis_positions - before.hypothesis_positions;
+                let added = self.builder.counts().since(&before);
+                self.report.drafter.add(&added);
                 self.builder.tree()
             }
             _ => self.builder.build_chain(&ctx)?,

@@ -88,11 +88,7 @@ impl SpotReport {
         self.position_miss += other.position_miss;
         self.token_miss += other.token_miss;
         self.round_draft.extend_from_slice(&other.round_draft);
-        let (a, b) = (&mut self.drafter, &other.drafter);
-        a.trees += b.trees;
-        a.scorer_calls += b.scorer_calls;
-        a.scored_nodes += b.scored_nodes;
-        a.hypothesis_positions += b.hypothesis_positions;
+        self.drafter.add(&other.drafter);
     }
 
     /// Mean draft nodes accepted per round.

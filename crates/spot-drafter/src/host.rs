@@ -76,7 +76,7 @@ struct Norm {
 struct Scratch {
     /// `[rows, d]`: the residual stream.
     x: Vec<f32>,
-    /// `[rows, d]`: a normalised copy, then the attention context.
+    /// `[rows, d]`: a layer-normalised copy of `x`.
     h: Vec<f32>,
     /// `[rows, d]`: the attention context.
     ctx: Vec<f32>,
@@ -263,6 +263,7 @@ impl HostOrderNet {
     /// When a slice is shorter than `n` states need.
     pub fn probabilities(&mut self, features: &[f32], valid: &[f32], n: usize, out: &mut [f32]) {
         let l = self.cfg.block_size;
+        assert!(valid.len() >= n * l);
         self.scores(features, n, out);
         for (row, valid) in out[..n * l].chunks_mut(l).zip(valid.chunks(l)) {
             let max = row

@@ -136,12 +136,23 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
             self.reused.clear();
         }
         // The nodes the network scores: all of them, or with a reuse depth those at or above
-        // it (and any whose parent was not scored); the others take their parent's order.
+        // it (and any whose parent was not scored); the others take their parent's order
+        // without the position just committed, renormalised, written here.
         self.fresh.clear();
         for i in 0..n {
             let deep = self.reuse_below.is_some_and(|k| nodes.depth(i) > k);
             if !(deep && self.parent_row(nodes, i, l)) {
                 self.fresh.push(i);
+                continue;
+            }
+            let (y, parent) = (nodes.tokens(i), &self.parent);
+            let total: f32 = (0..l).filter(|&s| y[s] == mask).map(|s| parent[s]).sum();
+            for (s, o) in out[i * l..(i + 1) * l].iter_mut().enumerate() {
+                *o = if y[s] == mask && total > 0.0 {
+                    parent[s] / total
+                } else {
+                    0.0
+                };
             }
         }
         let m = self.fresh.len();
@@ -184,28 +195,13 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
             }
             mix_rows(&mut p, &self.prior_rows[..m * l], &self.valid, l, w);
         }
-        let mut next = 0;
-        for i in 0..n {
-            let row = &mut out[i * l..(i + 1) * l];
-            if self.fresh.get(next) == Some(&i) {
-                row.copy_from_slice(&p[next * l..(next + 1) * l]);
-                next += 1;
-            } else {
-                // The parent's order without the position just committed, renormalised
-                // (every reused node has a scored parent: `fresh` holds the others).
-                self.parent_row(nodes, i, l);
-                let (y, parent) = (nodes.tokens(i), &self.parent);
-                let total: f32 = (0..l).filter(|&s| y[s] == mask).map(|s| parent[s]).sum();
-                for (s, o) in row.iter_mut().enumerate() {
-                    *o = if y[s] == mask && total > 0.0 {
-                        parent[s] / total
-                    } else {
-                        0.0
-                    };
-                }
-            }
-            if self.reuse_below.is_some() {
-                self.reused.insert(nodes.tokens(i).to_vec(), row.to_vec());
+        for (j, &i) in self.fresh.iter().enumerate() {
+            out[i * l..(i + 1) * l].copy_from_slice(&p[j * l..(j + 1) * l]);
+        }
+        if self.reuse_below.is_some() {
+            for i in 0..n {
+                let row = out[i * l..(i + 1) * l].to_vec();
+                self.reused.insert(nodes.tokens(i).to_vec(), row);
             }
         }
         self.probs = p;

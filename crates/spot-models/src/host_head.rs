@@ -15,6 +15,7 @@
 //! [`spot_core::stats::reduce_logits`] (same values within float rounding).
 
 use rayon::prelude::*;
+use spot_core::fastmath::fast_exp;
 use spot_core::{ConfidenceRule, StatsQuery, TokenId};
 
 use crate::error::{ModelError, Result};
@@ -430,8 +431,6 @@ fn exp_sums(x: &[f32], m: f32) -> (f64, f64) {
     }
     (ss, uu)
 }
-
-pub(crate) use spot_core::fastmath::fast_exp;
 
 impl HostHead {
     /// Packs an HF `[vocab, dim]` output (or tied embedding) matrix.

@@ -308,8 +308,9 @@ pub struct MrpScorer<B: Backend> {
     tree: bool,
     noise: Option<BlockNoise<B>>,
     bias: Option<(TokenId, Tensor<B, 2>)>,
-    /// Tokens only (for [`MrpTokens`]): positions are not scored, and a node's tokens are
-    /// reduced only where the builder asks for them.
+    /// Tokens only (for [`MrpTokens`], which starts each batch with [`MrpScorer::start`]
+    /// instead of scoring it): the module runs for a node, and reduces at a position, only
+    /// where the builder asks for tokens.
     lazy: bool,
 }
 
@@ -406,6 +407,21 @@ impl<B: Backend> MrpScorer<B> {
         }
         Ok(values)
     }
+    /// Starts a scored batch: a round's first batch clears the memo; returns the stale
+    /// hidden states and sets `fallback` when the target returned none.
+    fn start<'s>(
+        &mut self,
+        ctx: &ScoreContext<'s>,
+        nodes: &NodeBatch<'_>,
+    ) -> Result<&'s [f32], TreeError> {
+        if nodes.depth(0) == 0 {
+            self.memo.clear();
+        }
+        let base = self.stale_hidden(ctx.stale, ctx.root.len())?;
+        self.fallback = base.is_empty();
+        Ok(base)
+    }
+
     /// Runs the module's step for nodes `which` of `nodes` in one call (each reads the stale
     /// hidden states plus its parent's residuals) and stores each node's residuals in the
     /// memo, its choices not yet reduced.
@@ -544,11 +560,7 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
         if nodes.is_empty() {
             return Ok(());
         }
-        if nodes.depth(0) == 0 {
-            self.memo.clear();
-        }
-        let base = self.stale_hidden(ctx.stale, l)?;
-        self.fallback = base.is_empty();
+        let base = self.start(ctx, nodes)?;
         if self.fallback {
             // The target's rule on the stale statistics: its most confident masked position.
             for i in 0..nodes.len() {
@@ -557,11 +569,6 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
                     out[i * l + s] = 1.0;
                 }
             }
-            return Ok(());
-        }
-        if self.lazy {
-            // The module runs for the nodes whose tokens the builder asks
-            // (`prepare_hypotheses`), and reduces only at those positions.
             return Ok(());
         }
         let all: Vec<usize> = (0..nodes.len()).collect();
@@ -655,7 +662,6 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
 pub struct MrpTokens<S, B: Backend> {
     order: S,
     mrp: MrpScorer<B>,
-    scratch: Vec<f32>,
 }
 
 impl<S, B: Backend> MrpTokens<S, B> {
@@ -663,11 +669,7 @@ impl<S, B: Backend> MrpTokens<S, B> {
     pub fn new(order: S, mrp: std::sync::Arc<Mrp<B>>) -> Self {
         let mut mrp = MrpScorer::new(mrp);
         mrp.lazy = true;
-        Self {
-            order,
-            mrp,
-            scratch: Vec::new(),
-        }
+        Self { order, mrp }
     }
 
     /// The module's tokens under the decode's confidence rule and top-k truncation
@@ -693,9 +695,9 @@ impl<S: OrderScorer, B: Backend> OrderScorer for MrpTokens<S, B> {
         nodes: &NodeBatch<'_>,
         out: &mut [f32],
     ) -> Result<(), TreeError> {
-        self.scratch.clear();
-        self.scratch.resize(out.len(), 0.0);
-        self.mrp.score(ctx, nodes, &mut self.scratch)?;
+        if !nodes.is_empty() {
+            self.mrp.start(ctx, nodes)?;
+        }
         self.order.score(ctx, nodes, out)
     }
 

@@ -6,7 +6,7 @@
 //! host head (relative error about 2e-7). Element-wise, so a row's values do not depend on the
 //! batch.
 
-use crate::host_head::fast_exp;
+use spot_core::fastmath::fast_exp;
 
 /// `g[i] = silu(g[i]) · u[i]` (`silu(x) = x / (1 + e^-x)`), in place.
 pub(crate) fn swiglu_in_place(g: &mut [f32], u: &[f32]) {

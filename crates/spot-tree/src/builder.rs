@@ -203,6 +203,26 @@ pub struct BuildCounts {
     pub hypothesis_positions: u64,
 }
 
+impl BuildCounts {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &BuildCounts) {
+        self.trees += other.trees;
+        self.scorer_calls += other.scorer_calls;
+        self.scored_nodes += other.scored_nodes;
+        self.hypothesis_positions += other.hypothesis_positions;
+    }
+
+    /// The counts added since `earlier` (a snapshot of the same builder).
+    pub fn since(&self, earlier: &BuildCounts) -> BuildCounts {
+        BuildCounts {
+            trees: self.trees - earlier.trees,
+            scorer_calls: self.scorer_calls - earlier.scorer_calls,
+            scored_nodes: self.scored_nodes - earlier.scored_nodes,
+            hypothesis_positions: self.hypothesis_positions - earlier.hypothesis_positions,
+        }
+    }
+}
+
 impl TreeBuilder {
     /// A builder with limits `cfg`.
     pub fn new(cfg: TreeConfig) -> Result<Self, TreeError> {
