@@ -73,7 +73,7 @@ impl Cell {
             "positions_processed": s.work.positions_processed, "committed": s.committed,
             "generated": out.generated.len(), "stopped": out.stopped, "wall_s": wall,
             "prefetched_forwards": s.prefetched_forwards,
-            "refreshed_blocks": s.refreshed_blocks,
+            "refreshed_blocks": s.refreshed_blocks, "tokens": &out.generated,
         });
         if let (Some(r), Some(obj)) = (report, row.as_object_mut()) {
             self.report.merge(r);
