@@ -4,8 +4,9 @@
     tools/bench_digest.py OUT_A/samples.jsonl [OUT_B/samples.jsonl]
 
 Prints one SHA-256 per file over every sample's fields except wall, drafting and verification
-times: the generated tokens (`tokens`, written by `spot bench` since issue 46; older runs are
-covered by `equal` alone: each speculative sample is compared with draft-free's tokens), the counters: forwards, positions, accepted-node histogram, round ends). With two
+times: the generated tokens (`tokens`, written since issue 46; older runs cover them by `equal`,
+each speculative sample compared with draft-free's tokens) and the counters (forwards,
+positions, accepted-node histogram, round ends). With two
 files, also lists the samples whose fields differ and exits 1 when any do.
 """
 
