@@ -1,6 +1,8 @@
 //! `spot bench`: every method and budget on prompt sets, side by side in one run, with the
 //! draft-free output as the reference every speculative sample must equal.
 
+pub(crate) mod ar;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
@@ -114,7 +116,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub(crate) chat: crate::prompts::ChatArgs,
     #[command(flatten)]
-    pub(crate) ar: crate::bench_ar::ArBenchArgs,
+    pub(crate) ar: crate::bench::ar::ArBenchArgs,
 }
 
 /// The methods `spot bench` runs when `--methods` is not given.
@@ -228,7 +230,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
     if !Family::detect(&dir)?.is_diffusion() {
-        return crate::bench_ar::run(a, &dir);
+        return crate::bench::ar::run(a, &dir);
     }
     let files = a.files.files(&dir);
     let (spec, skipped) = runnable(a, &files)?;

@@ -1,5 +1,7 @@
 //! `spot generate`: decode one prompt (streaming) or every prompt of a JSONL file (JSON lines).
 
+pub(crate) mod ar;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -55,7 +57,7 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub(crate) decode: DecodeArgs,
     #[command(flatten)]
-    pub(crate) specdiff: crate::generate_ar::SpecDiffArgs,
+    pub(crate) specdiff: crate::generate::ar::SpecDiffArgs,
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -102,7 +104,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         if a.batch > 1 || !a.stop.is_empty() || a.decode.sample_top_k.is_some() {
             bail!("--batch, --stop and --sample-top-k apply to block-diffusion models only");
         }
-        return crate::generate_ar::run(a, &dir);
+        return crate::generate::ar::run(a, &dir);
     }
     if a.batch > 1 && a.prompts.is_none() {
         bail!("--batch applies to --prompts FILE.jsonl only");

@@ -5,7 +5,6 @@
 
 mod backend;
 mod bench;
-mod bench_ar;
 mod bench_drafter;
 mod bench_forward;
 mod bench_report;
@@ -15,7 +14,6 @@ mod collect;
 mod decode_args;
 mod eval_drafter;
 mod generate;
-mod generate_ar;
 mod inspect;
 mod methods;
 mod model_dir;

@@ -31,7 +31,7 @@
 
 use std::collections::VecDeque;
 
-use crate::decode::DecodeOutput;
+use crate::config::DecodeOutput;
 use crate::error::{Error, Result};
 use crate::model::{CacheSlot, Carry, MultiRequestModel, ScoreGroup};
 use crate::request::{BlockEvent, CancelHandle, Need, Request, StepStrategy};

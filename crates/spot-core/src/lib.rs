@@ -41,8 +41,12 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+/// A token id. Vocabularies of the supported families fit in 32 bits.
+pub type TokenId = u32;
+
 pub mod autoregressive;
 pub mod batch;
+pub mod config;
 pub mod decode;
 pub mod error;
 pub mod fastmath;
@@ -56,17 +60,20 @@ pub mod transition;
 
 pub use autoregressive::{ArConfig, ArInfo, ArOutput, AutoregressiveModel, decode_autoregressive};
 pub use batch::{BatchDriver, Finished, RequestId};
+pub use config::{
+    BlockPlan, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace, plan_blocks,
+};
 pub use decode::{
-    BlockLayout, BlockObserver, BlockPlan, BlockProgress, BlockTrace, DecodeConfig, DecodeOutput,
-    DecodeStats, DecodeTrace, DraftFreeDecoder, first_stats, plan_blocks, run_decode, run_request,
+    BlockObserver, BlockProgress, DraftFreeDecoder, first_stats, run_decode, run_request,
 };
 pub use error::{Error, Result};
 pub use model::{
-    BlockDiffusionModel, CacheSlot, Carry, Meter, MeteredModel, ModelInfo, MultiRequestModel,
-    PrefixUpdate, ScoreGroup, Slots, check_distinct_slots, default_forward_groups_carrying,
+    BlockDiffusionModel, BlockLayout, CacheSlot, Carry, Meter, MeteredModel, ModelInfo,
+    MultiRequestModel, PrefixUpdate, ScoreGroup, Slots, check_distinct_slots,
+    default_forward_groups_carrying,
 };
 pub use noise::GumbelNoise;
 pub use request::{BlockEvent, BlockRun, CancelHandle, Need, Request, StepStrategy, StopCheck};
-pub use state::{BlockState, Commit, TokenId};
+pub use state::{BlockState, Commit};
 pub use stats::{BlockStats, ConfidenceRule, StatsQuery};
 pub use transition::{DREAM_EPS, Transition, exact_commit};

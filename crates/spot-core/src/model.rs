@@ -20,10 +20,50 @@ pub struct ModelInfo {
     pub block_size: Option<usize>,
     /// The block layout of the family's own sampler; [`crate::DecodeConfig::for_model`] uses
     /// it.
-    pub layout: crate::BlockLayout,
-    /// Whether the model decodes correctly under every [`crate::BlockLayout`] (full attention
+    pub layout: BlockLayout,
+    /// Whether the model decodes correctly under every [`BlockLayout`] (full attention
     /// over the sequence); otherwise a decode with another layout than `layout` is refused.
     pub any_layout: bool,
+}
+
+/// Where a decode's blocks sit.
+///
+/// ```
+/// use spot_core::{BlockLayout, DecodeConfig, config::plan_blocks, toy::{ToyConfig, ToyModel}};
+/// use spot_core::BlockDiffusionModel;
+/// let model = ToyModel::new(ToyConfig::default());
+/// let prompt = [1, 2, 3, 4, 5];
+/// let cfg = DecodeConfig { block_size: 4, max_new_tokens: 8, ..DecodeConfig::default() };
+/// // Aligned: blocks [4, 8) (the prompt's last token rides in it) to [12, 16).
+/// let aligned = plan_blocks(&prompt, &cfg, model.info()).unwrap();
+/// assert_eq!((aligned.first_start, aligned.blocks), (4, 3));
+/// // After the prompt: blocks [5, 9) and [9, 13).
+/// let cfg = DecodeConfig { layout: BlockLayout::AfterPrompt, ..cfg };
+/// let after = plan_blocks(&prompt, &cfg, model.info()).unwrap();
+/// assert_eq!((after.first_start, after.blocks), (5, 2));
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BlockLayout {
+    /// Blocks start at absolute multiples of the block size; the prompt's last partial block
+    /// rides in the first decoded block. SDAR's and LLaDA2.0's samplers decode this way, and
+    /// block-causal models (trained on aligned blocks) accept nothing else.
+    #[default]
+    Aligned,
+    /// The first block starts right after the prompt, and the generation region is
+    /// `ceil(max_new_tokens / L)` whole blocks: LLaDA's own semi-autoregressive sampler. Only
+    /// models with full attention over the sequence accept it
+    /// ([`ModelInfo::any_layout`](crate::ModelInfo::any_layout)).
+    AfterPrompt,
+}
+
+impl BlockLayout {
+    /// The command-line spelling: `aligned` or `after-prompt`.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockLayout::Aligned => "aligned",
+            BlockLayout::AfterPrompt => "after-prompt",
+        }
+    }
 }
 
 /// What a prefix update cost.

@@ -58,7 +58,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::decode::{BlockPlan, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace};
+use crate::config::{BlockPlan, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace};
 use crate::error::{Error, Result};
 use crate::model::{Carry, Meter, ModelInfo, PrefixUpdate, check_forward, check_state_lengths};
 use crate::state::{BlockState, Commit, TokenId};
@@ -388,7 +388,7 @@ impl<S: StepStrategy> Request<S> {
         info: &ModelInfo,
         strategy: S,
     ) -> Result<Self, S::Error> {
-        let plan = crate::decode::plan_blocks(prompt, cfg, info)?;
+        let plan = crate::config::plan_blocks(prompt, cfg, info)?;
         Ok(Self {
             prompt: prompt.to_vec(),
             cfg: cfg.clone(),

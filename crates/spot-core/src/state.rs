@@ -2,8 +2,7 @@
 
 use crate::error::{Error, Result};
 
-/// A token id. Vocabularies of the supported families fit in 32 bits.
-pub type TokenId = u32;
+pub use crate::TokenId;
 
 /// SplitMix64 finaliser: a fast, well-mixed 64-bit hash step (the state hash's mixer; also
 /// the toy models' and the seeded test drafters').

@@ -46,7 +46,12 @@ impl<B: Backend> FullSequence<B, DreamConfig> {
     pub fn load_as(dir: &Path, device: &B::Device, precision: Precision) -> Result<Self> {
         let (cfg, path) = DecoderConfig::read(dir)?;
         cfg.check(&path, &["Dream", "dream"])?;
-        let (frame, weights) = open::<B>(dir, &cfg, crate::Family::Dream.mask_tokens(), device)?;
+        let (frame, weights) = open::<B>(
+            dir,
+            &cfg,
+            crate::family::Family::Dream.mask_tokens(),
+            device,
+        )?;
         let net = dense_net(
             &cfg.dense_spec(true, false),
             &QWEN_NAMES,

@@ -8,10 +8,11 @@ use burn_tensor::backend::Backend;
 use spot_core::{BlockState, BlockStats, StatsQuery, TokenId};
 
 use crate::error::{ModelError, Result};
-use crate::head::{Head, MaskTerms, NoiseRows, RowPlan, host_values, mask_bias};
+use crate::head::{Head, MaskTerms, NoiseRows, RowPlan, mask_bias};
 use crate::hf::{Tokenizer, generation_stop_ids, token_ids};
 use crate::host_head::RowJob;
 use crate::reduce::noise_table;
+use crate::values::host_values;
 
 /// Folder-level facts and per-request state shared by the model wrappers.
 pub(crate) struct Frame<B: Backend> {

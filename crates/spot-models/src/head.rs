@@ -9,9 +9,9 @@ use spot_core::{BlockState, BlockStats, ConfidenceRule, StatsQuery, TokenId};
 
 use crate::error::Result;
 use crate::host_head::{HostHead, RowJob, RowStats};
-use crate::loader::transposed;
 use crate::logits::Logits;
 use crate::reduce::{reduce, upload};
+use crate::values::{host_values, runs_on_host, transposed};
 
 /// Where a model computes its output layer and the reduction to statistics.
 ///
@@ -64,11 +64,6 @@ impl std::str::FromStr for HeadPlacement {
         .find(|p| p.name() == s)
         .ok_or_else(|| format!("unknown head placement {s:?}; one of auto, device, host"))
     }
-}
-
-/// Whether `B` is a CPU backend (flex or ndarray).
-pub(crate) fn runs_on_host<B: Backend>(device: &B::Device) -> bool {
-    matches!(B::name(device).as_str(), "flex" | "ndarray")
 }
 
 /// The output layer's weights where they are used.
@@ -226,16 +221,6 @@ impl<B: Backend> Head<B> {
                 reduce(logits, query, mask.bias, noise, positions)
             }
         }
-    }
-}
-
-/// A tensor's values on the host.
-pub(crate) fn host_values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    let data = t.into_data();
-    // f32 data as one copy; other types converted value by value.
-    match data.as_slice::<f32>() {
-        Ok(values) => values.to_vec(),
-        Err(_) => data.iter::<f32>().collect(),
     }
 }
 

@@ -49,6 +49,7 @@ mod config;
 mod dense;
 mod dream;
 mod error;
+mod family;
 mod frame;
 mod full_sequence;
 mod head;
@@ -56,6 +57,7 @@ pub mod hf;
 mod host_head;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod kernel_cache;
+mod linear;
 mod llada;
 mod llada2;
 mod loader;
@@ -71,13 +73,15 @@ mod stop;
 mod summary;
 mod swiglu;
 mod transformer;
+mod values;
 
-pub use any::{DiffusionModel, Family};
+pub use any::DiffusionModel;
 pub use autoregressive::CausalLm;
 pub use block_causal::BlockCausal;
 pub use config::DecoderConfig;
 pub use dream::{Dream, DreamConfig};
 pub use error::{ModelError, Result};
+pub use family::Family;
 pub use full_sequence::FullSequence;
 pub use head::HeadPlacement;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]

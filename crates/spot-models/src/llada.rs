@@ -253,7 +253,12 @@ impl<B: Backend> FullSequence<B, LladaConfig> {
     /// [`Self::load`] with the weights and activations in `precision`.
     pub fn load_as(dir: &Path, device: &B::Device, precision: Precision) -> Result<Self> {
         let cfg = LladaConfig::load(dir)?;
-        let (frame, weights) = open::<B>(dir, &cfg, crate::Family::Llada.mask_tokens(), device)?;
+        let (frame, weights) = open::<B>(
+            dir,
+            &cfg,
+            crate::family::Family::Llada.mask_tokens(),
+            device,
+        )?;
         let d = cfg.d_model / cfg.n_heads;
         let spec = DenseSpec {
             geo: Geometry {

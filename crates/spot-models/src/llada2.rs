@@ -243,8 +243,12 @@ impl<B: Backend> BlockCausal<B, Llada2Config> {
     pub fn load_as(dir: &Path, device: &B::Device, precision: Precision) -> Result<Self> {
         let cfg = Llada2Config::load(dir)?;
         let b = &cfg.base;
-        let (frame, weights) =
-            open::<B>(dir, &cfg, crate::Family::Llada2Moe.mask_tokens(), device)?;
+        let (frame, weights) = open::<B>(
+            dir,
+            &cfg,
+            crate::family::Family::Llada2Moe.mask_tokens(),
+            device,
+        )?;
         let ld = Loader::<B> {
             weights: &weights,
             device: device.clone(),

@@ -6,19 +6,9 @@ use burn_tensor::{DType, Tensor, TensorData};
 use crate::error::{ModelError, Result};
 use crate::head::{Head, HeadPlacement};
 use crate::hf::Weights;
+use crate::linear::Dense;
 use crate::moe::{Moe, MoeParts};
-use crate::transformer::Dense;
-
-/// `[rows, cols]` row-major -> `[cols, rows]` row-major.
-pub(crate) fn transposed(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0f32; w.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = w[r * cols + c];
-        }
-    }
-    t
-}
+use crate::values::transposed;
 
 /// Loads tensors by their HF names onto a device, in the layouts [`Net`] uses.
 pub(crate) struct Loader<'w, B: Backend> {

@@ -5,7 +5,7 @@
 use burn_tensor::backend::Backend;
 use burn_tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData};
 
-use crate::transformer::{Dense, numel};
+use crate::linear::{Dense, numel};
 
 /// How a mixture of experts picks and weights experts (DeepSeek-V3 style, as LLaDA2.0 uses).
 #[derive(Clone, Debug, PartialEq)]
@@ -73,7 +73,7 @@ pub(crate) struct Moe<B: Backend> {
 }
 
 impl<B: Backend> Moe<B> {
-    /// `host`: the backend is a CPU one ([`crate::head::runs_on_host`]).
+    /// `host`: the backend is a CPU one ([`crate::values::runs_on_host`]).
     pub(crate) fn forward(&self, x: Tensor<B, 2>, host: bool) -> Tensor<B, 2> {
         let [rows, h] = x.dims();
         let e = self.experts.len();

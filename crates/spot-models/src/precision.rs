@@ -87,7 +87,7 @@ impl Precision {
         device: &B::Device,
     ) -> Result<DType> {
         let p = match self {
-            Precision::Auto if crate::head::runs_on_host::<B>(device) => Precision::F32,
+            Precision::Auto if crate::values::runs_on_host::<B>(device) => Precision::F32,
             Precision::Auto => Precision::of_checkpoint(weights),
             p => p,
         };

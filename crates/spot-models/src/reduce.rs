@@ -10,8 +10,8 @@ use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{StatsQuery, TokenId};
 
 use crate::error::{ModelError, Result};
-use crate::head::host_values;
 use crate::host_head::RowStats;
+use crate::values::host_values;
 
 fn to_ids<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Vec<TokenId> {
     t.into_data().iter::<i64>().map(|x| x as TokenId).collect()

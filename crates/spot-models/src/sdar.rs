@@ -50,7 +50,8 @@ impl<B: Backend> BlockCausal<B, SdarConfig> {
             cfg.attention_bias,
             "q/k/v biases are not supported for SDAR",
         )?;
-        let (frame, weights) = open::<B>(dir, &cfg, crate::Family::Sdar.mask_tokens(), device)?;
+        let (frame, weights) =
+            open::<B>(dir, &cfg, crate::family::Family::Sdar.mask_tokens(), device)?;
         let net = dense_net(
             &cfg.dense_spec(false, true),
             &QWEN_NAMES,

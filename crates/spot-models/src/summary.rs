@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::any::Family;
 use crate::config::DecoderConfig;
 use crate::error::Result;
+use crate::family::Family;
 use crate::frame::{FolderFacts, FolderFiles};
 use crate::hf::{Tokenizer, Weights};
 use crate::{Llada2Config, LladaConfig};

@@ -17,13 +17,12 @@
 //!   batch) or causally ([`Attend::Causal`], autoregressive: position by position, so a run of
 //!   tokens gives the numbers of one-token forwards bit for bit).
 
-use burn_tensor::activation::silu;
 use burn_tensor::backend::Backend;
 use burn_tensor::{DType, Int, Tensor, TensorData};
 
 use crate::attention::{self, Attend, Attention, Kv};
 use crate::head::{Head, HeadPlacement};
-use crate::host_head::HostHead;
+use crate::linear::{Dense, HostLayer, numel, pack_in_out, project};
 use crate::moe::Moe;
 use crate::rope::Rope;
 
@@ -53,88 +52,6 @@ fn swap_heads<B: Backend>(x: Tensor<B, 4>, host: bool) -> Tensor<B, 4> {
         .map(|i| x.clone().narrow(2, i, 1).reshape([a, 1, b, d]))
         .collect();
     Tensor::cat(slices, 1)
-}
-
-/// A SwiGLU MLP: `down(silu(gate(x)) * up(x))`, weights stored `[in, out]`.
-pub(crate) struct Dense<B: Backend> {
-    gate: Tensor<B, 2>,
-    up: Tensor<B, 2>,
-    down: Tensor<B, 2>,
-}
-
-impl<B: Backend> Dense<B> {
-    /// A SwiGLU MLP of its three `[in, out]` weights.
-    pub(crate) fn new(gate: Tensor<B, 2>, up: Tensor<B, 2>, down: Tensor<B, 2>) -> Self {
-        Self { gate, up, down }
-    }
-
-    /// `host`: the backend is a CPU one ([`crate::head::runs_on_host`]); `packed`: the
-    /// layer's projections packed for the host kernel, used instead of the backend's matmul.
-    pub(crate) fn forward(
-        &self,
-        x: Tensor<B, 2>,
-        host: bool,
-        packed: Option<&HostLayer>,
-    ) -> Tensor<B, 2> {
-        let gate = project(x.clone(), &self.gate, packed.map(|p| &p.gate));
-        let up = project(x, &self.up, packed.map(|p| &p.up));
-        let h = if host && gate.dtype() == DType::F32 {
-            // One SIMD pass on the host instead of the backend's scalar `expf` and two more
-            // element-wise passes (measured: 6% more draft-free tokens/s on the shipped target).
-            let device = gate.device();
-            let shape = gate.shape();
-            let mut g = crate::head::host_values(gate);
-            crate::swiglu::swiglu_in_place(&mut g, &crate::head::host_values(up));
-            Tensor::from_data(TensorData::new(g, shape), &device)
-        } else {
-            silu(gate) * up
-        };
-        project(h, &self.down, packed.map(|p| &p.down))
-    }
-}
-
-/// `x w` (`w` stored `[in, out]`): by the backend's matmul, or with `packed` (the same matrix
-/// packed for the host kernel, [`HostHead::product`]) on the host, where every row's values
-/// are one multiply-add chain in index order whatever the number of rows, and the output
-/// columns are split between the threads even for a single row.
-fn project<B: Backend>(
-    x: Tensor<B, 2>,
-    w: &Tensor<B, 2>,
-    packed: Option<&HostHead>,
-) -> Tensor<B, 2> {
-    match packed {
-        None => x.matmul(w.clone()),
-        Some(p) => {
-            let device = x.device();
-            let rows = x.dims()[0];
-            let out = p.product(&crate::head::host_values(x));
-            Tensor::from_data(TensorData::new(out, [rows, p.vocab()]), &device)
-        }
-    }
-}
-
-/// One dense layer's projections packed for the host kernel: what an autoregressive model on
-/// a CPU backend multiplies by ([`Net::pack_host_projections`]). Each is the `[in, out]`
-/// weight packed as an `[out, in]` "vocabulary" of [`HostHead`].
-pub(crate) struct HostLayer {
-    q: HostHead,
-    k: HostHead,
-    v: HostHead,
-    o: HostHead,
-    gate: HostHead,
-    up: HostHead,
-    down: HostHead,
-}
-
-/// `w` (`[in, out]` on the backend) packed for [`HostHead::product`].
-fn pack_in_out<B: Backend>(w: &Tensor<B, 2>) -> HostHead {
-    let [d_in, d_out] = w.dims();
-    let values = crate::head::host_values(w.clone());
-    HostHead::pack(
-        &crate::loader::transposed(&values, d_in, d_out),
-        d_out,
-        d_in,
-    )
 }
 
 /// The MLP of one layer.
@@ -193,16 +110,6 @@ pub(crate) struct Net<B: Backend> {
     parameters: usize,
 }
 
-pub(crate) fn numel<B: Backend, const D: usize>(t: &Tensor<B, D>) -> usize {
-    t.dims().iter().product()
-}
-
-impl<B: Backend> Dense<B> {
-    pub(crate) fn parameters(&self) -> usize {
-        numel(&self.gate) + numel(&self.up) + numel(&self.down)
-    }
-}
-
 impl<B: Backend> Layer<B> {
     fn parameters(&self) -> usize {
         let a = &self.attn;
@@ -259,13 +166,13 @@ impl<B: Backend> Net<B> {
     }
 
     /// On a CPU backend with f32 weights and dense layers, packs every layer's projections for
-    /// the host kernel ([`HostHead::product`]) and multiplies by them from then on: one row
-    /// costs what the backend's matrix-vector product costs, a few rows hardly more (the
+    /// the host kernel ([`crate::host_head::HostHead::product`]) and multiplies by them from
+    /// then on: one row costs what the backend's matrix-vector product costs, a few rows hardly more (the
     /// backend's small matrix products run on one thread below a size threshold), and a row's
     /// values never depend on how many rows the forward holds. The packed copies take as much
     /// memory again as the projections.
     pub fn pack_host_projections(&mut self) {
-        let host = crate::head::runs_on_host::<B>(&self.device);
+        let host = crate::values::runs_on_host::<B>(&self.device);
         if !host || self.dtype != DType::F32 || !self.host_layers.is_empty() {
             return;
         }
@@ -341,7 +248,7 @@ impl<B: Backend> Net<B> {
         segments: &[Segment<'_, B>],
         attend: Attend,
     ) -> (Tensor<B, 2>, Vec<Vec<Kv<B>>>) {
-        let host = crate::head::runs_on_host::<B>(&self.device);
+        let host = crate::values::runs_on_host::<B>(&self.device);
         if host {
             // On a worker of the CPU backends' thread pool: the many small parallel operations
             // of a forward then split work between the pool's threads without handing every

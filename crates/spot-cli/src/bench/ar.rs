@@ -18,7 +18,7 @@ use spot_specdiff::{
 
 use crate::Backend;
 use crate::bench::{BenchArgs, Protocol, Reference};
-use crate::generate_ar::{
+use crate::generate::ar::{
     AcceptanceArg, DEFAULT_LOOKUP_STORE, DEFAULT_SPECDIFF_DRAFTER, SelectionArg, drafter,
 };
 use crate::methods::Method;
@@ -309,7 +309,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
                         true,
                     );
                     let j =
-                        crate::generate_ar::result_json("", ids, &reference, "", ref_wall, None);
+                        crate::generate::ar::result_json("", ids, &reference, "", ref_wall, None);
                     writeln!(samples, "{}", line("ar", j, true))?;
                     bar.inc(1);
                     for (c, cell) in configs.iter().zip(&mut cells[1..]) {
@@ -342,7 +342,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
                             stopped: out.stopped,
                             forwards: out.forwards,
                         };
-                        let j = crate::generate_ar::result_json(
+                        let j = crate::generate::ar::result_json(
                             "",
                             ids,
                             &as_ar,

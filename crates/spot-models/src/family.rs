@@ -1,0 +1,84 @@
+//! The model families this crate runs, told apart by the `model_type` of `config.json`.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{ModelError, Result};
+use crate::hf::read_json;
+
+/// The model families this crate runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// SDAR (`"sdar"`; `"qwen3"` is read as SDAR by [`DiffusionModel`]).
+    Sdar,
+    /// LLaDA (`"llada"`).
+    Llada,
+    /// Dream (`"Dream"`).
+    Dream,
+    /// LLaDA2.0 MoE (`"llada2_moe"`).
+    Llada2Moe,
+    /// Autoregressive Llama (`"llama"`), see [`crate::CausalLm`].
+    Llama,
+    /// Autoregressive Qwen2 (`"qwen2"`), see [`crate::CausalLm`].
+    Qwen2,
+}
+
+#[derive(Deserialize)]
+struct ModelType {
+    model_type: String,
+}
+
+impl Family {
+    /// The family named by `dir/config.json`'s `model_type`.
+    pub fn detect(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let t: ModelType = read_json(&path)?;
+        Ok(match t.model_type.as_str() {
+            "sdar" | "qwen3" => Family::Sdar,
+            "llada" => Family::Llada,
+            "Dream" | "dream" => Family::Dream,
+            "llada2_moe" => Family::Llada2Moe,
+            "llama" => Family::Llama,
+            "qwen2" => Family::Qwen2,
+            other => {
+                return Err(ModelError::InvalidConfig {
+                    path,
+                    field: "model_type",
+                    reason: format!(
+                        "unknown model type {other:?}; supported: sdar, qwen3, llada, Dream, \
+                         llada2_moe, llama, qwen2"
+                    ),
+                });
+            }
+        })
+    }
+
+    /// Whether the family is decoded by block diffusion (else it is autoregressive).
+    pub fn is_diffusion(self) -> bool {
+        !matches!(self, Family::Llama | Family::Qwen2)
+    }
+
+    /// The tokenizer strings of the family's mask token, looked up when `config.json` has no
+    /// `mask_token_id`; `None` for autoregressive families.
+    pub(crate) fn mask_tokens(self) -> Option<&'static [&'static str]> {
+        match self {
+            Family::Sdar => Some(&["<|MASK|>"]),
+            Family::Llada => Some(&["<|mdm_mask|>"]),
+            Family::Dream | Family::Llada2Moe => Some(&["<|mask|>"]),
+            Family::Llama | Family::Qwen2 => None,
+        }
+    }
+
+    /// A short lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Sdar => "sdar",
+            Family::Llada => "llada",
+            Family::Dream => "dream",
+            Family::Llada2Moe => "llada2-moe",
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+        }
+    }
+}
