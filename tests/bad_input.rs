@@ -61,10 +61,10 @@ fn invalid_temperatures() {
         assert!(
             matches!(
                 b,
-                Error::Core(CoreError::InvalidConfig {
+                Error::InvalidConfig {
                     field: "temperature",
                     ..
-                })
+                }
             ),
             "{b}"
         );
@@ -175,8 +175,11 @@ fn invalid_tree_limits() {
         (SpotDecoder::builder().hedge(Some(2.0)), "hedge"),
     ] {
         match b.build() {
-            Err(Error::Tree(TreeError::InvalidConfig { field: f, .. })) => assert_eq!(f, field),
-            other => panic!("{field}: {other:?}"),
+            Err(e) => match e.drafter_error::<TreeError>() {
+                Some(TreeError::InvalidConfig { field: f, .. }) => assert_eq!(*f, field),
+                other => panic!("{field}: {other:?}"),
+            },
+            Ok(_) => panic!("{field}: built"),
         }
     }
 }
@@ -295,10 +298,7 @@ fn corrupt_statistics_are_typed_errors() {
             other => panic!("{field}: {other:?}"),
         }
         assert!(
-            matches!(
-                b,
-                Error::Core(CoreError::InvalidStatistics { position: 2, .. })
-            ),
+            matches!(b, Error::InvalidStatistics { position: 2, .. }),
             "{b}"
         );
     }

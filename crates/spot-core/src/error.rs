@@ -98,6 +98,11 @@ pub enum Error {
     /// The model implementation failed.
     #[error("model error: {0}")]
     Model(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// The drafter failed or was configured out of range: a `spot_tree::TreeError` (tree
+    /// limits, an order scorer's output) or a drafter's own error, shown as it is. Reach the
+    /// error itself with [`Error::drafter_error`].
+    #[error(transparent)]
+    Drafter(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 impl Error {
@@ -107,6 +112,32 @@ impl Error {
         E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
     {
         Error::Model(err.into())
+    }
+
+    /// Wraps an error raised by a drafter (see [`Error::Drafter`]).
+    pub fn drafter<E>(err: E) -> Self
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    {
+        Error::Drafter(err.into())
+    }
+
+    /// The drafter's error of type `E`, when this is an [`Error::Drafter`] holding one.
+    ///
+    /// ```
+    /// use spot_core::Error;
+    /// #[derive(Debug, thiserror::Error)]
+    /// #[error("no scores")]
+    /// struct NoScores;
+    /// let e = Error::drafter(NoScores);
+    /// assert!(e.drafter_error::<NoScores>().is_some());
+    /// assert!(Error::EmptyPrompt.drafter_error::<NoScores>().is_none());
+    /// ```
+    pub fn drafter_error<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            Error::Drafter(e) => e.downcast_ref::<E>(),
+            _ => None,
+        }
     }
 
     /// Shorthand for [`Error::InvalidConfig`].

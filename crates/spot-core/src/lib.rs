@@ -75,5 +75,8 @@ pub use model::{
 pub use noise::GumbelNoise;
 pub use request::{BlockEvent, BlockRun, CancelHandle, Need, Request, StepStrategy, StopCheck};
 pub use state::{BlockState, Commit};
-pub use stats::{BlockStats, ConfidenceRule, StatsQuery};
+pub use stats::{
+    BlockStats, ConfidenceRule, PositionStats, ReduceScratch, StatsQuery, reduce_block,
+    reduce_logits,
+};
 pub use transition::{DREAM_EPS, Transition, exact_commit};

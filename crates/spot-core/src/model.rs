@@ -5,7 +5,17 @@ use crate::state::{BlockState, TokenId};
 use crate::stats::{BlockStats, StatsQuery};
 
 /// Static facts about a target model that decoders need.
+///
+/// Built with [`ModelInfo::new`] and the `with_` methods, so that a field added later does not
+/// break a model written today:
+///
+/// ```
+/// use spot_core::{BlockLayout, ModelInfo};
+/// let info = ModelInfo::new(32_000, 31_999, 4096).with_stop_ids(vec![2]).with_block_size(32);
+/// assert_eq!((info.layout, info.any_layout), (BlockLayout::Aligned, false));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ModelInfo {
     /// Number of token ids the model scores.
     pub vocab_size: usize,
@@ -24,6 +34,42 @@ pub struct ModelInfo {
     /// Whether the model decodes correctly under every [`BlockLayout`] (full attention
     /// over the sequence); otherwise a decode with another layout than `layout` is refused.
     pub any_layout: bool,
+}
+
+impl ModelInfo {
+    /// A model scoring `vocab_size` ids with mask id `mask_id`, accepting sequences of up to
+    /// `max_positions` tokens: no stop ids, no declared block size, aligned blocks only.
+    pub fn new(vocab_size: usize, mask_id: TokenId, max_positions: usize) -> Self {
+        Self {
+            vocab_size,
+            mask_id,
+            max_positions,
+            stop_ids: Vec::new(),
+            block_size: None,
+            layout: BlockLayout::Aligned,
+            any_layout: false,
+        }
+    }
+
+    /// The stop ids the model's generation config declares.
+    pub fn with_stop_ids(mut self, stop_ids: Vec<TokenId>) -> Self {
+        self.stop_ids = stop_ids;
+        self
+    }
+
+    /// The block size the checkpoint declares.
+    pub fn with_block_size(mut self, block_size: usize) -> Self {
+        self.block_size = Some(block_size);
+        self
+    }
+
+    /// The family's own block layout, and whether the model also decodes every other layout
+    /// (full attention over the sequence).
+    pub fn with_layout(mut self, layout: BlockLayout, any_layout: bool) -> Self {
+        self.layout = layout;
+        self.any_layout = any_layout;
+        self
+    }
 }
 
 /// Where a decode's blocks sit.
@@ -73,6 +119,17 @@ pub struct PrefixUpdate {
     pub ran_forward: bool,
     /// Target positions that forward processed.
     pub positions: usize,
+}
+
+impl PrefixUpdate {
+    /// The update of a model that ran one forward over `positions` new prefix positions (no
+    /// forward when there are none).
+    pub fn forward(positions: usize) -> Self {
+        Self {
+            ran_forward: positions > 0,
+            positions,
+        }
+    }
 }
 
 /// A block-diffusion language model as decoders see it.

@@ -395,6 +395,46 @@ impl BlockStats {
     }
 }
 
+/// The statistics of one block state from its logits, by [`reduce_logits`] row by row: what a
+/// model that computes full logits returns from [`crate::BlockDiffusionModel::forward`] for
+/// each state.
+///
+/// `logits` holds one row of `vocab` values per block position, row-major; the row of block
+/// position `s` sits at absolute position `start + s` (the noise row it reads). The result has
+/// [`StatsQuery::effective_top_k`] entries per position. A length that is not a whole number
+/// of rows is an [`Error::ShapeMismatch`].
+///
+/// ```
+/// use spot_core::{StatsQuery, stats::{ReduceScratch, reduce_block}};
+/// // Two positions of a 4-token vocabulary (id 3 is the mask), at absolute positions 10, 11.
+/// let logits = [0.0f32, 2.0, 1.0, 5.0, 3.0, 0.0, 1.0, 9.0];
+/// let q = StatsQuery::new(0.0, 0);
+/// let stats = reduce_block(&logits, 4, 10, &q, 3, &mut ReduceScratch::default())?;
+/// assert_eq!((stats.len(), stats.token(0), stats.token(1)), (2, 1, 0));
+/// # Ok::<(), spot_core::Error>(())
+/// ```
+pub fn reduce_block(
+    logits: &[f32],
+    vocab: usize,
+    start: usize,
+    query: &StatsQuery,
+    mask_id: TokenId,
+    scratch: &mut ReduceScratch,
+) -> Result<BlockStats> {
+    if vocab == 0 || !logits.len().is_multiple_of(vocab) {
+        return Err(Error::ShapeMismatch {
+            what: "block logits (positions x vocabulary)",
+            expected: logits.len().div_ceil(vocab.max(1)) * vocab,
+            actual: logits.len(),
+        });
+    }
+    let mut out = BlockStats::new(query.effective_top_k(vocab));
+    for (s, row) in logits.chunks_exact(vocab).enumerate() {
+        reduce_logits(row, start + s, query, mask_id, scratch, &mut out)?;
+    }
+    Ok(out)
+}
+
 /// Scratch buffers for [`reduce_logits`], reusable across calls.
 #[derive(Clone, Debug, Default)]
 pub struct ReduceScratch {

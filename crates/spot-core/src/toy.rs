@@ -108,15 +108,9 @@ impl ToyModel {
     /// A toy model; panics never, but [`BlockDiffusionModel::forward`] reports an invalid
     /// configuration (mask outside the vocabulary) as an error.
     pub fn new(cfg: ToyConfig) -> Self {
-        let info = ModelInfo {
-            vocab_size: cfg.vocab_size,
-            mask_id: cfg.mask_id,
-            max_positions: cfg.max_positions,
-            stop_ids: cfg.stop_ids.clone(),
-            block_size: None,
-            layout: crate::BlockLayout::Aligned,
-            any_layout: true,
-        };
+        let info = ModelInfo::new(cfg.vocab_size, cfg.mask_id, cfg.max_positions)
+            .with_stop_ids(cfg.stop_ids.clone())
+            .with_layout(crate::BlockLayout::Aligned, true);
         Self {
             cfg,
             info,

@@ -40,11 +40,12 @@ use std::time::Instant;
 pub use spot_core::{
     self as core, ArConfig, ArInfo, ArOutput, AutoregressiveModel, BatchDriver,
     BlockDiffusionModel, BlockEvent, BlockLayout, BlockObserver, BlockProgress, BlockRun,
-    BlockState, BlockStats, CacheSlot, CancelHandle, Commit, ConfidenceRule, DecodeConfig,
-    DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder, Finished, GumbelNoise, MeteredModel,
-    ModelInfo, MultiRequestModel, Need, Request, RequestId, ScoreGroup, StatsQuery, StepStrategy,
-    StopCheck, TokenId, Transition, decode_autoregressive, exact_commit, run_decode, run_request,
-    toy,
+    BlockState, BlockStats, CacheSlot, CancelHandle, Carry, Commit, ConfidenceRule, DecodeConfig,
+    DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder, Error, Finished, GumbelNoise, Meter,
+    MeteredModel, ModelInfo, MultiRequestModel, Need, PositionStats, PrefixUpdate, ReduceScratch,
+    Request, RequestId, Result, ScoreGroup, Slots, StatsQuery, StepStrategy, StopCheck, TokenId,
+    Transition, decode_autoregressive, exact_commit, reduce_block, reduce_logits, run_decode,
+    run_request, toy,
 };
 pub use spot_tree::{
     self as tree, DraftTree, JoinModel, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
@@ -56,18 +57,6 @@ pub use spot_verify::{self as verify, MatchRule, RoundEnd, Verifier};
 pub mod floor;
 mod report;
 pub use report::SpotReport;
-
-/// Errors of the facade: core errors (input, model) and tree errors (drafter, limits).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// Invalid input, a model failure or invalid model output.
-    #[error(transparent)]
-    Core(#[from] spot_core::Error),
-    /// Invalid tree limits or drafter output.
-    #[error(transparent)]
-    Tree(#[from] TreeError),
-}
 
 /// How a [`SpotDecoder`] drafts.
 enum Drafter {

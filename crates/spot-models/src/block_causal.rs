@@ -66,14 +66,16 @@ pub(crate) fn diffusion_info<B: Backend>(
     layout: BlockLayout,
     any_layout: bool,
 ) -> ModelInfo {
-    ModelInfo {
-        vocab_size: frame.vocab_size,
-        mask_id: frame.mask_id.unwrap_or_default(),
-        max_positions: frame.max_positions,
-        stop_ids: frame.stop_ids.clone(),
-        block_size: frame.block_size,
-        layout,
-        any_layout,
+    let info = ModelInfo::new(
+        frame.vocab_size,
+        frame.mask_id.unwrap_or_default(),
+        frame.max_positions,
+    )
+    .with_stop_ids(frame.stop_ids.clone())
+    .with_layout(layout, any_layout);
+    match frame.block_size {
+        Some(l) => info.with_block_size(l),
+        None => info,
     }
 }
 

@@ -63,3 +63,14 @@ impl TreeError {
         }
     }
 }
+
+impl From<TreeError> for spot_core::Error {
+    /// A core error carried by the tree stays itself; every other tree error becomes
+    /// [`spot_core::Error::Drafter`].
+    fn from(e: TreeError) -> Self {
+        match e {
+            TreeError::Core(e) => e,
+            other => spot_core::Error::drafter(other),
+        }
+    }
+}
