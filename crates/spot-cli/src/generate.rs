@@ -14,7 +14,7 @@ use spot_dlm::{
 use spot_models::{DiffusionModel, Family, StopStrings};
 
 use crate::decode_args::DecodeArgs;
-use crate::methods::Drafters;
+use crate::methods::{Drafters, Method};
 use crate::prompts::ChatArgs;
 use crate::{Backend, load, model_dir, prompts};
 
@@ -61,6 +61,11 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Also decode the prompt with the reference the method must equal (draft-free, or
+    /// threshold decoding for the `sets*` methods), print both forward counts and wall times,
+    /// and fail if the outputs differ (block-diffusion models, one prompt).
+    #[arg(long, conflicts_with = "prompts")]
+    pub(crate) compare: bool,
     #[command(flatten)]
     pub(crate) chat: ChatArgs,
 }
@@ -101,8 +106,11 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
     if !Family::detect(&dir)?.is_diffusion() {
-        if a.batch > 1 || !a.stop.is_empty() || a.decode.sample_top_k.is_some() {
-            bail!("--batch, --stop and --sample-top-k apply to block-diffusion models only");
+        if a.batch > 1 || !a.stop.is_empty() || a.decode.sample_top_k.is_some() || a.compare {
+            bail!(
+                "--batch, --stop, --sample-top-k and --compare apply to block-diffusion models \
+                 only"
+            );
         }
         return crate::generate::ar::run(a, &dir);
     }
@@ -173,17 +181,29 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     )?;
     let wall = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
+    let compared = match a.compare {
+        true => Some(compare(
+            a,
+            &drafter,
+            &mut model,
+            (&prompt, &cfg),
+            stops.clone(),
+            &out,
+        )?),
+        false => None,
+    };
     if a.json {
-        println!(
-            "{}",
-            result_json(
-                a,
-                (model.tokenizer(), stops.as_ref()),
-                prompt.len(),
-                &out,
-                wall
-            )?
-        );
+        let mut j = result_json(
+            a,
+            (model.tokenizer(), stops.as_ref()),
+            prompt.len(),
+            &out,
+            wall,
+        )?;
+        if let (Some(c), Some(obj)) = (&compared, j.as_object_mut()) {
+            obj.insert("compare".into(), c.json());
+        }
+        println!("{j}");
     } else {
         println!();
         eprintln!(
@@ -194,8 +214,75 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
             out.stats.tokens_per_forward(),
             wall
         );
+        if let Some(c) = &compared {
+            eprintln!(
+                "[compare: {} {} NFE, {:.2} s; {} {} NFE, {:.2} s ({:.2}x fewer forwards); \
+                 outputs {}]",
+                c.reference.name(),
+                c.nfe,
+                c.wall,
+                a.decode.method.name(),
+                out.stats.work.nfe,
+                wall,
+                c.nfe as f64 / out.stats.work.nfe.max(1) as f64,
+                if c.identical { "identical" } else { "DIFFER" },
+            );
+        }
+    }
+    if let Some(c) = compared
+        && !c.identical
+        && !a.decode.method.is_lossy()
+    {
+        bail!(
+            "--compare: {} returned other tokens than {} (a bug: please report it)",
+            a.decode.method.name(),
+            c.reference.name()
+        );
     }
     Ok(())
+}
+
+/// The reference decode of `--compare` beside the method's.
+struct Compared {
+    reference: Method,
+    nfe: u64,
+    wall: f64,
+    identical: bool,
+}
+
+impl Compared {
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "reference": self.reference.name(), "reference_nfe": self.nfe,
+            "reference_wall_s": self.wall, "identical": self.identical,
+        })
+    }
+}
+
+/// `--compare`: the prompt decoded again by the method's reference (draft-free, or threshold
+/// decoding for the set methods) under the same configuration.
+fn compare(
+    a: &GenerateArgs,
+    drafters: &Drafters,
+    model: &mut DiffusionModel<Backend>,
+    (prompt, cfg): (&[u32], &DecodeConfig),
+    stops: Option<StopStrings>,
+    out: &DecodeOutput,
+) -> Result<Compared> {
+    let mut reference = a.decode.clone();
+    reference.method = match a.decode.method.is_sets() {
+        true => Method::Threshold,
+        false => Method::Df,
+    };
+    let start = Instant::now();
+    let request = reference.request(drafters, model, (prompt, cfg), stops)?;
+    let r = run_request(model, request, &mut ())?;
+    Ok(Compared {
+        reference: reference.method,
+        nfe: r.stats.work.nfe,
+        wall: start.elapsed().as_secs_f64(),
+        identical: r.tokens == out.tokens,
+    })
 }
 
 /// Every prompt of a JSONL file: one JSON line each on stdout (in file order), a summary on

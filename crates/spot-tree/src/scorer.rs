@@ -391,7 +391,7 @@ impl TokenOracleScorer {
     /// Builds the oracle from the trace of a draft-free decode with the same inputs.
     ///
     /// ```
-    /// use spot_core::{BlockState, Commit, DecodeTrace, decode::BlockTrace};
+    /// use spot_core::{BlockState, BlockTrace, Commit, DecodeTrace};
     /// use spot_tree::TokenOracleScorer;
     /// let trace = DecodeTrace { blocks: vec![BlockTrace {
     ///     start: 8,
