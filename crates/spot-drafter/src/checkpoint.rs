@@ -22,6 +22,7 @@ use burn_store::{ApplyError, ModuleSnapshot, SafetensorsStore};
 use burn_tensor::backend::Backend;
 use safetensors::{Dtype, SafeTensors};
 
+use crate::error::DrafterError;
 use crate::network::{OrderModel, OrderModelConfig};
 
 /// The checkpoint layout this build writes (see the module documentation).
@@ -65,63 +66,6 @@ const VERSION_1_NAMES: [(&str, &str); 12] = [
     (r"^final_ln\.weight$", "final_ln.gamma"),
     (r"^final_ln\.bias$", "final_ln.beta"),
 ];
-
-/// Why a drafter checkpoint could not be saved or loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum DrafterError {
-    /// A file could not be read or written.
-    #[error("cannot access {path}: {source}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// The JSON config is invalid or describes an unusable network.
-    #[error("{path}: invalid drafter config: {reason}")]
-    Config {
-        /// The JSON file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-    /// The weights file is not valid safetensors.
-    #[error("{path}: not a valid safetensors file: {reason}")]
-    Weights {
-        /// The weights file.
-        path: PathBuf,
-        /// Parser message.
-        reason: String,
-    },
-    /// A tensor the config needs is absent.
-    #[error("{path}: missing tensor `{name}`")]
-    MissingTensor {
-        /// The weights file.
-        path: PathBuf,
-        /// Tensor name.
-        name: String,
-    },
-    /// A tensor has the wrong shape, dtype or values, or the network has no such tensor.
-    #[error("{path}: tensor `{name}`: {reason}")]
-    BadTensor {
-        /// The weights file.
-        path: PathBuf,
-        /// Tensor name.
-        name: String,
-        /// What is wrong (expected vs found).
-        reason: String,
-    },
-    /// The weights file declares a layout this build does not read.
-    #[error(
-        "{path}: drafter checkpoint layout version {found}; this build reads versions 1 to {CHECKPOINT_VERSION}"
-    )]
-    Version {
-        /// The weights file.
-        path: PathBuf,
-        /// The version the file declares.
-        found: String,
-    },
-}
 
 /// The JSON file that accompanies `weights` (same stem, `.json`).
 pub fn config_path(weights: &Path) -> PathBuf {
@@ -247,6 +191,7 @@ fn check_weights(weights: &Path, bytes: &[u8]) -> Result<u32, DrafterError> {
                 return Err(DrafterError::Version {
                     path: weights.to_path_buf(),
                     found: v.clone(),
+                    supported: CHECKPOINT_VERSION,
                 });
             }
         },

@@ -28,9 +28,8 @@
 //! statistics are the target's own tempered, noise-coupled ones (the confidence of the noised
 //! choice), so the drafter sees exactly what the target's decoder would.
 
-use spot_core::{GumbelNoise, TokenId};
-
-use crate::trajectory::StoredPosition;
+use spot_core::{BlockStats, GumbelNoise, TokenId};
+use spot_tree::noised_runner_up;
 
 /// Version of the feature definition; checkpoints record it and refuse a mismatch.
 ///
@@ -123,7 +122,7 @@ pub trait StaleSource {
 
 /// The live stale statistics of a round as a [`StaleSource`]: the [`BlockStats`] of every
 /// position read the way the trajectory recorder stores them
-/// ([`StoredPosition::from_stats`](crate::trajectory::StoredPosition::from_stats)), so decoding
+/// ([`StoredPosition::from_stats`]), so decoding
 /// and training compute the same features, hedge and noised margin included.
 ///
 /// [`BlockStats`]: spot_core::BlockStats
@@ -301,6 +300,101 @@ fn log_floored(p: f32) -> f32 {
         return LOG_FLOOR;
     }
     p.max(1e-10).ln().max(LOG_FLOOR)
+}
+
+/// The target's statistics at one masked position before a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredPosition {
+    /// Position in the block.
+    pub position: u32,
+    /// The decoder's choice there.
+    pub token: TokenId,
+    /// Second most probable token.
+    pub runner_up: TokenId,
+    /// Confidence of the choice.
+    pub confidence: f32,
+    /// Entropy (nats).
+    pub entropy: f32,
+    /// Mass outside the top-k.
+    pub tail_mass: f32,
+    /// The runner-up of the decoder's own choice rule (the noised runner-up under `T > 0`, see
+    /// [`spot_tree::noised_runner_up`]; `token` when there is none): the tree's hedge.
+    pub hedge: TokenId,
+    /// The hedge's stale probability (0 when there is none).
+    pub hedge_prob: f32,
+    /// The noised margin of the choice over the hedge ([`noised_margin`]).
+    pub margin: f32,
+    /// Top-k probabilities, most probable first.
+    pub top_probs: Vec<f32>,
+    /// Their token ids (empty in version-2 files).
+    pub top_ids: Vec<TokenId>,
+    /// The target's final hidden state there ([`crate::trajectory::Trajectory::hidden_dim`] values, bf16
+    /// precision; empty when the trajectory has none).
+    pub hidden: Vec<f32>,
+}
+
+impl StoredPosition {
+    /// What the drafter reads of position `s` of the live statistics `stats` of the block
+    /// starting at absolute position `block_start`, under the decoder's noise (`None` at
+    /// `T = 0`): the one definition shared by the trajectory recorder and the live scorer
+    /// ([`LiveStale`](crate::features::LiveStale)), so training and decoding see the same
+    /// features.
+    pub fn from_stats(
+        stats: &BlockStats,
+        s: usize,
+        block_start: usize,
+        noise: Option<GumbelNoise>,
+        mask: TokenId,
+    ) -> Self {
+        let (ids, probs) = stats.top(s);
+        let position = (block_start + s) as u64;
+        let token = stats.token(s);
+        let hedge = noised_runner_up(stats, s, position, noise, mask);
+        Self {
+            position: s as u32,
+            token,
+            runner_up: ids.get(1).copied().unwrap_or(token),
+            confidence: stats.confidence(s),
+            entropy: stats.entropy(s),
+            tail_mass: stats.tail_mass(s),
+            hedge: hedge.map_or(token, |h| h.0),
+            hedge_prob: hedge.map_or(0.0, |h| h.1),
+            margin: noised_margin((token, stats.confidence(s)), hedge, position, noise),
+            top_probs: probs.to_vec(),
+            top_ids: ids.to_vec(),
+            hidden: stats
+                .hidden_at(s)
+                .map(|h| h.iter().map(|&v| bf16_round(v)).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The stored statistics as the drafter's features read them.
+    pub fn stale(&self) -> PositionStale<'_> {
+        PositionStale {
+            top_probs: &self.top_probs,
+            entropy: self.entropy,
+            tail_mass: self.tail_mass,
+            confidence: self.confidence,
+            hedge_prob: self.hedge_prob,
+            margin: self.margin,
+        }
+    }
+}
+
+/// The bf16 bits of `v`, rounded to nearest, ties to even (NaN stays NaN).
+pub(crate) fn bf16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    if v.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    let round = 0x7fff + ((b >> 16) & 1);
+    (b.wrapping_add(round) >> 16) as u16
+}
+
+/// `v` rounded to bf16 precision (what a stored hidden state reads back as).
+pub fn bf16_round(v: f32) -> f32 {
+    f32::from_bits(u32::from(bf16_bits(v)) << 16)
 }
 
 #[cfg(test)]

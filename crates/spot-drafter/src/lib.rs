@@ -32,6 +32,7 @@ struct ReadmeDoctests;
 pub mod analysis;
 pub mod checkpoint;
 pub mod collect;
+pub mod error;
 pub mod features;
 pub mod host;
 pub mod module_tokens;
@@ -41,6 +42,7 @@ pub mod replay;
 mod rng;
 pub mod scorer;
 pub mod sets;
+pub mod sets_file;
 pub mod sets_net;
 pub mod sets_tokens;
 pub mod sets_train;
@@ -53,8 +55,8 @@ pub mod trajectory;
 pub use analysis::{
     CalibrationKey, CalibrationPaths, TokenCalibration, TokenHits, nearest_calibration, token_hits,
 };
-pub use checkpoint::DrafterError;
 pub use collect::{CollectError, Manifest, TrajectoryDir};
+pub use error::DrafterError;
 pub use features::{
     FEATURES_VERSION, LiveStale, N_FEATURES, PositionStale, StaleSource, TOP_K, noised_margin,
     write_features,
@@ -64,9 +66,10 @@ pub use module_tokens::ModuleTokens;
 pub use network::{ConfigError, OrderModel, OrderModelConfig};
 pub use prior::PriorWeight;
 pub use replay::{ReplayCount, ReplayError, replay};
-pub use scorer::{Calibrated, LearnedScorer, unit_stale_token};
-pub use sets::{JoinTable, SetsDrafter, SetsError};
-pub use spiffy::{SpiffyGraph, SpiffyScorer};
+pub use scorer::{Calibrated, LearnedScorer};
+pub use sets::{JoinTable, SetsDrafter};
+pub use sets_file::SetsError;
+pub use spiffy::{SpiffyGraph, SpiffyScorer, unit_stale_token};
 pub use table_error::TableError;
 pub use tilt::RankTilt;
 pub use train::{

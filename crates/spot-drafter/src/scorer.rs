@@ -11,7 +11,7 @@ use crate::features::{LiveStale, noised_margin, write_features};
 use crate::host::HostOrderNet;
 use crate::network::OrderModel;
 use crate::prior::mix_rows;
-use crate::spiffy::SpiffyScorer;
+use crate::spiffy::{SpiffyScorer, unit_stale_token};
 use crate::tilt::tilt_rows;
 
 /// SPOT's order scorer: `q_φ(s | y)` from the round's stale statistics.
@@ -359,11 +359,6 @@ impl<S: OrderScorer> OrderScorer for Calibrated<S> {
             None => self.inner.token_hypotheses(ctx, nodes, i, position, out),
         }
     }
-}
-
-/// Spiffy's token rule at `position`: the stale choice alone, at weight 1 (no hedge).
-pub fn unit_stale_token(ctx: &ScoreContext<'_>, position: usize, out: &mut Vec<(TokenId, f32)>) {
-    out.push((ctx.stale.token(position), 1.0));
 }
 
 #[cfg(test)]

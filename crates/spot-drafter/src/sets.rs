@@ -29,6 +29,7 @@ use spot_core::TokenId;
 use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
 
 use crate::analysis::{bin, monotone_rates};
+use crate::sets_file::{SetsError, check_header, load_json, save_json};
 use crate::sets_net::join_examples;
 use crate::table_error::TableError;
 use crate::trajectory::Trajectory;
@@ -206,77 +207,6 @@ impl JoinTable {
     }
 }
 
-/// Errors reading or writing a set drafter file.
-#[derive(Debug, thiserror::Error)]
-pub enum SetsError {
-    /// The file could not be read or written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// The file is not a valid set drafter.
-    #[error("{path}: not a valid SPOT-Sets drafter: {reason}")]
-    Invalid {
-        /// The file.
-        path: String,
-        /// What is wrong.
-        #[source]
-        reason: TableError,
-    },
-}
-
-/// Checks a file's `(format, version)` against the expected pair.
-pub(crate) fn check_header(
-    (format, version): (&str, u32),
-    (want, want_version): (&'static str, u32),
-) -> Result<(), TableError> {
-    if format != want {
-        return Err(TableError::Format {
-            found: format.into(),
-            expected: want,
-        });
-    }
-    if version != want_version {
-        return Err(TableError::Version {
-            found: version,
-            supported: want_version,
-        });
-    }
-    Ok(())
-}
-
-/// Reads the JSON file `path` through `parse`; errors name the file.
-pub(crate) fn load_json<T>(
-    path: &Path,
-    parse: impl FnOnce(&str) -> Result<T, TableError>,
-) -> Result<T, SetsError> {
-    let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| SetsError::Io {
-        path: shown.clone(),
-        source,
-    })?;
-    parse(&text).map_err(|reason| SetsError::Invalid {
-        path: shown,
-        reason,
-    })
-}
-
-/// Writes `text` (or its serialisation error) to `path`; errors name the file.
-pub(crate) fn save_json(path: &Path, text: Result<String, TableError>) -> Result<(), SetsError> {
-    let shown = path.display().to_string();
-    let text = text.map_err(|reason| SetsError::Invalid {
-        path: shown.clone(),
-        reason,
-    })?;
-    std::fs::write(path, text).map_err(|source| SetsError::Io {
-        path: shown,
-        source,
-    })
-}
-
 /// The file format tag.
 const FORMAT: &str = "spot-sets";
 /// The file format version.
@@ -394,7 +324,8 @@ impl JoinModel for SetsDrafter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trajectory::{BlockRecord, StepRecord, StoredPosition};
+    use crate::features::StoredPosition;
+    use crate::trajectory::{BlockRecord, StepRecord};
     use spot_core::Commit;
 
     fn pos(position: u32, token: TokenId, confidence: f32) -> StoredPosition {

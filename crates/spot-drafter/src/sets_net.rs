@@ -32,11 +32,12 @@ use spot_core::{Commit, TokenId};
 use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
 
 use crate::features::MARGIN_CAP;
+use crate::features::StoredPosition;
 use crate::rng::SplitMix;
-use crate::sets::{SetsError, check_header, load_json, save_json};
+use crate::sets_file::{SetsError, check_header, load_json, save_json};
 use crate::sets_tokens::{TokenHead, TokenHeadConfig, TokenInput};
 use crate::table_error::TableError;
-use crate::trajectory::{StepRecord, StoredPosition, Trajectory};
+use crate::trajectory::{StepRecord, Trajectory};
 
 /// File name of a model folder's default learned set drafter (`spot train-sets`).
 pub const DEFAULT_SETS_NET: &str = "spot-sets-net.json";

@@ -20,10 +20,10 @@
 use serde::{Deserialize, Serialize};
 use spot_core::{GumbelNoise, TokenId};
 
+use crate::features::StoredPosition;
 use crate::rng::SplitMix;
-use crate::sets::SetsError;
+use crate::sets_file::SetsError;
 use crate::table_error::TableError;
-use crate::trajectory::StoredPosition;
 
 /// Neighbour offsets whose newly committed tokens the head reads.
 pub const NEAR: [isize; 4] = [-2, -1, 1, 2];

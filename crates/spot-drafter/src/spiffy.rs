@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use spot_core::{BlockStats, Commit, TokenId};
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size};
 
-use crate::checkpoint::DrafterError;
+use crate::error::DrafterError;
 use crate::features::StaleSource;
 use crate::trajectory::{Trajectory, examples};
 
@@ -305,7 +305,11 @@ impl OrderScorer for SpiffyScorer {
         position: usize,
         out: &mut Vec<(TokenId, f32)>,
     ) -> bool {
-        crate::scorer::unit_stale_token(ctx, position, out);
+        unit_stale_token(ctx, position, out);
         true
     }
+}
+/// Spiffy's token rule at `position`: the stale choice alone, at weight 1 (no hedge).
+pub fn unit_stale_token(ctx: &ScoreContext<'_>, position: usize, out: &mut Vec<(TokenId, f32)>) {
+    out.push((ctx.stale.token(position), 1.0));
 }

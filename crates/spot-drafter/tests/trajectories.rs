@@ -4,7 +4,8 @@
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_core::{DecodeConfig, DraftFreeDecoder, TokenId};
 use spot_drafter::features::MARGIN_CAP;
-use spot_drafter::trajectory::{FORMAT_VERSION, StoredPosition};
+use spot_drafter::features::StoredPosition;
+use spot_drafter::trajectory::FORMAT_VERSION;
 use spot_drafter::{
     CollectError, Manifest, N_FEATURES, Trajectory, TrajectoryDir, TrajectoryError, examples,
     record, write_features,
@@ -71,7 +72,7 @@ fn recording_is_draft_free_decoding_and_replays() {
                     .positions
                     .iter()
                     .fold(
-                        None::<&spot_drafter::trajectory::StoredPosition>,
+                        None::<&spot_drafter::features::StoredPosition>,
                         |b, p| match b {
                             Some(b) if b.confidence >= p.confidence => Some(b),
                             _ => Some(p),
@@ -157,7 +158,8 @@ fn file_round_trip_and_every_truncation_is_an_error() {
 fn hidden_states_are_recorded_and_version_two_still_reads() {
     use spot_core::toy::TOY_HIDDEN_DIM;
     use spot_core::{BlockDiffusionModel, BlockState, StatsQuery};
-    use spot_drafter::trajectory::{Recorder, bf16_round, record_with};
+    use spot_drafter::features::bf16_round;
+    use spot_drafter::trajectory::{Recorder, record_with};
     let c = cfg(8, 1.0, 16);
     let prompt: Vec<TokenId> = (2..13).collect();
     let want = DraftFreeDecoder::new()
