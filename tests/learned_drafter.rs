@@ -10,8 +10,9 @@ use spot_core::toy::{ToyConfig, ToyModel};
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_drafter::{
     Calibrated, LearnedScorer, OrderModel, OrderModelConfig, PriorWeight, RankTilt, SpiffyGraph,
-    SpiffyScorer, TokenCalibration, TrainConfig, record, train,
+    SpiffyScorer, TokenCalibration, record,
 };
+use spot_train::{TrainConfig, train};
 
 type B = Flex<f32>;
 
@@ -253,7 +254,7 @@ fn replay_matches<S: spot_dlm::OrderScorer + Send + 'static>(
 ) {
     use spot_dlm::BlockEnds;
     use spot_dlm::{TreeBuilder, TreeConfig};
-    use spot_drafter::replay::replay;
+    use spot_train::replay::replay;
     for fill in [0, 8] {
         let (mut live, mut replayed) = ((0, 0, 0), (0, 0, 0));
         for seed in 0..4u64 {
@@ -301,14 +302,14 @@ fn depth0_hits_are_evaluate_ons(
     tilted: &OrderModel<B>,
     trajs: &[spot_drafter::Trajectory],
 ) {
-    use spot_drafter::replay::depth0_hits;
+    use spot_train::replay::depth0_hits;
     let hits = |scorer: &mut dyn spot_dlm::OrderScorer| {
         trajs.iter().fold((0, 0), |(h, n), t| {
             let (a, b) = depth0_hits(t, scorer).unwrap();
             (h + a, n + b)
         })
     };
-    let acc = spot_drafter::evaluate_on(trained, trajs, 0);
+    let acc = spot_train::evaluate_on(trained, trajs, 0);
     let stale = hits(&mut StaleConfidenceScorer);
     assert_eq!(stale, (acc.confidence_hits[0], acc.count[0]));
     let mut raw = trained.clone();

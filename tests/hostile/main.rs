@@ -20,10 +20,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use harness::{Outcome, Seed, kind, run};
 use mutate::Format;
 use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
-use spot_drafter::{SetsDrafter, SpiffyGraph, Trajectory, TrajectoryDir, checkpoint};
+use spot_drafter::{SetsDrafter, SpiffyGraph, Trajectory, checkpoint};
 use spot_models::chat::ChatTemplate;
 use spot_models::hf::Tokenizer;
 use spot_models::{CausalLm, CpuBackend, DiffusionModel, MaskedDrafter};
+use spot_train::TrajectoryDir;
 
 #[global_allocator]
 static ALLOC: alloc::Capped = alloc::Capped;
@@ -556,7 +557,7 @@ fn trajectory_dir() -> PathBuf {
     });
     let (_, t) = spot_drafter::record(&mut m, &[3, 4, 5], &cfg, "p").unwrap();
     let dir = scratch();
-    let manifest = spot_drafter::Manifest::for_decode("toy", "p.jsonl", "prompt", &cfg);
+    let manifest = spot_train::Manifest::for_decode("toy", "p.jsonl", "prompt", &cfg);
     let d = TrajectoryDir::create_or_resume(&dir, manifest).unwrap();
     d.write(0, &t).unwrap();
     dir

@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use spot_drafter::{
     CalibrationPaths, JoinTable, ModuleTokens, OrderModel, PriorWeight, RankTilt, SetsDrafter,
-    SpiffyGraph, TokenCalibration, Trajectory, TrajectoryDir,
+    SpiffyGraph, TokenCalibration, Trajectory,
 };
+use spot_train::TrajectoryDir;
 
 /// Arguments of `spot calibrate-spiffy`.
 #[derive(clap::Args)]

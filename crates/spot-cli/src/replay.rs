@@ -1,5 +1,5 @@
 //! `spot replay`: the tree drafters' rounds re-enacted on recorded draft-free trajectories,
-//! without the target ([`spot_drafter::replay`](mod@spot_drafter::replay)): forwards per trajectory for each method,
+//! without the target ([`spot_train::replay`](mod@spot_train::replay)): forwards per trajectory for each method,
 //! budget and rank tilt, in seconds instead of the minutes live decodes take.
 
 use std::collections::BTreeMap;
@@ -7,10 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use spot_dlm::{OrderScorer, StaleConfidenceScorer, TreeBuilder, TreeConfig};
-use spot_drafter::{
-    Calibrated, LearnedScorer, PriorWeight, RankTilt, ReplayCount, SpiffyScorer, Trajectory,
-    TrajectoryDir, replay,
-};
+use spot_drafter::{Calibrated, LearnedScorer, PriorWeight, RankTilt, SpiffyScorer, Trajectory};
+use spot_train::{ReplayCount, TrajectoryDir, replay};
 
 use crate::methods::{BlockEndArgs, DrafterFileArgs, Drafters, Method};
 use crate::model_dir;
@@ -242,7 +240,7 @@ fn replay_row(row: &Row, d: &Drafters, trajs: &[Trajectory], fill: usize) -> Res
     for traj in trajs {
         n += match scorer.as_deref_mut() {
             Some(s) => replay(traj, &mut builder, s, fill)?,
-            None => spot_drafter::replay::replay_chain(traj, &mut builder, fill)?,
+            None => spot_train::replay::replay_chain(traj, &mut builder, fill)?,
         };
     }
     Ok(n)

@@ -4,10 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use spot_drafter::{
-    EpochReport, OrderModelConfig, TrainConfig, TrainObserver, TrajectoryDir, checkpoint,
-    train_from,
-};
+use spot_drafter::{OrderModelConfig, checkpoint};
+use spot_train::{EpochReport, TrainConfig, TrainObserver, TrajectoryDir, train_from};
 
 use crate::Backend;
 

@@ -392,7 +392,7 @@ pub(crate) fn nearest_temperature<T>(
 /// (their counts summed) until the rates are monotone in the bin order: non-decreasing when
 /// `increasing`, else non-increasing (pool-adjacent-violators; an empty bin adds no counts to
 /// the pool it joins).
-pub(crate) fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> Vec<f32> {
+pub fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> Vec<f32> {
     let rate = |h: u64, n: u64| (h as f64 + 1.0) / (n as f64 + 2.0);
     // Pools as (hits, count, bins).
     let mut pools: Vec<(u64, u64, usize)> = Vec::with_capacity(hits.len());
@@ -415,7 +415,7 @@ pub(crate) fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> 
 }
 
 /// The first bin whose upper edge is at least `confidence` (the last bin above every edge).
-pub(crate) fn bin(edges: &[f32], confidence: f32) -> usize {
+pub fn bin(edges: &[f32], confidence: f32) -> usize {
     edges
         .iter()
         .position(|&e| confidence <= e)

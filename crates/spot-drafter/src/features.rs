@@ -113,7 +113,7 @@ pub struct PositionStale<'a> {
     pub margin: f32,
 }
 
-/// Where stale statistics come from: the live [`BlockStats`](spot_core::BlockStats) of a round
+/// Where stale statistics come from: the live [`BlockStats`] of a round
 /// (through [`LiveStale`]), or a stored step.
 pub trait StaleSource {
     /// Statistics of position `s`, or `None` when the source holds none for it.
@@ -337,7 +337,7 @@ impl StoredPosition {
     /// What the drafter reads of position `s` of the live statistics `stats` of the block
     /// starting at absolute position `block_start`, under the decoder's noise (`None` at
     /// `T = 0`): the one definition shared by the trajectory recorder and the live scorer
-    /// ([`LiveStale`](crate::features::LiveStale)), so training and decoding see the same
+    /// ([`LiveStale`]), so training and decoding see the same
     /// features.
     pub fn from_stats(
         stats: &BlockStats,

@@ -2,25 +2,23 @@
 //!
 //! The drafter predicts which masked position of a hypothesised block state the target commits
 //! next, from nothing but the target's stale output statistics (the method and its measured
-//! figures: `docs/drafter.md` in the repository). This crate
-//! holds the parts that need no tensor library:
+//! figures: `docs/drafter.md` in the repository). This crate holds what decoding with a
+//! shipped checkpoint needs (the network is a burn `Module`, so burn's tensor and module
+//! crates come along, but not its optimiser or autodiff), plus the trajectory format and the
+//! table fitting that read trajectories. Training loops, trajectory collection and replay are
+//! in `spot-train`.
 //!
 //! - [`features`]: the 78 features per block position the order model reads, computed the
 //!   same way at training time (from stored trajectories) and at decode time (from the live
 //!   stale [`BlockStats`](spot_core::BlockStats));
 //! - [`trajectory`]: draft-free decoding trajectories (per step, the stale statistics and the
 //!   commit that followed) in a versioned binary format, recorded by a draft-free decoder;
-//! - [`collect`]: a resumable directory of trajectories with a manifest;
 //! - [`network`]: the order network `q_φ(s | y)`, a burn `Module` (0.61M parameters by
 //!   default);
 //! - [`module_tokens`]: per temperature, whether SPOT drafts the target's token module's
 //!   tokens instead of the stale ones;
 //! - [`scorer`]: the network as the tree builder's [`OrderScorer`](spot_tree::OrderScorer),
 //!   one batched call per tree depth;
-//! - [`train`](mod@train): Algorithm 1 (burn autodiff, burn-optim's Adam, held-out accuracy
-//!   by depth);
-//! - [`replay`](mod@replay): a speculative decode's rounds re-enacted on a trajectory, without the
-//!   target, to compare tree shapes and drafters quickly;
 //! - [`checkpoint`]: safetensors weights (through burn-store) plus a JSON config, validated
 //!   on load; older layouts load or are refused naming their version.
 
@@ -31,31 +29,26 @@ struct ReadmeDoctests;
 
 pub mod analysis;
 pub mod checkpoint;
-pub mod collect;
 pub mod error;
 pub mod features;
 pub mod host;
 pub mod module_tokens;
 pub mod network;
 pub mod prior;
-pub mod replay;
-mod rng;
+pub mod rng;
 pub mod scorer;
 pub mod sets;
 pub mod sets_file;
 pub mod sets_net;
 pub mod sets_tokens;
-pub mod sets_train;
 pub mod spiffy;
 pub mod table_error;
 pub mod tilt;
-pub mod train;
 pub mod trajectory;
 
 pub use analysis::{
     CalibrationKey, CalibrationPaths, TokenCalibration, TokenHits, nearest_calibration, token_hits,
 };
-pub use collect::{CollectError, Manifest, TrajectoryDir};
 pub use error::DrafterError;
 pub use features::{
     FEATURES_VERSION, LiveStale, N_FEATURES, PositionStale, StaleSource, TOP_K, noised_margin,
@@ -65,14 +58,10 @@ pub use host::HostOrderNet;
 pub use module_tokens::ModuleTokens;
 pub use network::{ConfigError, OrderModel, OrderModelConfig};
 pub use prior::PriorWeight;
-pub use replay::{ReplayCount, ReplayError, replay};
 pub use scorer::{Calibrated, LearnedScorer};
 pub use sets::{JoinTable, SetsDrafter};
 pub use sets_file::SetsError;
 pub use spiffy::{SpiffyGraph, SpiffyScorer, unit_stale_token};
 pub use table_error::TableError;
 pub use tilt::RankTilt;
-pub use train::{
-    Accuracy, EpochReport, TrainConfig, TrainError, TrainObserver, evaluate_on, train, train_from,
-};
 pub use trajectory::{Trajectory, TrajectoryError, examples, record};

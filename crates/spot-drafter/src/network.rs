@@ -17,7 +17,7 @@
 //! The network is a burn [`Module`] (`#[derive(Module)]`): its parameters are named by the
 //! module tree (`embed.weight`, `encoder.layers.0.mha.query.weight`, ...), checkpoints go
 //! through burn-store ([`crate::checkpoint`]) and training through burn-optim's Adam
-//! ([`crate::train`](mod@crate::train)).
+//! (`spot_train::train`).
 
 use burn_core as burn;
 

@@ -1,6 +1,6 @@
 //! The learned set drafter of SPOT-Sets: a small network over the target's final hidden
 //! states and the stale statistics, trained on the target's own threshold-decoding
-//! trajectories ([`crate::sets_train`]).
+//! trajectories (`spot_train::sets_train`).
 //!
 //! At a hypothesised state `j` threshold steps below the round's root, it predicts for every
 //! masked position the same four probabilities as the calibrated tables
@@ -579,7 +579,7 @@ fn by_name(
 }
 
 /// See [`SetsNet::inputs`].
-pub(crate) fn write_inputs(
+pub fn write_inputs(
     cfg: &SetsNetConfig,
     hidden: &[f32],
     scalars: &[f32; N_SCALAR],
@@ -607,7 +607,7 @@ fn affine_into(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
 }
 
 /// The logistic function.
-pub(crate) fn sigmoid(z: f32) -> f32 {
+pub fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + (-z).exp())
 }
 

@@ -18,20 +18,22 @@ use burn_tensor::activation::{log_softmax, relu};
 use burn_tensor::backend::{AutodiffBackend, Backend};
 use burn_tensor::{Int, Tensor, TensorData};
 
-use crate::analysis::bin;
-use crate::rng::SplitMix;
-use crate::sets::JoinTable;
-use crate::sets_net::{
-    JoinExample, N_OUT, N_SCALAR, NodeView, SetsNet, SetsNetConfig, join_examples, sigmoid,
-    write_inputs, write_scalars,
-};
-use crate::sets_tokens::TokenInput;
-use crate::sets_tokens::{NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics};
 use crate::train::{
     Schedule, TrainError, adam, check_settings, descend, heldout_by_prompt, no_epochs,
 };
-use crate::trajectory::Trajectory;
 use spot_core::GumbelNoise;
+use spot_drafter::analysis::bin;
+use spot_drafter::rng::SplitMix;
+use spot_drafter::sets::JoinTable;
+use spot_drafter::sets_net::{
+    JoinExample, N_OUT, N_SCALAR, NodeView, SetsNet, SetsNetConfig, join_examples, sigmoid,
+    write_inputs, write_scalars,
+};
+use spot_drafter::sets_tokens::TokenInput;
+use spot_drafter::sets_tokens::{
+    NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics,
+};
+use spot_drafter::trajectory::Trajectory;
 
 /// Trajectories decoded with one threshold.
 #[derive(Clone, Debug)]
@@ -699,7 +701,7 @@ pub fn train_token_head<B: AutodiffBackend>(
 #[cfg(test)]
 mod token_tests {
     use super::*;
-    use crate::sets_tokens::TokenInput;
+    use spot_drafter::sets_tokens::TokenInput;
 
     type Cpu = burn_flex::Flex;
 
@@ -722,7 +724,7 @@ mod token_tests {
             ids: vec![3, 7, 11, 2, 19],
             lnp: vec![-0.5, -1.0, -2.0, -1e4, -3.0],
             noise: vec![0.1, -0.3, 0.2, 0.0, 1.0],
-            near: [5, crate::sets_tokens::NO_TOKEN, 9, 0],
+            near: [5, spot_drafter::sets_tokens::NO_TOKEN, 9, 0],
         };
         let row = TokenRow {
             hidden: &hidden,

@@ -6,10 +6,8 @@ use spot_core::{DecodeConfig, DraftFreeDecoder, TokenId};
 use spot_drafter::features::MARGIN_CAP;
 use spot_drafter::features::StoredPosition;
 use spot_drafter::trajectory::FORMAT_VERSION;
-use spot_drafter::{
-    CollectError, Manifest, N_FEATURES, Trajectory, TrajectoryDir, TrajectoryError, examples,
-    record, write_features,
-};
+use spot_drafter::{N_FEATURES, Trajectory, TrajectoryError, examples, record, write_features};
+use spot_train::{CollectError, Manifest, TrajectoryDir};
 
 fn toy(seed: u64) -> ToyModel {
     ToyModel::new(ToyConfig {

@@ -23,7 +23,7 @@ use spot_core::{BlockState, BlockStats, GumbelNoise, TokenId, stats::PositionSta
 use spot_tree::{DraftTree, NodeBatch, OrderScorer, ScoreContext, TreeBuilder, TreeError};
 
 use crate::train::top_position;
-use crate::trajectory::{StepRecord, Trajectory};
+use spot_drafter::trajectory::{StepRecord, Trajectory};
 
 /// Why a trajectory cannot be replayed.
 #[derive(Debug, thiserror::Error)]
@@ -297,10 +297,10 @@ fn replay_with(
 /// step `c ≥ 1` of a block whose step makes one commit, the round rooted after steps `< c` is
 /// scored with the statistics of step `c - 1` ([`step_stats`]) and its top position (the
 /// highest score among the positions masked at the root, ties to the lower index) is compared
-/// with step `c`'s commit. The examples are [`examples`](crate::trajectory::examples)' at
+/// with step `c`'s commit. The examples are [`examples`](spot_drafter::trajectory::examples)' at
 /// depth 0, so with [`StaleConfidenceScorer`](spot_tree::StaleConfidenceScorer) the hits are
 /// the stale-confidence ones of [`evaluate_on`](crate::evaluate_on); with a
-/// [`LearnedScorer`](crate::LearnedScorer) they are those of the order SPOT decodes with (the
+/// [`LearnedScorer`](spot_drafter::LearnedScorer) they are those of the order SPOT decodes with (the
 /// network after the rank tilt and the rank-path prior of the trajectory's temperature).
 /// Returns `(hits, examples)`.
 ///

@@ -13,13 +13,13 @@ use burn_tensor::activation::log_softmax;
 use burn_tensor::backend::{AutodiffBackend, Backend};
 use burn_tensor::{Tensor, TensorData};
 
-use crate::analysis::{CalibrationPaths, TokenCalibration};
-use crate::features::{StaleSource, write_features};
-use crate::network::{ConfigError, OrderModel, OrderModelConfig};
+use spot_drafter::analysis::{CalibrationPaths, TokenCalibration};
+use spot_drafter::features::{StaleSource, write_features};
+use spot_drafter::network::{ConfigError, OrderModel, OrderModelConfig};
 use std::collections::HashMap;
 
-use crate::rng::SplitMix;
-use crate::trajectory::{StepRecord, Trajectory};
+use spot_drafter::rng::SplitMix;
+use spot_drafter::trajectory::{StepRecord, Trajectory};
 
 /// Training settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -336,7 +336,7 @@ pub enum TrainError {
     NoExamples,
     /// A set network or token head to train is malformed.
     #[error("set drafter: {0}")]
-    Table(#[from] crate::TableError),
+    Table(#[from] spot_drafter::TableError),
     /// A trajectory's hidden states are not as wide as the set network reads.
     #[error(
         "trajectory `{id}` has hidden states of width {found} (the network reads {expected}); \

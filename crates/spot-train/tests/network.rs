@@ -9,9 +9,9 @@ use spot_core::DecodeConfig;
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_drafter::checkpoint::{self, config_path};
 use spot_drafter::{
-    DrafterError, FEATURES_VERSION, N_FEATURES, OrderModel, OrderModelConfig, TrainConfig,
-    TrainError, Trajectory, record, train,
+    DrafterError, FEATURES_VERSION, N_FEATURES, OrderModel, OrderModelConfig, Trajectory, record,
 };
+use spot_train::{TrainConfig, TrainError, train};
 
 type B = Flex<f32>;
 type AB = Autodiff<Flex<f32>>;
@@ -148,7 +148,7 @@ fn training_learns_the_commit_order() {
     let held: Vec<Trajectory> = trajs.iter().skip(3).step_by(4).cloned().collect();
     let held = &held[..];
     let untrained = OrderModel::<B>::init(small(), cfg.seed, &Default::default());
-    let before = spot_drafter::evaluate_on(&untrained, held, 7);
+    let before = spot_train::evaluate_on(&untrained, held, 7);
     let (model, reports) =
         train::<AB>(&trajs, small(), &cfg, &Default::default(), &mut ()).unwrap();
     assert_eq!(reports.len(), 6);
@@ -194,7 +194,7 @@ fn training_learns_the_commit_order() {
     );
     // The returned model is the epoch with the lowest held-out loss: its evaluation agrees
     // with that epoch's report.
-    let again = spot_drafter::evaluate_on(&model, held, 7);
+    let again = spot_train::evaluate_on(&model, held, 7);
     assert_eq!(again.drafter_hits, best.heldout.drafter_hits);
     assert!((again.loss - best.heldout.loss).abs() < 1e-9);
     // It carries a token calibration per temperature fitted on the training trajectories.
@@ -213,7 +213,7 @@ fn training_from_a_checkpoint_moves_its_weights() {
     let w = dir.path().join("init.safetensors");
     checkpoint::save(&OrderModel::<B>::init(small(), 9, &Default::default()), &w).unwrap();
     let init: OrderModel<B> = checkpoint::load(&w, &Default::default()).unwrap();
-    let (model, _) = spot_drafter::train_from::<AB>(
+    let (model, _) = spot_train::train_from::<AB>(
         &trajs,
         Some(&init),
         small(),
