@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, Transition};
 
 use crate::bench_report::{Cell, Key, Skipped, write_outputs};
-use crate::methods::{self, BlockEndArgs, DraftFiles, DrafterFileArgs, Drafters, Method, Settings};
+use crate::methods::{self, BlockEndArgs, DraftFiles, DrafterFileArgs, Method, Settings};
 use crate::{load, model_dir};
 use spot_models::Family;
 
@@ -235,7 +235,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let files = a.files.files(&dir);
     let (spec, skipped) = runnable(a, &files)?;
     let mut model = load(&dir, a.dtype)?;
-    let drafters = Drafters::load_at(&spec, &files, &a.temperatures)?;
+    let drafters = crate::methods::load_drafters_at(&spec, &files, &a.temperatures)?;
     let tokenizer = model
         .tokenizer()
         .context("spot bench needs tokenizer.json in the model folder")?

@@ -14,7 +14,6 @@ use spot_dlm::BatchDriver;
 use spot_serve::load::{LoadConfig, run_blocking};
 
 use crate::decode_args::DecodeArgs;
-use crate::methods::Drafters;
 use crate::prompts::{self, ChatArgs};
 use crate::serve::{self, ServeArgs};
 use crate::{DtypeArg, load, model_dir};
@@ -78,7 +77,7 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
     let (texts, tokens, driver_wall) = {
         let mut model = load(&dir, a.dtype)?;
         model.set_approximate_prefix_cache(a.decode.approx_prefix_cache)?;
-        let drafters = Drafters::load_at(
+        let drafters = crate::methods::load_drafters_at(
             &[a.decode.method],
             &a.decode.files.files(&dir),
             &[a.decode.temperature],

@@ -119,7 +119,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let mut model = load(&dir, a.dtype)?;
     model.set_approximate_prefix_cache(a.decode.approx_prefix_cache)?;
-    let drafter = Drafters::load_at(
+    let drafter = crate::methods::load_drafters_at(
         &[a.decode.method],
         &a.decode.files.files(&dir),
         &[a.decode.temperature],

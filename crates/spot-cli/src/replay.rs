@@ -101,7 +101,7 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
     }
     let files = a.files.files(&dir);
     // Replay cannot run the token module (it needs the target): never load it.
-    let mut drafters = Drafters::load_at(&a.methods, &files, &[])?;
+    let mut drafters = crate::methods::load_drafters_at(&a.methods, &files, &[])?;
     // A prior weight needs rank paths: the checkpoint's, else the folder's Spiffy graph.
     if !a.prior_weights.is_empty()
         && drafters.spiffy().is_none()
@@ -111,7 +111,7 @@ pub fn run(a: &ReplayArgs) -> Result<()> {
     {
         let mut needed = a.methods.clone();
         needed.push(Method::Spiffy);
-        drafters = Drafters::load_at(&needed, &files, &[])?;
+        drafters = crate::methods::load_drafters_at(&needed, &files, &[])?;
     }
     let mut by_t: BTreeMap<u32, Vec<Trajectory>> = BTreeMap::new();
     for d in &a.trajectories {

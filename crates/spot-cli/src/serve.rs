@@ -6,7 +6,6 @@ use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use clap::ValueEnum;
 use spot_dlm::{BlockDiffusionModel, Request, Strategy};
 use spot_models::chat::ChatTemplate;
 use spot_models::{DiffusionModel, Family};
@@ -104,7 +103,7 @@ pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
         let mut drafters = HashMap::new();
         drafters.insert(
             decode.method,
-            Drafters::load(&[decode.method], &decode.files.files(&dir))?,
+            crate::methods::load_drafters(&[decode.method], &decode.files.files(&dir))?,
         );
         let info = model.info().clone();
         let frontend = Frontend {
@@ -148,12 +147,9 @@ fn job_request(
     d.temperature = job.temperature;
     d.seed = job.seed;
     if let Some(m) = &job.method {
-        d.method = Method::from_str(m, true).map_err(|_| {
-            let names: Vec<&str> = Method::value_variants().iter().map(|m| m.name()).collect();
-            anyhow::anyhow!("unknown `spot.method` `{m}` (one of {})", names.join(", "))
-        })?;
-        if d.method == Method::Specdiff {
-            bail!("`spot.method` `specdiff` decodes autoregressive targets only");
+        d.method = Method::parse(m).map_err(|e| anyhow::anyhow!("`spot.method`: {e}"))?;
+        if d.method.is_autoregressive() {
+            bail!("`spot.method` `{m}` decodes autoregressive targets only");
         }
     }
     if let Some(b) = job.budget {
@@ -165,7 +161,7 @@ fn job_request(
     let drafters = match drafters.entry(d.method) {
         Entry::Occupied(e) => e.into_mut(),
         Entry::Vacant(e) => e.insert(
-            Drafters::load(&[d.method], &d.files.files(dir))
+            crate::methods::load_drafters(&[d.method], &d.files.files(dir))
                 .with_context(|| format!("`spot.method` `{}`", d.method.name()))?,
         ),
     };

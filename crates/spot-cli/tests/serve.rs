@@ -115,7 +115,10 @@ fn responses_equal_spot_generate() {
     }
     // What the server cannot do is a 400 naming it.
     for (spot, needle) in [
-        (json!({"method": "nope"}), "unknown `spot.method`"),
+        (
+            json!({"method": "nope"}),
+            "`spot.method`: unknown method `nope`",
+        ),
         (json!({"budget": 0}), "`spot.budget`"),
         (json!({"method": "specdiff"}), "autoregressive"),
     ] {
