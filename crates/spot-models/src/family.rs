@@ -10,7 +10,7 @@ use crate::hf::read_json;
 /// The model families this crate runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
-    /// SDAR (`"sdar"`; `"qwen3"` is read as SDAR by [`DiffusionModel`]).
+    /// SDAR (`"sdar"`; `"qwen3"` is read as SDAR by [`crate::DiffusionModel`]).
     Sdar,
     /// LLaDA (`"llada"`).
     Llada,
