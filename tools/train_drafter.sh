@@ -51,7 +51,7 @@ echo "== rank-path prior per temperature (tuning prompts, by replay)" >&2
 SPOT="$SPOT" DRAFTER="$OUT" tools/tune_prior.sh "$WORK/prior"
 
 # The token module's tokens at T = 0 only, as measured on the tuning prompts with the shipped
-# MRP module (docs/benchmarks.md, "SPOT with the token module at T = 0"); a folder without
+# MRP module (docs/notes/2026-12-05-benchmarks-log.md, "SPOT with the token module at T = 0"); a folder without
 # mrp.json drafts stale tokens whatever this says.
 echo "== token source per temperature" >&2
 $SPOT calibrate-order --drafter "$OUT" --module-tokens 0:on,1:off,2:off

@@ -311,9 +311,12 @@ pub(crate) fn check_forward(
 
 /// A model wrapped with work counters and output validation.
 ///
-/// Every decoder in the workspace talks to the model only through this type, so NFE and
-/// positions are counted the same way for draft-free and speculative decoding, and every
-/// forward's statistics are checked (shape, finiteness, ranges) before a decoder trusts them.
+/// The verifier (`spot_verify::Verifier`) talks to the model through this type, so its NFE
+/// and positions are counted the same way as a [`crate::Request`]'s, and every forward's
+/// statistics are checked (shape, finiteness, ranges) before it trusts them. The request
+/// state machine ([`crate::run_request`], [`crate::BatchDriver`]) counts and checks its own
+/// forwards with the same [`Meter`] and checks; routing those through this type too is open
+/// work (issue 46).
 pub struct MeteredModel<'m> {
     model: &'m mut dyn BlockDiffusionModel,
     info: ModelInfo,
