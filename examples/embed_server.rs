@@ -13,6 +13,7 @@
 //! `models/sdar-tiny-code`.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -40,10 +41,13 @@ fn request(
         )
         .into());
     }
-    if !drafters.contains_key(&method) {
-        let loaded = Drafters::load(&[method], &DraftFiles::in_folder(dir), &Default::default())?;
-        drafters.insert(method, loaded);
-    }
+    let drafters = match drafters.entry(method) {
+        Entry::Occupied(e) => e.into_mut(),
+        Entry::Vacant(e) => {
+            let files = DraftFiles::in_folder(dir);
+            e.insert(Drafters::load(&[method], &files, &Default::default())?)
+        }
+    };
     let settings = Settings {
         budget: job.budget.unwrap_or(8),
         ..Settings::default()
