@@ -58,14 +58,7 @@ fn request(
         seed: job.seed,
         ..DecodeConfig::for_model(model.info())
     };
-    let s = strategy(
-        method,
-        settings,
-        &drafters[&method],
-        model,
-        (&job.prompt, &cfg),
-        None,
-    )?;
+    let s = strategy(method, settings, drafters, model, (&job.prompt, &cfg), None)?;
     Ok(Request::new(&job.prompt, &cfg, model.info(), s)?)
 }
 
