@@ -8,12 +8,12 @@ use spot_core::{
     PrefixUpdate, ScoreGroup, StatsQuery, TokenId,
 };
 
-use crate::error::{ModelError, Result};
 use crate::family::Family;
-use crate::hf::Tokenizer;
 use crate::logits::Logits;
 use crate::precision::Precision;
 use crate::{Dream, Llada, Llada2Moe, Sdar};
+use spot_hf::hf::Tokenizer;
+use spot_hf::{ModelError, Result};
 
 /// A block-diffusion model of any family, chosen by `config.json`.
 ///

@@ -17,12 +17,12 @@ use spot_core::{ArInfo, AutoregressiveModel, BlockStats, StatsQuery, TokenId};
 use crate::attention::{Attend, Kv};
 use crate::config::DecoderConfig;
 use crate::dense::{QWEN_NAMES, dense_net};
-use crate::error::{ModelError, Result};
 use crate::frame::{Frame, open};
 use crate::head::RowPlan;
 use crate::logits::Logits;
 use crate::precision::Precision;
 use crate::transformer::{Net, Segment};
+use spot_hf::{ModelError, Result};
 
 /// A causal language model (`model_type` `"llama"`, `"qwen2"` or `"qwen3"`) on backend `B`.
 ///

@@ -13,11 +13,11 @@ use spot_core::{
 };
 
 use crate::attention::{Attend, Kv};
-use crate::error::Result;
 use crate::frame::{Frame, NoiseCache};
 use crate::head::RowPlan;
 use crate::logits::Logits;
 use crate::transformer::{Net, Segment};
+use spot_hf::Result;
 
 /// One request's committed prefix, its KV cache and the Gumbel rows of its current block.
 pub(crate) struct PrefixSlot<B: Backend> {

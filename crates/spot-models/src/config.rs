@@ -5,10 +5,10 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::dense::DenseSpec;
-use crate::error::{ModelError, Result};
 use crate::frame::FolderFacts;
-use crate::hf::read_json;
 use crate::transformer::Geometry;
+use spot_hf::hf::read_json;
+use spot_hf::{ModelError, Result};
 
 fn default_theta() -> f64 {
     10_000.0

@@ -5,11 +5,11 @@
 use burn_tensor::backend::Backend;
 
 use crate::attention::Attention;
-use crate::error::Result;
-use crate::hf::Weights;
 use crate::loader::Loader;
 use crate::precision::Precision;
 use crate::transformer::{Geometry, Layer, Mlp, Net};
+use spot_hf::Result;
+use spot_hf::hf::Weights;
 
 /// Tensor names of a dense decoder; layer names are `layer` with `{n}` replaced, then the part
 /// name and `.weight` (biases: the projection name and `.bias`).

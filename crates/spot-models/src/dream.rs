@@ -17,10 +17,10 @@ use spot_core::BlockLayout;
 
 use crate::config::DecoderConfig;
 use crate::dense::{QWEN_NAMES, dense_net};
-use crate::error::Result;
 use crate::frame::open;
 use crate::full_sequence::FullSequence;
 use crate::precision::Precision;
+use spot_hf::Result;
 
 /// `config.json` of a Dream checkpoint: Qwen2 fields, `model_type` `"Dream"`.
 pub type DreamConfig = DecoderConfig;

@@ -4,8 +4,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::error::{ModelError, Result};
-use crate::hf::read_json;
+use spot_hf::hf::read_json;
+use spot_hf::{ModelError, Result};
 
 /// The model families this crate runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

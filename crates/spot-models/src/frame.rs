@@ -7,12 +7,12 @@ use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
 use spot_core::{BlockState, BlockStats, StatsQuery, TokenId};
 
-use crate::error::{ModelError, Result};
 use crate::head::{Head, MaskTerms, NoiseRows, RowPlan, mask_bias};
-use crate::hf::{Tokenizer, generation_stop_ids, token_ids};
 use crate::host_head::RowJob;
 use crate::reduce::noise_table;
 use crate::values::host_values;
+use spot_hf::hf::{Tokenizer, generation_stop_ids, token_ids};
+use spot_hf::{ModelError, Result};
 
 /// Folder-level facts and per-request state shared by the model wrappers.
 pub(crate) struct Frame<B: Backend> {
@@ -128,11 +128,11 @@ pub(crate) fn open<B: Backend>(
     cfg: &impl FolderFacts,
     mask_tokens: Option<&[&str]>,
     device: &B::Device,
-) -> Result<(Frame<B>, crate::hf::Weights)> {
+) -> Result<(Frame<B>, spot_hf::hf::Weights)> {
     let files = FolderFiles::read(dir, cfg, mask_tokens)?;
     let mut frame = Frame::new(dir, cfg.vocab(), cfg.max_positions(), files, device);
     frame.block_size = cfg.block_size();
-    Ok((frame, crate::hf::Weights::open(dir)?))
+    Ok((frame, spot_hf::hf::Weights::open(dir)?))
 }
 
 /// What a folder's small files say besides `config.json`, read without a device.
@@ -190,7 +190,7 @@ macro_rules! folder_accessors {
         }
 
         /// The tokenizer, when the folder has one.
-        pub fn tokenizer(&self) -> Option<&crate::hf::Tokenizer> {
+        pub fn tokenizer(&self) -> Option<&spot_hf::hf::Tokenizer> {
             self.frame.tokenizer.as_ref()
         }
 

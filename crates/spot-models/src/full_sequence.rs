@@ -28,11 +28,11 @@ use spot_core::{
 
 use crate::attention::{Attend, Kv};
 use crate::block_causal::diffusion_info;
-use crate::error::Result;
 use crate::frame::{Frame, NoiseCache};
 use crate::head::RowPlan;
 use crate::logits::Logits;
 use crate::transformer::{Net, Segment};
+use spot_hf::Result;
 
 /// One request's prefix, generation end, approximate cache and Gumbel rows.
 struct SequenceSlot<B: Backend> {

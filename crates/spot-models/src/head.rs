@@ -7,11 +7,11 @@ use burn_tensor::{DType, Int, Tensor, TensorData};
 use spot_core::stats::PositionStats;
 use spot_core::{BlockState, BlockStats, ConfidenceRule, StatsQuery, TokenId};
 
-use crate::error::Result;
 use crate::host_head::{HostHead, RowJob, RowStats};
 use crate::logits::Logits;
 use crate::reduce::{reduce, upload};
 use crate::values::{host_values, runs_on_host, transposed};
+use spot_hf::Result;
 
 /// Where a model computes its output layer and the reduction to statistics.
 ///

@@ -18,8 +18,8 @@ use rayon::prelude::*;
 use spot_core::fastmath::fast_exp;
 use spot_core::{ConfidenceRule, StatsQuery, TokenId};
 
-use crate::error::{ModelError, Result};
 use crate::logits::Logits;
+use spot_hf::{ModelError, Result};
 
 /// Vocabulary columns per packed panel (one 16-lane or two 8-lane vectors).
 const PANEL: usize = 16;

@@ -44,16 +44,13 @@ mod any;
 mod attention;
 mod autoregressive;
 mod block_causal;
-pub mod chat;
 mod config;
 mod dense;
 mod dream;
-mod error;
 mod family;
 mod frame;
 mod full_sequence;
 mod head;
-pub mod hf;
 mod host_head;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod kernel_cache;
@@ -69,7 +66,6 @@ mod precision;
 mod reduce;
 mod rope;
 mod sdar;
-mod stop;
 mod summary;
 mod swiglu;
 mod transformer;
@@ -80,7 +76,6 @@ pub use autoregressive::CausalLm;
 pub use block_causal::BlockCausal;
 pub use config::DecoderConfig;
 pub use dream::{Dream, DreamConfig};
-pub use error::{ModelError, Result};
 pub use family::Family;
 pub use full_sequence::FullSequence;
 pub use head::HeadPlacement;
@@ -97,7 +92,8 @@ pub use mrp::{
 };
 pub use precision::Precision;
 pub use sdar::{Sdar, SdarConfig};
-pub use stop::StopStrings;
+pub use spot_hf::StopStrings;
+pub use spot_hf::{ModelError, Result, chat, hf};
 pub use summary::FolderSummary;
 
 /// The CPU backend when only the `ndarray` feature is enabled.

@@ -19,12 +19,12 @@ use spot_core::BlockLayout;
 
 use crate::config::Checker;
 use crate::dense::{DenseNames, DenseSpec, dense_net};
-use crate::error::Result;
 use crate::frame::{FolderFacts, open};
 use crate::full_sequence::FullSequence;
-use crate::hf::read_json;
 use crate::precision::Precision;
 use crate::transformer::Geometry;
+use spot_hf::Result;
+use spot_hf::hf::read_json;
 
 /// LLaDA's tensor names (OLMo style).
 const LLADA_NAMES: DenseNames = DenseNames {

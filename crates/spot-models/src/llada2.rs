@@ -24,12 +24,12 @@ use serde::Deserialize;
 use crate::attention::Attention;
 use crate::block_causal::BlockCausal;
 use crate::config::{Checker, DecoderConfig};
-use crate::error::Result;
 use crate::frame::{FolderFacts, open};
 use crate::loader::Loader;
 use crate::moe::{MoeParts, Routing};
 use crate::precision::Precision;
 use crate::transformer::{Layer, Mlp, Net};
+use spot_hf::Result;
 
 fn one() -> usize {
     1
@@ -119,7 +119,7 @@ impl Llada2Config {
     /// Reads and checks `dir/config.json`.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let cfg: Self = crate::hf::read_json(&path)?;
+        let cfg: Self = spot_hf::hf::read_json(&path)?;
         cfg.check(&path)?;
         Ok(cfg)
     }

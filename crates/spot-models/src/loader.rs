@@ -3,12 +3,12 @@
 use burn_tensor::backend::Backend;
 use burn_tensor::{DType, Tensor, TensorData};
 
-use crate::error::{ModelError, Result};
 use crate::head::{Head, HeadPlacement};
-use crate::hf::Weights;
 use crate::linear::Dense;
 use crate::moe::{Moe, MoeParts};
 use crate::values::transposed;
+use spot_hf::hf::Weights;
+use spot_hf::{ModelError, Result};
 
 /// Loads tensors by their HF names onto a device, in the layouts [`Net`] uses.
 pub(crate) struct Loader<'w, B: Backend> {

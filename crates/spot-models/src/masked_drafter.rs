@@ -20,9 +20,9 @@ use spot_specdiff::{DiffusionDrafter, Marginals};
 
 use crate::attention::Attend;
 use crate::autoregressive::CausalLm;
-use crate::error::{ModelError, Result};
 use crate::head::RowPlan;
 use crate::transformer::Segment;
+use spot_hf::{ModelError, Result};
 
 /// The drafter's own file next to `config.json`.
 pub const DRAFTER_FILE: &str = "specdiff-drafter.json";

@@ -31,15 +31,15 @@ use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, fill_normalised
 use crate::attention::Attend;
 use crate::config::DecoderConfig;
 use crate::dense::{DenseNames, QWEN_NAMES, dense_net};
-use crate::error::{ModelError, Result};
 use crate::head::{MaskTerms, NoiseRows, mask_bias};
-use crate::hf::{Weights, read_json};
 use crate::host_head::{RowJob, RowStats};
 use crate::loader::Loader;
 use crate::precision::Precision;
 use crate::reduce::noise_table;
 use crate::transformer::{Net, Segment, rms_norm};
 use crate::values::host_values;
+use spot_hf::hf::{Weights, read_json};
+use spot_hf::{ModelError, Result};
 
 /// File name of a model folder's default MRP module description (`mrp.safetensors` next to
 /// it holds the weights).

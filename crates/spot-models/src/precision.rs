@@ -3,8 +3,8 @@
 use burn_tensor::DType;
 use burn_tensor::backend::Backend;
 
-use crate::error::{ModelError, Result};
-use crate::hf::Weights;
+use spot_hf::hf::Weights;
+use spot_hf::{ModelError, Result};
 
 /// The float type of a model's weights and activations on the device.
 ///

@@ -9,9 +9,9 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{StatsQuery, TokenId};
 
-use crate::error::{ModelError, Result};
 use crate::host_head::RowStats;
 use crate::values::host_values;
+use spot_hf::{ModelError, Result};
 
 fn to_ids<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Vec<TokenId> {
     t.into_data().iter::<i64>().map(|x| x as TokenId).collect()

@@ -15,9 +15,9 @@ use burn_tensor::backend::Backend;
 use crate::block_causal::BlockCausal;
 use crate::config::{Checker, DecoderConfig};
 use crate::dense::{QWEN_NAMES, dense_net};
-use crate::error::Result;
 use crate::frame::open;
 use crate::precision::Precision;
+use spot_hf::Result;
 
 /// `config.json` of an SDAR (or plain Qwen3) checkpoint: `model_type` `"sdar"` or `"qwen3"`,
 /// no attention bias.

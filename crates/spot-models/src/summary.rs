@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::config::DecoderConfig;
-use crate::error::Result;
 use crate::family::Family;
 use crate::frame::{FolderFacts, FolderFiles};
-use crate::hf::{Tokenizer, Weights};
 use crate::{Llada2Config, LladaConfig};
+use spot_hf::Result;
+use spot_hf::hf::{Tokenizer, Weights};
 
 /// What `config.json`, `generation_config.json`, `tokenizer.json` and the safetensors headers
 /// (`model.safetensors`, or the shards of `model.safetensors.index.json`) say about a model

@@ -18,7 +18,7 @@ use spot_core::{
     BatchDriver, CancelHandle, DecodeOutput, MultiRequestModel, Request, RequestId, StepStrategy,
     TokenId,
 };
-use spot_models::StopStrings;
+use spot_hf::StopStrings;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// A boxed error of a [`Factory`].

@@ -3,8 +3,8 @@
 //! engine thread.
 
 use spot_core::TokenId;
-use spot_models::chat::ChatTemplate;
-use spot_models::hf::Tokenizer;
+use spot_hf::chat::ChatTemplate;
+use spot_hf::hf::Tokenizer;
 
 use crate::error::ApiError;
 
@@ -81,7 +81,7 @@ impl Frontend {
     pub(crate) fn text(
         &self,
         tokens: &[TokenId],
-        stops: Option<&spot_models::StopStrings>,
+        stops: Option<&spot_hf::StopStrings>,
     ) -> Result<String, String> {
         let mut text = self.tokenizer.decode(tokens).map_err(|e| e.to_string())?;
         if let Some(s) = stops {

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 use spot_core::TokenId;
-use spot_models::StopStrings;
+use spot_hf::StopStrings;
 
 use crate::body::{Fields, kind};
 use crate::engine::{Job, JobSpec};

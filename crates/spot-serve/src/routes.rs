@@ -271,7 +271,7 @@ struct Run {
     shared: Arc<Shared>,
     rx: UnboundedReceiver<Event>,
     guard: Cancel,
-    stops: Option<spot_models::StopStrings>,
+    stops: Option<spot_hf::StopStrings>,
     choices: Vec<ChoiceText>,
     left: usize,
     max_tokens: usize,

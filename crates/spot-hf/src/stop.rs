@@ -48,9 +48,9 @@ impl StopStrings {
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sdar-tiny");
-    /// # let tokenizer = spot_models::hf::Tokenizer::open(&dir)?;
-    /// let stops = spot_models::StopStrings::new(&tokenizer, vec!["\n\n".into(), "END".into()])?;
+    /// # let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../spot-models/tests/fixtures/sdar-tiny");
+    /// # let tokenizer = spot_hf::hf::Tokenizer::open(&dir)?;
+    /// let stops = spot_hf::StopStrings::new(&tokenizer, vec!["\n\n".into(), "END".into()])?;
     /// assert_eq!(stops.streamable("x = 1\n"), "x = 1");
     /// assert_eq!(stops.streamable("x = 1 EN"), "x = 1 ");
     /// assert_eq!(stops.streamable("x = 1 END y"), "x = 1 ");

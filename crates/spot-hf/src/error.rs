@@ -93,7 +93,8 @@ pub enum ModelError {
 }
 
 impl ModelError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    /// A [`ModelError::Io`] for `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ModelError::Io {
             path: path.into(),
             source,

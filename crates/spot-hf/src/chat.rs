@@ -10,7 +10,7 @@
 //! writes `json.dumps(ensure_ascii=False)` output.
 //!
 //! ```
-//! use spot_models::chat::{ChatTemplate, Message};
+//! use spot_hf::chat::{ChatTemplate, Message};
 //!
 //! let t = ChatTemplate::new(
 //!     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}\
@@ -20,7 +20,7 @@
 //! )?;
 //! let text = t.render(&[Message::user(" Hello! ")], true)?;
 //! assert_eq!(text, "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n");
-//! # Ok::<(), spot_models::ModelError>(())
+//! # Ok::<(), spot_hf::ModelError>(())
 //! ```
 
 use std::path::{Path, PathBuf};
