@@ -6,7 +6,7 @@
 #
 # DIR gets config.json, generation_config.json, model.safetensors (~540 MB), tokenizer.json,
 # tokenizer_config.json and conversion.json (written last: provenance, the sha256 of the GGUF
-# and of model.safetensors). The Rust test crates/spot-models/tests/smollm2.rs compares DIR
+# and of model.safetensors). The Rust test tests/smollm2.rs compares DIR
 # with the reference committed under crates/spot-models/tests/fixtures/smollm2/, which
 # tools/oracle/smollm2_reference.py (torch + transformers) writes once, from such a folder.
 # Never point DIR inside the repository.

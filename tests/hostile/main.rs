@@ -301,7 +301,7 @@ fn order_drafter(dir: &Path) -> Outcome {
 /// Order-drafter checkpoints of both layouts: layout 1 (the committed fixture) and layout 2
 /// (the same network saved by this version).
 fn drafter_seeds(file: &str, format: Format) -> Vec<Seed> {
-    let data = root().join("crates/spot-drafter/tests/data");
+    let data = root().join("crates/spot-train/tests/data");
     let v1 = scratch();
     std::fs::copy(
         data.join("drafter-v1.safetensors"),

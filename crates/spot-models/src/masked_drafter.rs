@@ -16,7 +16,6 @@ use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
 use serde::Deserialize;
 use spot_core::{AutoregressiveModel, StatsQuery, TokenId};
-use spot_specdiff::{DiffusionDrafter, Marginals};
 
 use crate::attention::Attend;
 use crate::autoregressive::CausalLm;
@@ -131,6 +130,11 @@ impl<B: Backend> MaskedDrafter<B> {
         self
     }
 
+    /// Candidates per drafted position.
+    pub fn candidates(&self) -> usize {
+        self.top_k
+    }
+
     /// The drafter file.
     pub fn file(&self) -> &DrafterFile {
         &self.file
@@ -141,7 +145,16 @@ impl<B: Backend> MaskedDrafter<B> {
         &self.lm
     }
 
-    fn run(&mut self, context: &[TokenId], gamma: usize) -> Result<Vec<spot_core::BlockStats>> {
+    /// The drafter's statistics for the `gamma` positions after `context` (T = 0, the
+    /// untempered distribution, [`MaskedDrafter::candidates`] entries per position): one
+    /// [`spot_core::BlockStats`] whose position `i` is the marginal of token
+    /// `context.len() + i`. SpecDiff-2 reads it through `spot_specdiff`'s `DiffusionDrafter`
+    /// (its `models` feature).
+    pub fn draft(
+        &mut self,
+        context: &[TokenId],
+        gamma: usize,
+    ) -> Result<Vec<spot_core::BlockStats>> {
         // The cache keeps the longest common prefix with the last context, at least one
         // token short of this one (the last token's hidden state is read every round).
         let keep = self
@@ -187,40 +200,5 @@ impl<B: Backend> MaskedDrafter<B> {
             &query,
         )?;
         Ok(stats)
-    }
-}
-
-impl<B: Backend> DiffusionDrafter for MaskedDrafter<B> {
-    fn name(&self) -> &str {
-        "masked-drafter"
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.lm.ar_info().vocab_size
-    }
-
-    fn propose(
-        &mut self,
-        context: &[TokenId],
-        gamma: usize,
-        out: &mut Marginals,
-    ) -> spot_core::Result<()> {
-        *out = Marginals::new(self.top_k);
-        if context.is_empty() || gamma == 0 {
-            return Ok(());
-        }
-        let stats = self.run(context, gamma)?;
-        let Some(s) = stats.first() else {
-            return Err(spot_core::Error::ShapeMismatch {
-                what: "drafter statistics",
-                expected: 1,
-                actual: 0,
-            });
-        };
-        for i in 0..s.len() {
-            let (ids, probs) = s.top(i);
-            out.push(ids, probs)?;
-        }
-        Ok(())
     }
 }

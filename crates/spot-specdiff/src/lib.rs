@@ -39,6 +39,8 @@
 pub mod decoder;
 pub mod drafter;
 pub mod lookup;
+#[cfg(feature = "models")]
+pub mod masked;
 pub mod select;
 pub mod store;
 pub mod toy;

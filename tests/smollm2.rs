@@ -68,7 +68,7 @@ struct Conversion {
 }
 
 fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/spot-models/tests/fixtures/smollm2")
 }
 
 /// The folder named by `SPOT_SMOLLM2` when it is complete; otherwise a skip (printed straight

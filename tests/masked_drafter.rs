@@ -3,14 +3,18 @@
 //! SpecDiff-2 with it returning the target's own tokens.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use std::path::{Path, PathBuf};
 
-use std::path::Path;
-
-use common::fixture;
 use spot_core::{ArConfig, AutoregressiveModel, StatsQuery, decode_autoregressive};
 use spot_models::{CausalLm, CpuBackend, DRAFTER_FILE, MaskedDrafter, ModelError};
 use spot_specdiff::{DiffusionDrafter, Marginals, SpecDiffConfig, SpecDiffDecoder};
+
+/// A committed fixture of spot-models.
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates/spot-models/tests/fixtures")
+        .join(name)
+}
 
 /// A drafter folder: the fixture's files and `drafter_json`.
 fn drafter_dir(drafter_json: &str) -> tempfile::TempDir {
