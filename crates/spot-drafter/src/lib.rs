@@ -15,6 +15,8 @@
 //!   commit that followed) in a versioned binary format, recorded by a draft-free decoder;
 //! - [`network`]: the order network `q_φ(s | y)`, a burn `Module` (0.61M parameters by
 //!   default);
+//! - [`mrp`]: the MRP baseline as an order scorer (`MrpScorer`) and the module's tokens for
+//!   any order (`MrpTokens`, SPOT's T = 0 default), over `spot_models::Mrp`;
 //! - [`module_tokens`]: per temperature, whether SPOT drafts the target's token module's
 //!   tokens instead of the stale ones;
 //! - [`scorer`]: the network as the tree builder's [`OrderScorer`](spot_tree::OrderScorer),
@@ -33,6 +35,7 @@ pub mod error;
 pub mod features;
 pub mod host;
 pub mod module_tokens;
+pub mod mrp;
 pub mod network;
 pub mod prior;
 pub mod rng;

@@ -3,7 +3,7 @@
 //!
 //! A token module reads the target's hidden states and corrects its stale logits before the
 //! decoder's own rule picks each drafted position's token (the MRP module,
-//! `spot_models::MrpTokens`; it belongs to one target and sits in its model folder). SPOT's
+//! `spot_drafter::mrp::MrpTokens`; it belongs to one target and sits in its model folder). SPOT's
 //! learned order still ranks the positions and its calibrated weights still give the tree's
 //! masses; only the token at each drafted position changes. Whether that pays depends on the
 //! temperature: at `T = 0` on the shipped target the module's tokens take SPOT from 75.80 to

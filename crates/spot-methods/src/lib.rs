@@ -38,11 +38,12 @@ use spot_dlm::{
     DraftFreeDecoder, MatchRule, OracleScorer, Request, SetTreeConfig, SpotDecoder, SpotReport,
     StaleConfidenceScorer, StaleThresholdJoin, Strategy, TokenOracleScorer, run_request,
 };
+use spot_drafter::mrp::{MrpScorer, MrpTokens};
 use spot_drafter::sets_net::SetsNet;
 use spot_drafter::{
     Calibrated, LearnedScorer, OrderModel, SetsDrafter, SpiffyGraph, SpiffyScorer, TokenCalibration,
 };
-use spot_models::{DEFAULT_MRP, Mrp, MrpScorer, MrpTokens};
+use spot_models::{DEFAULT_MRP, Mrp};
 
 mod error;
 pub use error::MethodError;

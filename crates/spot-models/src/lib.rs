@@ -87,7 +87,7 @@ pub use llada2::{Llada2Config, Llada2Moe};
 pub use logits::Logits;
 pub use masked_drafter::{DRAFTER_FILE, DRAFTER_FORMAT, DrafterFile, MaskedDrafter};
 pub use mrp::{
-    DEFAULT_MRP, MRP_FORMAT, Mrp, MrpFile, MrpReference, MrpScorer, MrpTokens, ReferencePosition,
+    DEFAULT_MRP, MRP_FORMAT, Mrp, MrpChoice, MrpFile, MrpReducer, MrpReference, ReferencePosition,
     mrp_weights_path,
 };
 pub use precision::Precision;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use spot_core::{BlockDiffusionModel, BlockState, ConfidenceRule, StatsQuery, TokenId};
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
-use spot_models::{CpuBackend, DEFAULT_MRP, ModelError, Mrp, MrpFile, MrpScorer, MrpTokens, Sdar};
+use spot_drafter::mrp::{MrpScorer, MrpTokens};
+use spot_models::{CpuBackend, DEFAULT_MRP, ModelError, Mrp, MrpFile, Sdar};
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
 
 fn model_dir() -> PathBuf {
