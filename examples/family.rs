@@ -100,11 +100,13 @@ fn diffusion(a: &Args) -> Result<(), Error> {
         .cloned()
         .ok_or("the folder has no tokenizer.json")?;
     let ids = prompt_ids(a, &tok)?;
+    // The family's own defaults (block size, stop ids, block layout: LLaDA decodes after the
+    // prompt), with this run's length and, when given, block size.
+    let defaults = DecodeConfig::for_model(model.info());
     let cfg = DecodeConfig {
-        block_size: a.block_size.or(model.block_size()).unwrap_or(32),
+        block_size: a.block_size.unwrap_or(defaults.block_size),
         max_new_tokens: a.max_new,
-        stop_ids: model.info().stop_ids.clone(),
-        ..DecodeConfig::default()
+        ..defaults
     };
     println!(
         "{}: {} parameters, block size {}",
