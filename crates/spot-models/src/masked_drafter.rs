@@ -45,17 +45,17 @@ pub struct DrafterFile {
 }
 
 /// A masked-diffusion drafter for an autoregressive target (see the module documentation).
+/// SpecDiff-2 decodes with it through `spot_specdiff::SpecDiffDecoder` (spot-specdiff's
+/// `models` feature implements its `DiffusionDrafter` for this type); on its own it gives the
+/// drafted marginals:
 ///
 /// ```no_run
-/// use spot_core::{decode_autoregressive, ArConfig};
-/// use spot_models::{CausalLm, CpuBackend, MaskedDrafter};
-/// use spot_specdiff::{SpecDiffConfig, SpecDiffDecoder};
+/// use spot_models::{CpuBackend, MaskedDrafter};
 /// let device = Default::default();
-/// let mut target = CausalLm::<CpuBackend>::load("SmolLM2-135M-Instruct".as_ref(), &device)?;
 /// let mut drafter = MaskedDrafter::<CpuBackend>::load("smollm2-drafter".as_ref(), &device)?;
-/// let cfg = ArConfig { max_new_tokens: 64, ..ArConfig::default() };
-/// let out = SpecDiffDecoder::new(SpecDiffConfig::default())?
-///     .decode(&mut target, &mut drafter, &[1, 2, 3], &cfg)?;
+/// // The marginals of the 8 tokens after the context, `candidates()` ids each.
+/// let stats = drafter.draft(&[1, 2, 3], 8)?;
+/// assert_eq!(stats[0].len(), 8);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct MaskedDrafter<B: Backend> {
