@@ -73,7 +73,7 @@ impl Manifest {
     ///
     /// ```
     /// use spot_core::{DecodeConfig, Transition};
-    /// use spot_drafter::collect::Manifest;
+    /// use spot_train::collect::Manifest;
     /// let cfg = DecodeConfig { transition: Transition::Threshold { tau: 0.9 }, ..DecodeConfig::default() };
     /// let m = Manifest::for_decode("m", "p.jsonl", "prompt", &cfg);
     /// assert_eq!(m.threshold, Some(0.9));

@@ -178,7 +178,7 @@ pub fn step_stats(
 ///
 /// ```
 /// use spot_core::{DecodeConfig, toy::{ToyConfig, ToyModel}};
-/// use spot_drafter::replay::replay;
+/// use spot_train::replay::replay;
 /// use spot_drafter::trajectory::record;
 /// use spot_tree::{StaleConfidenceScorer, TreeBuilder, TreeConfig};
 /// let mut model = ToyModel::new(ToyConfig { vocab_size: 64, mask_id: 63, ..ToyConfig::default() });
@@ -306,7 +306,8 @@ fn replay_with(
 ///
 /// ```
 /// use spot_core::{DecodeConfig, toy::{ToyConfig, ToyModel}};
-/// use spot_drafter::{examples, record, replay::depth0_hits};
+/// use spot_drafter::{examples, record};
+/// use spot_train::replay::depth0_hits;
 /// use spot_tree::StaleConfidenceScorer;
 /// let mut m = ToyModel::new(ToyConfig::default());
 /// let cfg = DecodeConfig { block_size: 8, max_new_tokens: 16, early_stop: false, ..DecodeConfig::default() };
