@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use spot_dlm::{BlockDiffusionModel, DecodeConfig, Request, Strategy};
-use spot_methods::{DraftFiles, Drafters, Method, Settings, strategy};
+use spot_methods::{DraftFiles, Drafters, Method, Settings, request};
 use spot_models::chat::ChatTemplate;
 use spot_models::{CpuBackend, DiffusionModel};
 use spot_serve::load::{LoadConfig, run_blocking};
@@ -27,7 +27,7 @@ use spot_serve::{BoxError, Defaults, Engine, Frontend, JobSpec, ServeConfig, Ser
 type Model = DiffusionModel<CpuBackend>;
 
 /// A job's request: its method (the request's, else `df`), that method's drafters loaded once.
-fn request(
+fn job_request(
     dir: &Path,
     drafters: &mut HashMap<Method, Drafters<CpuBackend>>,
     model: &mut Model,
@@ -58,8 +58,13 @@ fn request(
         seed: job.seed,
         ..DecodeConfig::for_model(model.info())
     };
-    let s = strategy(method, settings, drafters, model, (&job.prompt, &cfg), None)?;
-    Ok(Request::new(&job.prompt, &cfg, model.info(), s)?)
+    Ok(request(
+        method,
+        settings,
+        drafters,
+        model,
+        (&job.prompt, &cfg),
+    )?)
 }
 
 fn start(dir: PathBuf, addr: &str) -> Result<Server, BoxError> {
@@ -93,7 +98,7 @@ fn start(dir: PathBuf, addr: &str) -> Result<Server, BoxError> {
         };
         let mut drafters = HashMap::new();
         let factory =
-            Box::new(move |m: &mut Model, job: &JobSpec| request(&dir, &mut drafters, m, job));
+            Box::new(move |m: &mut Model, job: &JobSpec| job_request(&dir, &mut drafters, m, job));
         Ok((frontend, Engine { model, factory }))
     })?)
 }

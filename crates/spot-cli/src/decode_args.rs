@@ -154,15 +154,8 @@ impl DecodeArgs {
         (prompt, cfg): (&[u32], &DecodeConfig),
         stops: Option<StopStrings>,
     ) -> Result<Request<Strategy>> {
-        let strategy = methods::strategy(
-            self.method,
-            self.settings(),
-            drafters,
-            model,
-            (prompt, cfg),
-            None,
-        )?;
-        let request = Request::new(prompt, cfg, model.info(), strategy)?;
+        let request =
+            methods::request(self.method, self.settings(), drafters, model, (prompt, cfg))?;
         Ok(match stops {
             Some(s) => request.with_stop_check(s),
             None => request,

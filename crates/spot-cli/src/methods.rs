@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use spot_dlm::BlockEnds;
 pub use spot_methods::{
-    DEFAULT_DRAFTER, DraftFiles, Method, REUSE_BELOW, Settings, missing_hint, run, strategy,
+    DEFAULT_DRAFTER, DraftFiles, Method, REUSE_BELOW, Settings, missing_hint, request, run,
 };
 
 use crate::Backend;

@@ -784,6 +784,19 @@ pub fn strategy<B: Backend>(
     Ok(b.build()?.into())
 }
 
+/// The [`Request`] of one prompt decoded with `method`: its [`strategy`] (no oracle trace
+/// given) ready for [`run_request`] or a [`spot_dlm::BatchDriver`].
+pub fn request<B: Backend>(
+    method: Method,
+    settings: Settings,
+    drafters: &Drafters<B>,
+    model: &mut dyn BlockDiffusionModel,
+    (prompt, cfg): (&[u32], &DecodeConfig),
+) -> Result<Request<Strategy>> {
+    let s = strategy(method, settings, drafters, model, (prompt, cfg), None)?;
+    Ok(Request::new(prompt, cfg, model.info(), s)?)
+}
+
 /// Decodes `prompt` with `method` (see [`strategy`]).
 #[allow(clippy::too_many_arguments)]
 pub fn run<B: Backend>(
