@@ -7,20 +7,20 @@
 //!
 //! `MyModel` stands for your network: `my_logits` is where your forward would run (any engine,
 //! any device). Everything else is what every model implements: static facts ([`ModelInfo`]),
-//! a committed prefix, and one batched forward over block states that returns one
-//! [`BlockStats`] per state. [`reduce_block`] turns a state's logits into those statistics with
+//! a committed prefix per cache slot, and one batched forward over the block states of one or
+//! more requests that returns one [`spot_dlm::BlockStats`] per state. [`reduce_block`] turns a state's logits into those statistics with
 //! the coupled Gumbel noise, so a speculative decoder gets the draft-free tokens exactly.
 
 use spot_dlm::{
-    BlockDiffusionModel, BlockState, BlockStats, DecodeConfig, DraftFreeDecoder, ModelInfo,
-    PrefixUpdate, ReduceScratch, Result, SpotDecoder, StaleConfidenceScorer, StatsQuery, TokenId,
-    reduce_block,
+    BlockDiffusionModel, CacheSlot, CacheUsage, DecodeConfig, DraftFreeDecoder, GroupScores,
+    ModelInfo, Prefix, PrefixUpdate, ReduceScratch, Result, ScoreGroup, Slots, SpotDecoder,
+    StaleConfidenceScorer, TokenId, reduce_block,
 };
 
 /// A 64-token model: a position's logits depend on the nearest committed token to its left.
 struct MyModel {
     info: ModelInfo,
-    prefix: Vec<TokenId>,
+    prefixes: Slots<Vec<TokenId>>,
     scratch: ReduceScratch,
 }
 
@@ -42,36 +42,46 @@ impl BlockDiffusionModel for MyModel {
     fn info(&self) -> &ModelInfo {
         &self.info
     }
-
-    fn reset_prefix(&mut self, prefix: &[TokenId], _block_size: usize) -> Result<PrefixUpdate> {
-        self.prefix = prefix.to_vec();
-        Ok(PrefixUpdate::forward(prefix.len()))
+    fn open_slot(&mut self) -> Result<CacheSlot> {
+        Ok(self.prefixes.open())
     }
-
-    fn append_block(&mut self, block: &[TokenId]) -> Result<PrefixUpdate> {
-        self.prefix.extend_from_slice(block);
-        Ok(PrefixUpdate::forward(block.len()))
+    fn close_slot(&mut self, slot: CacheSlot) {
+        self.prefixes.close(slot);
     }
-
-    fn prefix_len(&self) -> usize {
-        self.prefix.len()
+    fn cache_usage(&self) -> CacheUsage {
+        CacheUsage::default()
     }
-
-    fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>> {
-        let (info, start) = (&self.info, self.prefix.len());
+    fn prefix_len(&self, slot: CacheSlot) -> usize {
+        self.prefixes.get(slot).map_or(0, Vec::len)
+    }
+    fn reset_prefix(&mut self, slot: CacheSlot, prefix: Prefix<'_>) -> Result<PrefixUpdate> {
+        *self.prefixes.get_mut(slot)? = prefix.tokens.to_vec();
+        Ok(PrefixUpdate::forward(prefix.tokens.len()))
+    }
+    fn forward(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<GroupScores>> {
+        let (info, mut out) = (&self.info, Vec::new());
         let (v, mask) = (info.vocab_size, info.mask_id);
-        let reduce = |state: &BlockState| {
-            let logits = my_logits(info, &self.prefix, state.tokens());
-            reduce_block(&logits, v, start, query, mask, &mut self.scratch)
-        };
-        states.iter().map(reduce).collect()
+        for g in groups {
+            let prefix = self.prefixes.get_mut(g.slot)?;
+            prefix.extend_from_slice(g.carry.append); // the finished block rides along
+            let (start, mut stats, mut positions) = (prefix.len(), Vec::new(), 0);
+            for state in g.states {
+                let logits = my_logits(info, prefix, state.tokens());
+                let s = reduce_block(&logits, v, start, g.query, mask, &mut self.scratch)?;
+                stats.push(s);
+                positions += state.len() as u64;
+            }
+            let append = PrefixUpdate::carried(g.carry.append.len());
+            out.push(GroupScores::new(stats, positions).with_append(append));
+        }
+        Ok(out)
     }
 }
 
 fn main() -> Result<()> {
     let mut model = MyModel {
         info: ModelInfo::new(64, 63, 1024),
-        prefix: Vec::new(),
+        prefixes: Slots::new(),
         scratch: ReduceScratch::default(),
     };
     let prompt = [5, 9, 12, 40];

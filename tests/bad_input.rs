@@ -9,6 +9,7 @@ use spot_dlm::{
     BlockDiffusionModel, BlockState, BlockStats, DecodeConfig, DraftFreeDecoder, Error, ModelInfo,
     SpotDecoder, StatsQuery, TokenId, Transition, TreeError,
 };
+use spot_dlm::{CacheSlot, CacheUsage, GroupScores, Prefix, ScoreGroup};
 
 fn toy() -> ToyModel {
     ToyModel::new(ToyConfig {
@@ -211,21 +212,39 @@ impl BlockDiffusionModel for Faulty {
     fn info(&self) -> &ModelInfo {
         self.inner.info()
     }
+    fn open_slot(&mut self) -> spot_dlm::core::Result<CacheSlot> {
+        self.inner.open_slot()
+    }
+    fn close_slot(&mut self, slot: CacheSlot) {
+        self.inner.close_slot(slot)
+    }
+    fn cache_usage(&self) -> CacheUsage {
+        self.inner.cache_usage()
+    }
+    fn prefix_len(&self, slot: CacheSlot) -> usize {
+        self.inner.prefix_len(slot)
+    }
     fn reset_prefix(
         &mut self,
-        prefix: &[TokenId],
-        l: usize,
+        slot: CacheSlot,
+        prefix: Prefix<'_>,
     ) -> spot_dlm::core::Result<PrefixUpdate> {
-        self.inner.reset_prefix(prefix, l)
+        self.inner.reset_prefix(slot, prefix)
     }
-    fn append_block(&mut self, block: &[TokenId]) -> spot_dlm::core::Result<PrefixUpdate> {
-        self.inner.append_block(block)
+    /// The toy's forward (its appends and counters), each group's statistics then replaced
+    /// by the fault's.
+    fn forward(&mut self, groups: &[ScoreGroup<'_>]) -> spot_dlm::core::Result<Vec<GroupScores>> {
+        let mut out = self.inner.forward(groups)?;
+        for (g, scores) in groups.iter().zip(&mut out) {
+            scores.stats = self.faulty(g.states, g.query)?;
+        }
+        Ok(out)
     }
-    fn prefix_len(&self) -> usize {
-        self.inner.prefix_len()
-    }
-    fn forward(
-        &mut self,
+}
+
+impl Faulty {
+    fn faulty(
+        &self,
         states: &[BlockState],
         q: &StatsQuery,
     ) -> spot_dlm::core::Result<Vec<BlockStats>> {

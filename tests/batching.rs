@@ -10,8 +10,8 @@ use common::{cases, decode_config, model, prompt, rule, toy_config, transition};
 use proptest::prelude::*;
 use spot_dlm::toy::ToyModel;
 use spot_dlm::{
-    BatchDriver, BlockDiffusionModel, DecodeConfig, DecodeOutput, DraftFreeDecoder, Need,
-    RandomScorer, Request, SpotDecoder, StaleConfidenceScorer, Strategy as Decoder, TokenId,
+    BatchDriver, BlockDiffusionModel, DecodeConfig, DecodeOutput, DraftFreeDecoder, MeteredModel,
+    Need, RandomScorer, Request, SpotDecoder, StaleConfidenceScorer, Strategy as Decoder, TokenId,
 };
 
 /// How one request of a batch decodes.
@@ -148,6 +148,7 @@ fn long_case() -> (ToyModel, DecodeConfig, spot_dlm::ModelInfo, DecodeOutput) {
 #[test]
 fn cancellation_during_a_forward_is_not_a_failure() {
     let (mut m, cfg, info, reference) = long_case();
+    let mut m = MeteredModel::new(&mut m);
     for cancel_at in [0usize, 1, 5] {
         let mut r = Request::new(&[3, 4, 5], &cfg, &info, DraftFreeDecoder::new()).unwrap();
         let handle = r.cancel_handle();
@@ -160,8 +161,7 @@ fn cancellation_during_a_forward_is_not_a_failure() {
                     block_size,
                     generation_end,
                 } => {
-                    m.set_generation_end(generation_end).unwrap();
-                    let u = m.reset_prefix(prefix, block_size).unwrap();
+                    let u = m.reset_prefix(prefix, block_size, generation_end).unwrap();
                     if cancel_now {
                         handle.cancel();
                     }
@@ -172,12 +172,11 @@ fn cancellation_during_a_forward_is_not_a_failure() {
                     query,
                     carry,
                 } => {
-                    let positions = (states.len() * m.positions_per_state(states[0].len())) as u64;
-                    let (u, stats) = m.forward_carrying(carry, states, query).unwrap();
+                    let scores = m.forward_carrying(carry, states, query).unwrap();
                     if cancel_now {
                         handle.cancel();
                     }
-                    r.scored_after_append(u, stats, positions).unwrap();
+                    r.scored_group(scores).unwrap();
                 }
                 Need::Done => break,
             }

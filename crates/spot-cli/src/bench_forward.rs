@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
-use spot_dlm::{BlockDiffusionModel, BlockState, StatsQuery};
+use spot_dlm::{BlockDiffusionModel, BlockState, MeteredModel, StatsQuery};
 use spot_models::HeadPlacement;
 
 use crate::{Backend, load, model_dir};
@@ -71,7 +71,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let id = |i: usize| if id(i) == info.mask_id { 0 } else { id(i) };
     let prefix: Vec<u32> = (0..a.prefix).map(id).collect();
     let t = Instant::now();
-    model.reset_prefix(&prefix, a.block_size)?;
+    MeteredModel::new(&mut model).reset_prefix(&prefix, a.block_size, a.prefix + a.block_size)?;
     let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
     let q = StatsQuery::new(0.0, 0);
     let mut results = serde_json::Map::new();
@@ -104,13 +104,13 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             let states = states(b);
             // The first call (kernel compilation and autotuning on a GPU), on its own line.
             let t = Instant::now();
-            model.forward(&states, &q)?;
+            MeteredModel::new(&mut model).forward(&states, &q)?;
             let first = t.elapsed().as_secs_f64() * 1e3;
             results.insert(key(format!("b{b}_first_ms")), first.into());
             let mut times = Vec::with_capacity(a.reps);
             for _ in 0..a.reps {
                 let t = Instant::now();
-                model.forward(&states, &q)?;
+                MeteredModel::new(&mut model).forward(&states, &q)?;
                 times.push(t.elapsed().as_secs_f64() * 1e3);
             }
             let min = times.iter().copied().fold(f64::INFINITY, f64::min);

@@ -3,8 +3,9 @@
 //! Every [`BatchDriver::step`] admits queued requests up to the in-flight limit (each gets a
 //! cache slot of its own), runs the prefill of the new ones (one forward per request), then
 //! runs **one** forward over the block states of every request that needs scoring, carrying
-//! the finished blocks that requests append before them
-//! ([`MultiRequestModel::forward_groups_carrying`]), and hands each request its results. Requests join and leave between steps. Since a group's statistics are
+//! the finished blocks that requests append before them (one [`crate::ScoreGroup`] per
+//! request, through [`MeteredModel::forward_each`]), and hands each request its results.
+//! Requests join and leave between steps. Since a group's statistics are
 //! bit-identical to scoring it alone, each request decodes exactly the tokens, counters and
 //! events it would alone.
 //!
@@ -33,9 +34,8 @@ use std::collections::VecDeque;
 
 use crate::config::DecodeOutput;
 use crate::error::{Error, Result};
-use crate::model::{CacheSlot, Carry, MultiRequestModel, ScoreGroup};
+use crate::model::{BlockDiffusionModel, CacheSlot, MeteredModel, Prefix, ScoreGroup};
 use crate::request::{BlockEvent, CancelHandle, Need, Request, StepStrategy};
-use crate::state::BlockState;
 
 /// A request's number in a [`BatchDriver`], in submission order from 0.
 pub type RequestId = u64;
@@ -69,7 +69,7 @@ struct Live<S: StepStrategy> {
     error: Option<S::Error>,
 }
 
-/// Continuous batching of [`Request`]s over one [`MultiRequestModel`]; see the
+/// Continuous batching of [`Request`]s over one [`BlockDiffusionModel`]; see the
 /// [module documentation](self).
 pub struct BatchDriver<S: StepStrategy> {
     max_in_flight: usize,
@@ -157,7 +157,8 @@ impl<S: StepStrategy> BatchDriver<S> {
     /// One step (see the module documentation). Returns the requests that left the batch:
     /// done, cancelled or failed. An error of the model's merged forward fails every request
     /// in it; errors of one request fail only that request.
-    pub fn step(&mut self, model: &mut dyn MultiRequestModel) -> Result<Vec<Finished<S>>> {
+    pub fn step(&mut self, model: &mut dyn BlockDiffusionModel) -> Result<Vec<Finished<S>>> {
+        let mut model = MeteredModel::new(model);
         while self.live.len() < self.max_in_flight {
             let Some((id, request)) = self.queue.pop_front() else {
                 break;
@@ -168,7 +169,7 @@ impl<S: StepStrategy> BatchDriver<S> {
                 request,
                 error: None,
             };
-            match model.open_slot() {
+            match model.model().open_slot() {
                 Ok(slot) => live.slot = Some(slot),
                 Err(e) => live.error = Some(e.into()),
             }
@@ -176,12 +177,12 @@ impl<S: StepStrategy> BatchDriver<S> {
         }
         for live in &mut self.live {
             if live.error.is_none()
-                && let Err(e) = prefill(model, live)
+                && let Err(e) = prefill(&mut model, live)
             {
                 live.error = Some(e);
             }
         }
-        self.score(model);
+        self.score(&mut model);
         for live in &mut self.live {
             while let Some(e) = live.request.next_event() {
                 self.events.push_back((live.id, e));
@@ -197,7 +198,7 @@ impl<S: StepStrategy> BatchDriver<S> {
             }
             let live = self.live.swap_remove(i);
             if let Some(slot) = live.slot {
-                model.close_slot(slot);
+                model.model().close_slot(slot);
             }
             let (output, strategy) = live.request.finish_parts();
             let output = match live.error {
@@ -214,7 +215,7 @@ impl<S: StepStrategy> BatchDriver<S> {
     }
 
     /// Steps until every request has left; returns them in the order they finished.
-    pub fn run(&mut self, model: &mut dyn MultiRequestModel) -> Result<Vec<Finished<S>>> {
+    pub fn run(&mut self, model: &mut dyn BlockDiffusionModel) -> Result<Vec<Finished<S>>> {
         let mut all = Vec::new();
         while !self.is_idle() {
             all.extend(self.step(model)?);
@@ -223,52 +224,30 @@ impl<S: StepStrategy> BatchDriver<S> {
     }
 
     /// One merged forward over every live request that needs scoring, with the finished
-    /// blocks they append ([`MultiRequestModel::forward_groups_carrying`]).
-    fn score(&mut self, model: &mut dyn MultiRequestModel) {
-        let (members, picked) = self.gather(|need, slot| match need {
+    /// blocks they append and their look-aheads.
+    fn score(&mut self, model: &mut MeteredModel<'_>) {
+        let (members, groups) = self.gather(|need, slot| match need {
             Need::Score {
                 states,
                 query,
                 carry,
-            } => Some((
-                carry,
-                ScoreGroup {
-                    slot,
-                    states,
-                    query,
-                },
-            )),
+            } => Some(ScoreGroup::new(slot, states, query).carrying(carry)),
             _ => None,
         });
-        if picked.is_empty() {
+        if groups.is_empty() {
             return;
         }
-        let (carries, groups): (Vec<Carry<'_>>, Vec<ScoreGroup<'_>>) = picked.into_iter().unzip();
-        let positions: Vec<u64> = groups
-            .iter()
-            .map(|g| {
-                let len = g.states.first().map_or(0, BlockState::len);
-                (g.states.len() * model.positions_per_state_in(g.slot, len)) as u64
-            })
-            .collect();
-        let result = model.forward_groups_carrying(&carries, &groups);
+        let result = model.forward_each(&groups);
         drop(groups);
-        drop(carries);
         self.forwards += 1;
-        let (updates, stats) = match result {
-            Ok((updates, stats)) => (Ok(updates), Ok(stats)),
-            Err(e) => {
-                let e = e.to_string();
-                (Err(Error::model(e.clone())), Err(Error::model(e)))
-            }
-        };
-        let updates = self.shaped(updates, &members, "prefix updates per merged forward");
-        let all = self.shaped(stats, &members, "statistics groups per merged forward");
-        for (((i, stats), positions), update) in
-            members.into_iter().zip(all).zip(positions).zip(updates)
-        {
+        let all = self.shaped(result, &members, "score groups per merged forward");
+        for (i, scores) in members.into_iter().zip(all) {
             let live = &mut self.live[i];
-            if let Err(e) = live.request.scored_after_append(update, stats, positions) {
+            let answered = match scores {
+                Ok(scores) => live.request.scored_group(scores),
+                Err(e) => Err(e.into()),
+            };
+            if let Err(e) = answered {
                 live.error = Some(e);
             }
         }
@@ -323,7 +302,7 @@ impl<S: StepStrategy> BatchDriver<S> {
 
 /// Runs the prefill `live` needs, if any (one forward per request; appends are merged).
 fn prefill<S: StepStrategy>(
-    model: &mut dyn MultiRequestModel,
+    model: &mut MeteredModel<'_>,
     live: &mut Live<S>,
 ) -> Result<(), S::Error> {
     let Some(slot) = live.slot else {
@@ -335,8 +314,12 @@ fn prefill<S: StepStrategy>(
         generation_end,
     } = live.request.need()
     {
-        model.set_generation_end_in(slot, generation_end)?;
-        let update = model.reset_prefix_in(slot, prefix, block_size)?;
+        let prefix = Prefix {
+            tokens: prefix,
+            block_size,
+            generation_end,
+        };
+        let update = model.reset_prefix_in(slot, prefix)?;
         live.request.prefix_done(update)?;
     }
     Ok(())

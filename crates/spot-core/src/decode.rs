@@ -2,7 +2,7 @@
 
 use crate::config::{DecodeConfig, DecodeOutput};
 use crate::error::{Error, Result};
-use crate::model::BlockDiffusionModel;
+use crate::model::{BlockDiffusionModel, MeteredModel};
 use crate::request::{BlockRun, Need, Request, StepStrategy};
 use crate::state::{BlockState, Commit, TokenId};
 use crate::stats::BlockStats;
@@ -55,13 +55,15 @@ pub fn run_decode<S: StepStrategy>(
     run_request(model, request, observer)
 }
 
-/// Drives one [`Request`] to its end through `model`, reporting every finished block to
-/// `observer`. Every forward is checked (batch size, statistics) by the request.
+/// Drives one [`Request`] to its end through `model` (slot 0, through [`MeteredModel`]),
+/// reporting every finished block to `observer`. Every forward is checked (batch size,
+/// statistics) by the metered model and the request.
 pub fn run_request<S: StepStrategy>(
     model: &mut dyn BlockDiffusionModel,
     mut request: Request<S>,
     observer: &mut dyn BlockObserver,
 ) -> Result<DecodeOutput, S::Error> {
+    let mut model = MeteredModel::new(model);
     loop {
         match request.need() {
             Need::Prefill {
@@ -69,8 +71,7 @@ pub fn run_request<S: StepStrategy>(
                 block_size,
                 generation_end,
             } => {
-                model.set_generation_end(generation_end)?;
-                let update = model.reset_prefix(prefix, block_size)?;
+                let update = model.reset_prefix(prefix, block_size, generation_end)?;
                 request.prefix_done(update)?;
             }
             Need::Score {
@@ -78,15 +79,8 @@ pub fn run_request<S: StepStrategy>(
                 query,
                 carry,
             } => {
-                let len = states.first().map_or(0, BlockState::len);
-                let positions = states.len() * model.positions_per_state(len);
-                if carry.append.is_empty() && carry.lookahead.is_none() {
-                    let stats = model.forward(states, query)?;
-                    request.scored(stats, positions as u64)?;
-                } else {
-                    let (update, stats) = model.forward_carrying(carry, states, query)?;
-                    request.scored_after_append(update, stats, positions as u64)?;
-                }
+                let scores = model.forward_carrying(carry, states, query)?;
+                request.scored_group(scores)?;
             }
             Need::Done => break,
         }

@@ -3,8 +3,9 @@
 //! The vocabulary of lossless speculative decoding for block-diffusion language models:
 //!
 //! - [`BlockState`] and [`Commit`]: the tokens of the block being decoded;
-//! - [`BlockDiffusionModel`]: a batched forward over block states that share one cached
-//!   prefix, returning compact per-position [`BlockStats`] instead of logits;
+//! - [`BlockDiffusionModel`]: prefix caches in slots and one batched forward over the block
+//!   states of one or several requests, returning compact per-position [`BlockStats`] instead
+//!   of logits; [`MeteredModel`] is the one way decoders reach it (checked, counted);
 //! - [`GumbelNoise`]: the coupled noise table `G[a, v]`, a pure function of
 //!   `(seed, absolute position, token)`;
 //! - [`Transition`]: the exact commit rule `Φ` and the threshold rule `Φ^τ`;
@@ -12,7 +13,7 @@
 //! - [`Request`]: one decode as a state machine (prefill, prompt tail in the first block,
 //!   stop ids and stop checks, fixed length, counters, events, cancellation) that a
 //!   [`StepStrategy`] completes block by block; [`run_decode`] drives one through a
-//!   [`BlockDiffusionModel`], [`BatchDriver`] many through one [`MultiRequestModel`];
+//!   [`BlockDiffusionModel`], [`BatchDriver`] many through one model, merging their forwards;
 //! - [`autoregressive`]: causal targets with a KV cache and their token-by-token decoder;
 //! - [`toy`]: deterministic toy models for tests.
 //!
@@ -68,9 +69,8 @@ pub use decode::{
 };
 pub use error::{Error, Result};
 pub use model::{
-    BlockDiffusionModel, BlockLayout, CacheSlot, Carry, Meter, MeteredModel, ModelInfo,
-    MultiRequestModel, PrefixUpdate, ScoreGroup, Slots, check_distinct_slots,
-    default_forward_groups_carrying,
+    BlockDiffusionModel, BlockLayout, CacheSlot, CacheUsage, Carry, GroupScores, Meter,
+    MeteredModel, ModelInfo, Prefix, PrefixUpdate, ScoreGroup, Slots, check_distinct_slots,
 };
 pub use noise::GumbelNoise;
 pub use request::{BlockEvent, BlockRun, CancelHandle, Need, Request, StepStrategy, StopCheck};

@@ -130,111 +130,202 @@ impl PrefixUpdate {
             positions,
         }
     }
+
+    /// The update of an append of `positions` that rode in the forward of its group's states
+    /// (no forward of its own).
+    pub fn carried(positions: usize) -> Self {
+        Self {
+            ran_forward: false,
+            positions,
+        }
+    }
 }
 
-/// A block-diffusion language model as decoders see it.
+/// Handle of one request's prefix cache inside a [`BlockDiffusionModel`].
 ///
-/// The model owns a cache of the committed prefix (prompt blocks and finished blocks). A
-/// [`forward`](BlockDiffusionModel::forward) scores a batch of block states that all sit right
-/// after that prefix, attending to it without copying it per state, and returns one
-/// [`BlockStats`] per state. Implementations must be deterministic and **batch invariant**:
-/// a state's statistics may not depend on the other states in the batch, nor on whether the
-/// prefix came from the cache or was recomputed. That is what makes speculative decoding return
-/// bit-identical tokens.
+/// Slot 0 always exists: single-request callers ([`MeteredModel::new`], [`crate::run_decode`])
+/// use it. [`BlockDiffusionModel::open_slot`] hands out the others.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CacheSlot(pub usize);
+
+/// A request's committed prefix, as [`BlockDiffusionModel::reset_prefix`] receives it.
+#[derive(Clone, Copy, Debug)]
+pub struct Prefix<'a> {
+    /// The prefix tokens (may be empty): a whole number of blocks of `block_size` positions.
+    /// Block-causal models attend within each of those blocks bidirectionally and causally
+    /// across them.
+    pub tokens: &'a [TokenId],
+    /// The block size of the decode.
+    pub block_size: usize,
+    /// The absolute end of the region the decode will generate (the end of its last block).
+    /// Models that attend to future masked positions (LLaDA, Dream: the whole region is masks
+    /// before it is decoded) need it; block-causal models may ignore it. It is part of the
+    /// prefix call so that no decoder can forget it.
+    pub generation_end: usize,
+}
+
+/// What a request's forward carries besides its block states.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Carry<'a> {
+    /// A finished block to append to the prefix before the states (empty: none).
+    pub append: &'a [TokenId],
+    /// A look-ahead `(block, next)`: score the state `next` of the following block after the
+    /// prefix (with `append`) extended by `block`, a hypothesised end of the current block,
+    /// which is not kept. A decoder whose block ends as `block` then has the statistics of
+    /// the next block's first forward without running it. A model may decline (answer
+    /// `None` in [`GroupScores::lookahead`]).
+    pub lookahead: Option<(&'a [TokenId], &'a BlockState)>,
+}
+
+/// One request's share of a forward: its block states, scored after its own cached prefix
+/// (extended first by the carried block) with its own query.
+#[derive(Clone, Copy, Debug)]
+pub struct ScoreGroup<'a> {
+    /// The request's cache.
+    pub slot: CacheSlot,
+    /// States of equal length, right after the slot's prefix and the carried append (may be
+    /// empty: a group that only appends).
+    pub states: &'a [BlockState],
+    /// The request's query (temperature, noise seed, confidence rule, top-k).
+    pub query: &'a StatsQuery,
+    /// The finished block appended first, and a look-ahead.
+    pub carry: Carry<'a>,
+}
+
+impl<'a> ScoreGroup<'a> {
+    /// Scores `states` after `slot`'s prefix, carrying nothing.
+    pub fn new(slot: CacheSlot, states: &'a [BlockState], query: &'a StatsQuery) -> Self {
+        Self {
+            slot,
+            states,
+            query,
+            carry: Carry::default(),
+        }
+    }
+
+    /// The same group carrying `carry`.
+    pub fn carrying(mut self, carry: Carry<'a>) -> Self {
+        self.carry = carry;
+        self
+    }
+}
+
+/// What a forward gives one [`ScoreGroup`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GroupScores {
+    /// What the carried append cost: `ran_forward: true` when it needed a forward of its own
+    /// (a group that only appends, or a model that cannot extend its cache inside the states'
+    /// forward), `false` when it rode in the states' forward or nothing was appended.
+    pub append: PrefixUpdate,
+    /// One entry per state, in order.
+    pub stats: Vec<BlockStats>,
+    /// The look-ahead's statistics, when the group asked for one and the model served it.
+    pub lookahead: Option<BlockStats>,
+    /// Target positions the forward computed for the states: the block itself per state for
+    /// cached models, the whole window per state for models that recompute the prefix or
+    /// attend to future masks (LLaDA, Dream). Work accounting
+    /// ([`Meter::positions_processed`]) only.
+    pub positions: u64,
+}
+
+impl GroupScores {
+    /// A group's statistics and the positions computed for them: nothing appended, no
+    /// look-ahead.
+    pub fn new(stats: Vec<BlockStats>, positions: u64) -> Self {
+        Self {
+            stats,
+            positions,
+            ..Self::default()
+        }
+    }
+
+    /// The same scores with what the carried append cost.
+    pub fn with_append(mut self, append: PrefixUpdate) -> Self {
+        self.append = append;
+        self
+    }
+}
+
+/// What the open slots hold, for monitoring (a server watches it to see that finished and
+/// cancelled requests give their caches back).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheUsage {
+    /// Slots open now, slot 0 included.
+    pub slots: usize,
+    /// Bytes their caches hold (keys, values, noise rows, prefix ids).
+    pub bytes: u64,
+}
+
+/// A block-diffusion language model as decoders see it: prefix caches in slots, and one
+/// forward that scores the block states of any number of requests.
 ///
-/// Implementations report their own failures through [`Error::model`].
+/// The model owns one cache of the committed prefix (prompt blocks and finished blocks) per
+/// [`CacheSlot`]. A [`forward`](BlockDiffusionModel::forward) scores, for each group, a batch
+/// of block states that all sit right after that group's prefix, attending to it without
+/// copying it per state, and returns one [`BlockStats`] per state. Implementations must be
+/// deterministic and **batch invariant**: a state's statistics may not depend on the other
+/// states or groups in the forward, nor on whether the prefix came from the cache or was
+/// recomputed. That is what makes speculative decoding return bit-identical tokens and lets
+/// a [`crate::BatchDriver`] merge requests.
+///
+/// Everything a family must say is one of these seven methods or data in [`ModelInfo`]: the
+/// trait has no provided method a model could override to change results or counters.
+/// Decoders never call it directly: every forward of every decoder and driver goes through
+/// [`MeteredModel`], which checks shapes and statistics and counts the work. Single-request
+/// use (slot 0) is [`MeteredModel::new`]. Implementations report their own failures
+/// through [`Error::model`]; turn logits into statistics with [`crate::reduce_logits`].
 pub trait BlockDiffusionModel {
-    /// Static facts: vocabulary, mask id, context limit, stop ids.
+    /// Static facts: vocabulary, mask id, context limit, stop ids, layout.
     fn info(&self) -> &ModelInfo;
 
-    /// Announces the absolute end of the region a decode will generate (the end of its last
-    /// block), before [`BlockDiffusionModel::reset_prefix`]. Models that attend to future
-    /// masked positions (LLaDA, Dream: the whole region is masks before it is decoded) need
-    /// it; block-causal models ignore it (the default). Every decoder in the workspace calls
-    /// it through [`crate::run_decode`], so draft-free and speculative decoding see the same
-    /// sequences.
-    fn set_generation_end(&mut self, end: usize) -> Result<()> {
-        let _ = end;
-        Ok(())
-    }
+    /// Opens an empty cache slot.
+    fn open_slot(&mut self) -> Result<CacheSlot>;
 
-    /// Drops the cache and makes `prefix` the committed prefix (it may be empty). The prefix is
-    /// a whole number of blocks of `block_size` positions; block-causal models attend within
-    /// each of those blocks bidirectionally and causally across them.
-    fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> Result<PrefixUpdate>;
+    /// Frees a slot and its cache (slot 0 is only emptied). Unknown slots are ignored.
+    fn close_slot(&mut self, slot: CacheSlot);
 
-    /// Appends a finished block to the committed prefix.
-    fn append_block(&mut self, block: &[TokenId]) -> Result<PrefixUpdate>;
+    /// What the open slots hold (a model that does not count them says
+    /// `CacheUsage::default()`).
+    fn cache_usage(&self) -> CacheUsage;
 
-    /// Length of the committed prefix: the absolute position of the current block's first slot.
-    fn prefix_len(&self) -> usize;
+    /// Length of `slot`'s committed prefix: the absolute position of its current block's first
+    /// slot (0 for an unknown slot).
+    fn prefix_len(&self, slot: CacheSlot) -> usize;
 
-    /// One forward over `states` (all of the same length) after the committed prefix.
-    fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>>;
+    /// Drops `slot`'s cache and makes `prefix` its committed prefix, for a decode that will
+    /// generate up to `prefix.generation_end`.
+    fn reset_prefix(&mut self, slot: CacheSlot, prefix: Prefix<'_>) -> Result<PrefixUpdate>;
 
-    /// One forward over `states` that also carries `carry`: its `append` (a finished block)
-    /// joins the committed prefix before the states are scored, and its `lookahead` is scored
-    /// after the prefix extended by a hypothesised end of the current block, without keeping
-    /// it. Returns what the append cost and the statistics: one per state, then, when the
-    /// model served the look-ahead, one more for it. Everything must equal what
-    /// [`append_block`](BlockDiffusionModel::append_block), then
-    /// [`forward`](BlockDiffusionModel::forward) (and, for the look-ahead, appending the
-    /// hypothesised block and scoring the next state) would give, bit for bit. The default
-    /// does exactly that for the append (two forwards for a cached model) and ignores the
-    /// look-ahead; the cached families (SDAR, LLaDA2.0) run both in the one forward (their
-    /// positions ride along as segments whose keys and values extend the cache layer by
-    /// layer) and report the append with `ran_forward: false`.
-    fn forward_carrying(
-        &mut self,
-        carry: Carry<'_>,
-        states: &[BlockState],
-        query: &StatsQuery,
-    ) -> Result<(PrefixUpdate, Vec<BlockStats>)> {
-        let update = match carry.append.is_empty() {
-            true => PrefixUpdate::default(),
-            false => self.append_block(carry.append)?,
-        };
-        Ok((update, self.forward(states, query)?))
-    }
-
-    /// Positions a forward computes per state whose block has `block_len` positions: the block
-    /// itself for cached models (the default); models that recompute the prefix or attend to
-    /// future masks (LLaDA, Dream) report the whole window they run. Used for work accounting
-    /// ([`Meter::positions_processed`]) only.
-    fn positions_per_state(&self, block_len: usize) -> usize {
-        block_len
-    }
+    /// One forward over every group: each group's carried block joins its slot's prefix, its
+    /// states are scored after that prefix, and its look-ahead (when served) after the prefix
+    /// extended by the hypothesised block end, which is not kept. One [`GroupScores`] per
+    /// group, in order; a slot may appear in one group only. Every group's caches and
+    /// statistics must equal, bit for bit, what the group alone would give (and the append
+    /// alone, then the states alone).
+    fn forward(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<GroupScores>>;
 }
 
 impl<M: BlockDiffusionModel + ?Sized> BlockDiffusionModel for &mut M {
     fn info(&self) -> &ModelInfo {
         (**self).info()
     }
-    fn set_generation_end(&mut self, end: usize) -> Result<()> {
-        (**self).set_generation_end(end)
+    fn open_slot(&mut self) -> Result<CacheSlot> {
+        (**self).open_slot()
     }
-    fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> Result<PrefixUpdate> {
-        (**self).reset_prefix(prefix, block_size)
+    fn close_slot(&mut self, slot: CacheSlot) {
+        (**self).close_slot(slot)
     }
-    fn append_block(&mut self, block: &[TokenId]) -> Result<PrefixUpdate> {
-        (**self).append_block(block)
+    fn cache_usage(&self) -> CacheUsage {
+        (**self).cache_usage()
     }
-    fn prefix_len(&self) -> usize {
-        (**self).prefix_len()
+    fn prefix_len(&self, slot: CacheSlot) -> usize {
+        (**self).prefix_len(slot)
     }
-    fn forward(&mut self, states: &[BlockState], query: &StatsQuery) -> Result<Vec<BlockStats>> {
-        (**self).forward(states, query)
+    fn reset_prefix(&mut self, slot: CacheSlot, prefix: Prefix<'_>) -> Result<PrefixUpdate> {
+        (**self).reset_prefix(slot, prefix)
     }
-    fn forward_carrying(
-        &mut self,
-        carry: Carry<'_>,
-        states: &[BlockState],
-        query: &StatsQuery,
-    ) -> Result<(PrefixUpdate, Vec<BlockStats>)> {
-        (**self).forward_carrying(carry, states, query)
-    }
-    fn positions_per_state(&self, block_len: usize) -> usize {
-        (**self).positions_per_state(block_len)
+    fn forward(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<GroupScores>> {
+        (**self).forward(groups)
     }
 }
 
@@ -243,10 +334,10 @@ impl<M: BlockDiffusionModel + ?Sized> BlockDiffusionModel for &mut M {
 pub struct Meter {
     /// Target forward calls of any kind (the NFE).
     pub nfe: u64,
-    /// Target positions processed: batch size x the positions each state runs
-    /// ([`BlockDiffusionModel::positions_per_state`]: the block size for cached models, the
-    /// whole window for LLaDA/Dream) for block forwards, plus prefix positions for prefill and
-    /// block appends.
+    /// Target positions processed: the positions the model reports per block forward
+    /// ([`GroupScores::positions`]: the block size per state for cached models, the whole
+    /// window for LLaDA/Dream), plus prefix positions for prefill and block appends, plus a
+    /// served look-ahead's block and state.
     pub positions_processed: u64,
     /// Forwards over block states (decoding forwards, excluding prefill and appends).
     pub block_forwards: u64,
@@ -309,16 +400,34 @@ pub(crate) fn check_forward(
     Ok(())
 }
 
-/// A model wrapped with work counters and output validation.
+/// The one way decoders and drivers reach a model: every prefill and forward, checked and
+/// counted.
 ///
-/// The verifier (`spot_verify::Verifier`) talks to the model through this type, so its NFE
-/// and positions are counted the same way as a [`crate::Request`]'s, and every forward's
-/// statistics are checked (shape, finiteness, ranges) before it trusts them. The request
-/// state machine ([`crate::run_request`], [`crate::BatchDriver`]) counts and checks its own
-/// forwards with the same [`Meter`] and checks; routing those through this type too is open
-/// work (issue 46).
+/// Before a forward it checks the groups (distinct slots, states of equal length); after it,
+/// the model's answer (one [`GroupScores`] per group, one valid statistics entry per state,
+/// a look-ahead only where one was asked for). [`crate::run_decode`],
+/// [`crate::BatchDriver`] and the verifier (`spot_verify::Verifier`) all go through it, so
+/// no decode trusts statistics that were not checked. Its [`Meter`] counts the model's work:
+/// one NFE per forward that scored states, whatever the number of groups.
+///
+/// It is also the single-request adapter: [`MeteredModel::new`] works in slot 0 and its
+/// `reset_prefix`, `append_block`, `forward` and `forward_carrying` are the calls of one
+/// request.
+///
+/// ```
+/// use spot_core::{BlockState, MeteredModel, StatsQuery};
+/// use spot_core::toy::{ToyConfig, ToyModel};
+/// let mut toy = ToyModel::new(ToyConfig::default());
+/// let mut model = MeteredModel::new(&mut toy);
+/// model.reset_prefix(&[1, 2, 3, 4], 4, 12)?;
+/// let state = BlockState::masked(4, model.info().mask_id);
+/// let stats = model.forward(&[state.clone(), state], &StatsQuery::new(0.0, 0))?;
+/// assert_eq!((stats.len(), model.meter().block_forwards), (2, 1));
+/// # Ok::<(), spot_core::Error>(())
+/// ```
 pub struct MeteredModel<'m> {
     model: &'m mut dyn BlockDiffusionModel,
+    slot: CacheSlot,
     info: ModelInfo,
     meter: Meter,
 }
@@ -326,6 +435,7 @@ pub struct MeteredModel<'m> {
 impl std::fmt::Debug for MeteredModel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MeteredModel")
+            .field("slot", &self.slot)
             .field("info", &self.info)
             .field("meter", &self.meter)
             .finish()
@@ -333,11 +443,17 @@ impl std::fmt::Debug for MeteredModel<'_> {
 }
 
 impl<'m> MeteredModel<'m> {
-    /// Wraps a model.
+    /// Wraps a model; the single-request calls use slot 0.
     pub fn new(model: &'m mut dyn BlockDiffusionModel) -> Self {
+        Self::in_slot(model, CacheSlot(0))
+    }
+
+    /// Wraps a model; the single-request calls use `slot`.
+    pub fn in_slot(model: &'m mut dyn BlockDiffusionModel, slot: CacheSlot) -> Self {
         let info = model.info().clone();
         Self {
             model,
+            slot,
             info,
             meter: Meter::default(),
         }
@@ -353,205 +469,152 @@ impl<'m> MeteredModel<'m> {
         &self.meter
     }
 
+    /// The slot the single-request calls use.
+    pub fn slot(&self) -> CacheSlot {
+        self.slot
+    }
+
+    /// The wrapped model (slots, monitoring; its forwards are not counted here).
+    pub fn model(&mut self) -> &mut dyn BlockDiffusionModel {
+        self.model
+    }
+
     /// Absolute position of the current block's first slot.
     pub fn prefix_len(&self) -> usize {
-        self.model.prefix_len()
+        self.model.prefix_len(self.slot)
     }
 
-    /// Announces the end of the generation region (not a forward).
-    pub fn set_generation_end(&mut self, end: usize) -> Result<()> {
-        self.model.set_generation_end(end)
+    /// Makes `prefix` the committed prefix of a decode generating up to `generation_end`
+    /// (counted).
+    pub fn reset_prefix(
+        &mut self,
+        prefix: &[TokenId],
+        block_size: usize,
+        generation_end: usize,
+    ) -> Result<PrefixUpdate> {
+        let prefix = Prefix {
+            tokens: prefix,
+            block_size,
+            generation_end,
+        };
+        self.reset_prefix_in(self.slot, prefix)
     }
 
-    /// Resets the prefix (counted).
-    pub fn reset_prefix(&mut self, prefix: &[TokenId], block_size: usize) -> Result<()> {
-        let u = self.model.reset_prefix(prefix, block_size)?;
-        self.meter.count_prefix(u);
-        Ok(())
+    /// [`MeteredModel::reset_prefix`] for any slot.
+    pub fn reset_prefix_in(&mut self, slot: CacheSlot, prefix: Prefix<'_>) -> Result<PrefixUpdate> {
+        let update = self.model.reset_prefix(slot, prefix)?;
+        self.meter.count_prefix(update);
+        Ok(update)
     }
 
-    /// Appends a finished block (counted).
-    pub fn append_block(&mut self, block: &[TokenId]) -> Result<()> {
-        let u = self.model.append_block(block)?;
-        self.meter.count_prefix(u);
-        Ok(())
+    /// Appends a finished block to the committed prefix (a forward of its own where the model
+    /// needs one; counted).
+    pub fn append_block(&mut self, block: &[TokenId]) -> Result<PrefixUpdate> {
+        let carry = Carry {
+            append: block,
+            lookahead: None,
+        };
+        let query = StatsQuery::new(0.0, 0);
+        let group = ScoreGroup::new(self.slot, &[], &query).carrying(carry);
+        Ok(self
+            .forward_groups(&[group])?
+            .pop()
+            .unwrap_or_default()
+            .append)
     }
 
-    /// One counted, validated forward. An empty batch is not a forward and returns nothing.
+    /// One counted, checked forward over `states`. An empty batch is not a forward and
+    /// returns nothing.
     pub fn forward(
         &mut self,
         states: &[BlockState],
         query: &StatsQuery,
     ) -> Result<Vec<BlockStats>> {
-        let Some(first) = states.first() else {
+        if states.is_empty() {
             return Ok(Vec::new());
-        };
-        let len = first.len();
-        check_state_lengths(states, len)?;
-        let out = self.model.forward(states, query)?;
-        let positions = states.len() * self.model.positions_per_state(len);
-        self.meter
-            .count_block_forward(states.len(), positions as u64);
-        check_forward(&out, states.len(), len, &self.info)?;
-        Ok(out)
-    }
-}
-
-/// Handle of one request's prefix cache inside a [`MultiRequestModel`].
-///
-/// Slot 0 always exists: it is the cache the single-request [`BlockDiffusionModel`] methods
-/// use. [`MultiRequestModel::open_slot`] hands out the others.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CacheSlot(pub usize);
-
-/// One request's share of a merged forward: its block states, scored after its own cached
-/// prefix with its own query.
-#[derive(Clone, Copy, Debug)]
-pub struct ScoreGroup<'a> {
-    /// The request's cache.
-    pub slot: CacheSlot,
-    /// States of equal length, right after the slot's prefix.
-    pub states: &'a [BlockState],
-    /// The request's query (temperature, noise seed, confidence rule, top-k).
-    pub query: &'a StatsQuery,
-}
-
-/// A model that holds the prefix caches of several requests and scores the block states of
-/// all of them in one forward.
-///
-/// Every method is the [`BlockDiffusionModel`] method of the same name applied to one slot.
-/// [`MultiRequestModel::forward_groups`] runs one forward over several groups; each group's
-/// statistics must be **bit-identical** to a [`BlockDiffusionModel::forward`] over that group
-/// alone, with only its own request's prefix in the cache. That is what lets a batch driver
-/// ([`crate::BatchDriver`]) merge requests without changing any request's tokens.
-pub trait MultiRequestModel: BlockDiffusionModel {
-    /// Opens an empty cache slot.
-    fn open_slot(&mut self) -> Result<CacheSlot>;
-
-    /// Slots open now, slot 0 included: what a server watches to see that finished and
-    /// cancelled requests give their caches back. The default (a model that does not count
-    /// them) says 0.
-    fn open_slots(&self) -> usize {
-        0
+        }
+        let group = ScoreGroup::new(self.slot, states, query);
+        Ok(self
+            .forward_groups(&[group])?
+            .pop()
+            .unwrap_or_default()
+            .stats)
     }
 
-    /// Bytes the open slots' caches hold (keys, values, noise rows, prefix ids), for the same
-    /// monitoring. The default (a model that does not count them) says 0.
-    fn cache_bytes(&self) -> u64 {
-        0
-    }
-
-    /// Frees a slot and its cache (slot 0 is only emptied). Unknown slots are ignored.
-    fn close_slot(&mut self, slot: CacheSlot);
-
-    /// [`BlockDiffusionModel::set_generation_end`] for `slot`.
-    fn set_generation_end_in(&mut self, slot: CacheSlot, end: usize) -> Result<()>;
-
-    /// [`BlockDiffusionModel::reset_prefix`] for `slot`.
-    fn reset_prefix_in(
+    /// One counted, checked forward over `states` carrying `carry`.
+    pub fn forward_carrying(
         &mut self,
-        slot: CacheSlot,
-        prefix: &[TokenId],
-        block_size: usize,
-    ) -> Result<PrefixUpdate>;
-
-    /// [`BlockDiffusionModel::append_block`] for `slot`.
-    fn append_block_in(&mut self, slot: CacheSlot, block: &[TokenId]) -> Result<PrefixUpdate>;
-
-    /// Appends a finished block to each of several slots (one per slot): one forward for
-    /// all of them where the model can (the families' exact caches), else one per block (the
-    /// default). Each slot's cache must end exactly as after its own
-    /// [`MultiRequestModel::append_block_in`].
-    fn append_blocks(&mut self, blocks: &[(CacheSlot, &[TokenId])]) -> Result<Vec<PrefixUpdate>> {
-        blocks
-            .iter()
-            .map(|&(slot, block)| self.append_block_in(slot, block))
-            .collect()
+        carry: Carry<'_>,
+        states: &[BlockState],
+        query: &StatsQuery,
+    ) -> Result<GroupScores> {
+        let group = ScoreGroup::new(self.slot, states, query).carrying(carry);
+        Ok(self.forward_groups(&[group])?.pop().unwrap_or_default())
     }
 
-    /// [`BlockDiffusionModel::prefix_len`] for `slot` (0 for an unknown slot).
-    fn prefix_len_in(&self, slot: CacheSlot) -> usize;
-
-    /// [`BlockDiffusionModel::positions_per_state`] for `slot`.
-    fn positions_per_state_in(&self, slot: CacheSlot, block_len: usize) -> usize {
-        let _ = slot;
-        block_len
+    /// One forward over several requests' groups, checked and counted (each group's append
+    /// as a prefix update, one block forward for all the states). Any group's failed check
+    /// fails the call.
+    pub fn forward_groups(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<GroupScores>> {
+        self.forward_each(groups)?.into_iter().collect()
     }
 
-    /// One forward over the states of every group (each group after its own slot's prefix);
-    /// one entry of statistics per group, in order. A slot may appear in one group only.
-    fn forward_groups(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<Vec<BlockStats>>>;
+    /// [`MeteredModel::forward_groups`] with each group's check apart: the outer error is the
+    /// forward's (the groups, the model, the number of answers), an inner one a group's
+    /// answer that failed its check, so that a driver fails only that group's request.
+    pub fn forward_each(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<Result<GroupScores>>> {
+        check_distinct_slots(groups)?;
+        for g in groups {
+            if let Some(first) = g.states.first() {
+                check_state_lengths(g.states, first.len())?;
+            }
+        }
+        let out = self.model.forward(groups)?;
+        if out.len() != groups.len() {
+            return Err(Error::ShapeMismatch {
+                what: "score groups per forward",
+                expected: groups.len(),
+                actual: out.len(),
+            });
+        }
+        let (mut states, mut positions) = (0, 0);
+        let mut checked = Vec::with_capacity(out.len());
+        for (g, scores) in groups.iter().zip(out) {
+            self.meter.count_prefix(scores.append);
+            states += g.states.len();
+            positions += scores.positions;
+            if let (Some((block, next)), Some(_)) = (g.carry.lookahead, &scores.lookahead) {
+                positions += (block.len() + next.len()) as u64;
+            }
+            checked.push(self.check_group(g, scores));
+        }
+        if states > 0 {
+            self.meter.count_block_forward(states, positions);
+        }
+        Ok(checked)
+    }
 
-    /// [`BlockDiffusionModel::forward_carrying`] for several requests: `carries[i]` goes
-    /// with `groups[i]`. Each slot's cache and statistics must end exactly as after its own
-    /// [`MultiRequestModel::append_block_in`] and a [`MultiRequestModel::forward_groups`] of
-    /// its group alone. The default runs [`MultiRequestModel::append_blocks`] first and
-    /// ignores look-aheads; cached families override it with one forward. Returns one update
-    /// per group (the default one for an empty append) and the statistics per group (one
-    /// more at the end of a group whose look-ahead was served).
-    fn forward_groups_carrying(
-        &mut self,
-        carries: &[Carry<'_>],
-        groups: &[ScoreGroup<'_>],
-    ) -> Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
-        default_forward_groups_carrying(self, carries, groups)
+    /// A group's answer: one valid entry per state, a valid look-ahead only where one was
+    /// asked for.
+    fn check_group(&self, g: &ScoreGroup<'_>, scores: GroupScores) -> Result<GroupScores> {
+        let len = g.states.first().map_or(0, BlockState::len);
+        check_forward(&scores.stats, g.states.len(), len, &self.info)?;
+        match (g.carry.lookahead, &scores.lookahead) {
+            (_, None) => {}
+            (Some((_, next)), Some(served)) => {
+                check_forward(std::slice::from_ref(served), 1, next.len(), &self.info)?;
+            }
+            (None, Some(_)) => {
+                return Err(Error::model(
+                    "a look-ahead was served that no group asked for",
+                ));
+            }
+        }
+        Ok(scores)
     }
 }
 
-/// The default [`MultiRequestModel::forward_groups_carrying`]: the appends through
-/// [`MultiRequestModel::append_blocks`], then [`MultiRequestModel::forward_groups`]; look-aheads
-/// are not served. For overrides that add to it.
-pub fn default_forward_groups_carrying<M: MultiRequestModel + ?Sized>(
-    model: &mut M,
-    carries: &[Carry<'_>],
-    groups: &[ScoreGroup<'_>],
-) -> Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
-    if carries.len() != groups.len() {
-        return Err(Error::ShapeMismatch {
-            what: "carries per score group",
-            expected: groups.len(),
-            actual: carries.len(),
-        });
-    }
-    let blocks: Vec<(CacheSlot, &[TokenId])> = groups
-        .iter()
-        .zip(carries)
-        .filter(|(_, c)| !c.append.is_empty())
-        .map(|(g, c)| (g.slot, c.append))
-        .collect();
-    let done = model.append_blocks(&blocks)?;
-    if done.len() != blocks.len() {
-        return Err(Error::ShapeMismatch {
-            what: "prefix updates per merged append",
-            expected: blocks.len(),
-            actual: done.len(),
-        });
-    }
-    let mut done = done.into_iter();
-    let updates = carries
-        .iter()
-        .map(|c| match c.append.is_empty() {
-            true => PrefixUpdate::default(),
-            false => done.next().unwrap_or_default(),
-        })
-        .collect();
-    Ok((updates, model.forward_groups(groups)?))
-}
-
-/// What a request's forward carries besides its block states
-/// ([`BlockDiffusionModel::forward_carrying`]).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Carry<'a> {
-    /// A finished block to append to the prefix before the states (empty: none).
-    pub append: &'a [TokenId],
-    /// A look-ahead `(block, next)`: score the state `next` of the following block after the
-    /// prefix (with `append`) extended by `block`, a hypothesised end of the current block,
-    /// which is not kept. A decoder whose block ends as `block` then has the statistics of
-    /// the next block's first forward without running it.
-    pub lookahead: Option<(&'a [TokenId], &'a BlockState)>,
-}
-
-/// A table of per-request caches indexed by [`CacheSlot`], for [`MultiRequestModel`]
+/// A table of per-request caches indexed by [`CacheSlot`], for [`BlockDiffusionModel`]
 /// implementations: slot 0 always exists, closed slots are reused, and a slot that is not
 /// open is a typed error.
 ///
@@ -657,108 +720,4 @@ pub fn check_distinct_slots(groups: &[ScoreGroup<'_>]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The single-request methods of [`BlockDiffusionModel`] for a [`MultiRequestModel`], each
-/// applied to slot 0 (everything but `info`). Use it inside the `impl BlockDiffusionModel`
-/// block of a model whose [`MultiRequestModel`] methods do the work:
-///
-/// ```
-/// use spot_core::{BlockDiffusionModel, BlockStats, CacheSlot, ModelInfo, MultiRequestModel,
-///     PrefixUpdate, Result, ScoreGroup, TokenId};
-///
-/// struct Echo(ModelInfo);
-///
-/// impl BlockDiffusionModel for Echo {
-///     fn info(&self) -> &ModelInfo {
-///         &self.0
-///     }
-///     spot_core::slot0_methods!();
-/// }
-///
-/// impl MultiRequestModel for Echo {
-///     fn open_slot(&mut self) -> Result<CacheSlot> { Ok(CacheSlot(1)) }
-///     fn close_slot(&mut self, _: CacheSlot) {}
-///     fn set_generation_end_in(&mut self, _: CacheSlot, _: usize) -> Result<()> { Ok(()) }
-///     fn reset_prefix_in(&mut self, _: CacheSlot, p: &[TokenId], _: usize) -> Result<PrefixUpdate> {
-///         Ok(PrefixUpdate { ran_forward: false, positions: p.len() })
-///     }
-///     fn append_block_in(&mut self, _: CacheSlot, b: &[TokenId]) -> Result<PrefixUpdate> {
-///         Ok(PrefixUpdate { ran_forward: false, positions: b.len() })
-///     }
-///     fn prefix_len_in(&self, _: CacheSlot) -> usize { 0 }
-///     fn forward_groups(&mut self, g: &[ScoreGroup<'_>]) -> Result<Vec<Vec<BlockStats>>> {
-///         Ok(g.iter().map(|_| Vec::new()).collect())
-///     }
-/// }
-/// ```
-#[macro_export]
-macro_rules! slot0_methods {
-    () => {
-        fn set_generation_end(&mut self, end: usize) -> $crate::Result<()> {
-            $crate::MultiRequestModel::set_generation_end_in(self, $crate::CacheSlot(0), end)
-        }
-
-        fn reset_prefix(
-            &mut self,
-            prefix: &[$crate::TokenId],
-            block_size: usize,
-        ) -> $crate::Result<$crate::PrefixUpdate> {
-            $crate::MultiRequestModel::reset_prefix_in(
-                self,
-                $crate::CacheSlot(0),
-                prefix,
-                block_size,
-            )
-        }
-
-        fn append_block(
-            &mut self,
-            block: &[$crate::TokenId],
-        ) -> $crate::Result<$crate::PrefixUpdate> {
-            $crate::MultiRequestModel::append_block_in(self, $crate::CacheSlot(0), block)
-        }
-
-        fn prefix_len(&self) -> usize {
-            $crate::MultiRequestModel::prefix_len_in(self, $crate::CacheSlot(0))
-        }
-
-        fn positions_per_state(&self, block_len: usize) -> usize {
-            $crate::MultiRequestModel::positions_per_state_in(self, $crate::CacheSlot(0), block_len)
-        }
-
-        fn forward(
-            &mut self,
-            states: &[$crate::BlockState],
-            query: &$crate::StatsQuery,
-        ) -> $crate::Result<Vec<$crate::BlockStats>> {
-            let group = $crate::ScoreGroup {
-                slot: $crate::CacheSlot(0),
-                states,
-                query,
-            };
-            Ok($crate::MultiRequestModel::forward_groups(self, &[group])?
-                .pop()
-                .unwrap_or_default())
-        }
-
-        fn forward_carrying(
-            &mut self,
-            carry: $crate::Carry<'_>,
-            states: &[$crate::BlockState],
-            query: &$crate::StatsQuery,
-        ) -> $crate::Result<($crate::PrefixUpdate, Vec<$crate::BlockStats>)> {
-            let group = $crate::ScoreGroup {
-                slot: $crate::CacheSlot(0),
-                states,
-                query,
-            };
-            let (mut updates, mut stats) =
-                $crate::MultiRequestModel::forward_groups_carrying(self, &[carry], &[group])?;
-            Ok((
-                updates.pop().unwrap_or_default(),
-                stats.pop().unwrap_or_default(),
-            ))
-        }
-    };
 }

@@ -19,37 +19,36 @@
 //! The request holds no model and does no I/O, the way `quinn-proto` or `rustls` keep protocol
 //! logic apart from sockets: [`run_decode`](crate::run_decode) drives one request through a
 //! [`BlockDiffusionModel`](crate::BlockDiffusionModel), and
-//! [`BatchDriver`](crate::BatchDriver) drives many through one
-//! [`MultiRequestModel`](crate::MultiRequestModel), merging their scoring forwards. A
+//! [`BatchDriver`](crate::BatchDriver) drives many through one, merging their scoring
+//! forwards. A
 //! [`StepStrategy`] decides which states to score and what to commit (the draft-free rule, or
 //! a speculative tree and its verifier); everything else (prefill, the prompt tail, stop ids,
 //! the fixed-length protocol, counters, events, cancellation) lives here once.
 //!
 //! ```
-//! use spot_core::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, Need, Request};
+//! use spot_core::{DecodeConfig, DraftFreeDecoder, MeteredModel, Need, Request};
 //! use spot_core::toy::{ToyConfig, ToyModel};
 //!
-//! let mut model = ToyModel::new(ToyConfig::default());
+//! let mut toy = ToyModel::new(ToyConfig::default());
+//! let mut model = MeteredModel::new(&mut toy);
 //! let cfg = DecodeConfig { block_size: 8, max_new_tokens: 16, ..DecodeConfig::default() };
 //! let mut req = Request::new(&[1, 2, 3], &cfg, model.info(), DraftFreeDecoder::new())?;
 //! loop {
 //!     match req.need() {
 //!         Need::Prefill { prefix, block_size, generation_end } => {
-//!             model.set_generation_end(generation_end)?;
-//!             let u = model.reset_prefix(prefix, block_size)?;
+//!             let u = model.reset_prefix(prefix, block_size, generation_end)?;
 //!             req.prefix_done(u)?;
 //!         }
 //!         Need::Score { states, query, carry } => {
-//!             let positions = states.len() * model.positions_per_state(states[0].len());
 //!             // The finished block before, if any, rides along.
-//!             let (u, stats) = model.forward_carrying(carry, states, query)?;
-//!             req.scored_after_append(u, stats, positions as u64)?;
+//!             let scores = model.forward_carrying(carry, states, query)?;
+//!             req.scored_group(scores)?;
 //!         }
 //!         Need::Done => break,
 //!     }
 //! }
 //! let out = req.finish()?;
-//! let reference = DraftFreeDecoder::new().decode(&mut model, &[1, 2, 3], &cfg)?;
+//! let reference = DraftFreeDecoder::new().decode(&mut toy, &[1, 2, 3], &cfg)?;
 //! assert_eq!(out.tokens, reference.tokens);
 //! # Ok::<(), spot_core::Error>(())
 //! ```
@@ -60,7 +59,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::{BlockPlan, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace};
 use crate::error::{Error, Result};
-use crate::model::{Carry, Meter, ModelInfo, PrefixUpdate, check_forward, check_state_lengths};
+use crate::model::{
+    Carry, GroupScores, Meter, ModelInfo, PrefixUpdate, check_forward, check_state_lengths,
+};
 use crate::state::{BlockState, Commit, TokenId};
 use crate::stats::{BlockStats, StatsQuery};
 use crate::transition::Transition;
@@ -246,18 +247,15 @@ pub enum Need<'a> {
         prefix: &'a [TokenId],
         /// The block size of the decode.
         block_size: usize,
-        /// The absolute end of the last block
-        /// ([`BlockDiffusionModel::set_generation_end`](crate::BlockDiffusionModel::set_generation_end)).
+        /// The absolute end of the last block ([`crate::Prefix::generation_end`]).
         generation_end: usize,
     },
-    /// Score `states` after the request's prefix with `query`, carrying `carry`
-    /// ([`BlockDiffusionModel::forward_carrying`]): the block just finished, appended first
-    /// (the first forward of the next block carries it), and a look-ahead the strategy asked
-    /// for. Answer with [`Request::scored_after_append`] (or [`Request::scored`] when the
-    /// model appended inside the forward at no forward of its own); a served look-ahead's
-    /// statistics come last.
-    ///
-    /// [`BlockDiffusionModel::forward_carrying`]: crate::BlockDiffusionModel::forward_carrying
+    /// Score `states` after the request's prefix with `query`, carrying `carry` (a
+    /// [`crate::ScoreGroup`]): the block just finished, appended first (the first forward of
+    /// the next block carries it), and a look-ahead the strategy asked for. Answer with
+    /// [`Request::scored_group`], or [`Request::scored_after_append`] (or
+    /// [`Request::scored`] when the model appended inside the forward at no forward of its
+    /// own) with a served look-ahead's statistics last.
     Score {
         /// Block states of equal length (at least one).
         states: &'a [BlockState],
@@ -525,10 +523,23 @@ impl<S: StepStrategy> Request<S> {
         self.scored_after_append(carried, stats, positions)
     }
 
+    /// The answer to [`Need::Score`] as a model's forward gave it for this request's group
+    /// ([`crate::ScoreGroup`] with the need's carry): what the append cost, the statistics,
+    /// the served look-ahead and the positions computed.
+    pub fn scored_group(&mut self, scores: GroupScores) -> Result<(), S::Error> {
+        let GroupScores {
+            append,
+            mut stats,
+            lookahead,
+            positions,
+        } = scores;
+        stats.extend(lookahead);
+        self.scored_after_append(append, stats, positions)
+    }
+
     /// [`Request::scored`] with what the pending append cost (as the model reported it:
-    /// [`BlockDiffusionModel::forward_carrying`]); ignored when nothing was pending.
-    ///
-    /// [`BlockDiffusionModel::forward_carrying`]: crate::BlockDiffusionModel::forward_carrying
+    /// [`GroupScores::append`]; ignored when nothing was pending) and a served look-ahead's
+    /// statistics after the states'.
     pub fn scored_after_append(
         &mut self,
         update: PrefixUpdate,

@@ -8,8 +8,8 @@
 
 use crate::error::{Error, Result};
 use crate::model::{
-    BlockDiffusionModel, CacheSlot, ModelInfo, MultiRequestModel, PrefixUpdate, ScoreGroup, Slots,
-    check_distinct_slots,
+    BlockDiffusionModel, CacheSlot, CacheUsage, GroupScores, ModelInfo, PrefixUpdate, ScoreGroup,
+    Slots, check_distinct_slots,
 };
 use crate::state::{BlockState, TokenId};
 use crate::stats::{BlockStats, ReduceScratch, StatsQuery, reduce_logits};
@@ -62,10 +62,11 @@ impl Default for ToyConfig {
 /// A deterministic, batch-invariant toy model implementing [`BlockDiffusionModel`].
 ///
 /// ```
-/// use spot_core::{BlockDiffusionModel, BlockState, StatsQuery};
+/// use spot_core::{BlockState, MeteredModel, StatsQuery};
 /// use spot_core::toy::{ToyConfig, ToyModel};
-/// let mut m = ToyModel::new(ToyConfig::default());
-/// m.reset_prefix(&[1, 2, 3, 4], 4).unwrap();
+/// let mut toy = ToyModel::new(ToyConfig::default());
+/// let mut m = MeteredModel::new(&mut toy);
+/// m.reset_prefix(&[1, 2, 3, 4], 4, 12).unwrap();
 /// let s = BlockState::masked(8, m.info().mask_id);
 /// let out = m.forward(&[s.clone(), s], &StatsQuery::new(0.0, 0)).unwrap();
 /// assert_eq!(out[0], out[1]);
@@ -239,45 +240,9 @@ impl ToyModel {
     }
 }
 
-impl BlockDiffusionModel for ToyModel {
-    fn info(&self) -> &ModelInfo {
-        &self.info
-    }
-
-    crate::slot0_methods!();
-}
-
-impl MultiRequestModel for ToyModel {
-    fn open_slot(&mut self) -> Result<CacheSlot> {
-        Ok(self.slots.open())
-    }
-
-    fn close_slot(&mut self, slot: CacheSlot) {
-        self.slots.close(slot);
-    }
-
-    fn open_slots(&self) -> usize {
-        self.slots.open_count()
-    }
-
-    fn set_generation_end_in(&mut self, slot: CacheSlot, _end: usize) -> Result<()> {
-        self.slots.get(slot).map(|_| ())
-    }
-
-    fn reset_prefix_in(
-        &mut self,
-        slot: CacheSlot,
-        prefix: &[TokenId],
-        _block_size: usize,
-    ) -> Result<PrefixUpdate> {
-        let seed = self.cfg.seed;
-        let p = self.slots.get_mut(slot)?;
-        p.len = 0;
-        p.hash = mix64(seed);
-        self.append_block_in(slot, prefix)
-    }
-
-    fn append_block_in(&mut self, slot: CacheSlot, block: &[TokenId]) -> Result<PrefixUpdate> {
+impl ToyModel {
+    /// Appends `block` to a slot's prefix (a forward of its own when `prefix_forwards` is set).
+    fn append(&mut self, slot: CacheSlot, block: &[TokenId]) -> Result<PrefixUpdate> {
         let p = self.slots.get_mut(slot)?;
         *p = p.extended(block);
         let forwards = self.cfg.prefix_forwards;
@@ -286,44 +251,70 @@ impl MultiRequestModel for ToyModel {
             positions: if forwards { block.len() } else { 0 },
         })
     }
+}
 
-    fn prefix_len_in(&self, slot: CacheSlot) -> usize {
+impl BlockDiffusionModel for ToyModel {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn open_slot(&mut self) -> Result<CacheSlot> {
+        Ok(self.slots.open())
+    }
+
+    fn close_slot(&mut self, slot: CacheSlot) {
+        self.slots.close(slot);
+    }
+
+    fn cache_usage(&self) -> CacheUsage {
+        CacheUsage {
+            slots: self.slots.open_count(),
+            bytes: 0,
+        }
+    }
+
+    fn prefix_len(&self, slot: CacheSlot) -> usize {
         self.slots.get(slot).map_or(0, |p| p.len)
     }
 
-    fn forward_groups(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<Vec<BlockStats>>> {
-        check_distinct_slots(groups)?;
-        let out = groups
-            .iter()
-            .map(|g| self.score(g.slot, g.states, g.query))
-            .collect::<Result<Vec<_>>>()?;
-        self.forwards += 1;
-        Ok(out)
+    fn reset_prefix(&mut self, slot: CacheSlot, prefix: crate::Prefix<'_>) -> Result<PrefixUpdate> {
+        let seed = self.cfg.seed;
+        let p = self.slots.get_mut(slot)?;
+        p.len = 0;
+        p.hash = mix64(seed);
+        self.append(slot, prefix.tokens)
     }
 
-    /// The default appends (a forward of their own when `prefix_forwards` is set), then one
-    /// forward that also serves every look-ahead: the next state after the slot's prefix
+    /// Each group's append (a forward of its own when `prefix_forwards` is set), its states, and its look-ahead: the next state after the slot's prefix
     /// extended by the hypothesised block, which is not kept.
-    fn forward_groups_carrying(
-        &mut self,
-        carries: &[crate::Carry<'_>],
-        groups: &[ScoreGroup<'_>],
-    ) -> Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
-        let plain: Vec<crate::Carry<'_>> = carries
-            .iter()
-            .map(|c| crate::Carry {
-                append: c.append,
-                lookahead: None,
-            })
-            .collect();
-        let (updates, mut out) =
-            crate::model::default_forward_groups_carrying(self, &plain, groups)?;
-        for ((g, c), stats) in groups.iter().zip(carries).zip(&mut out) {
-            if let Some((block, next)) = c.lookahead {
-                let prefix = self.slots.get(g.slot)?.extended(block);
-                stats.extend(self.score_after(prefix, std::slice::from_ref(next), g.query)?);
-            }
+    fn forward(&mut self, groups: &[ScoreGroup<'_>]) -> Result<Vec<GroupScores>> {
+        check_distinct_slots(groups)?;
+        let mut out = Vec::with_capacity(groups.len());
+        for g in groups {
+            let append = match g.carry.append.is_empty() {
+                true => PrefixUpdate::default(),
+                false => self.append(g.slot, g.carry.append)?,
+            };
+            let stats = self.score(g.slot, g.states, g.query)?;
+            let lookahead = match g.carry.lookahead {
+                Some((block, next)) => {
+                    let prefix = self.slots.get(g.slot)?.extended(block);
+                    self.score_after(prefix, std::slice::from_ref(next), g.query)?
+                        .pop()
+                }
+                None => None,
+            };
+            let len = g.states.first().map_or(0, BlockState::len);
+            out.push(GroupScores {
+                append,
+                stats,
+                lookahead,
+                positions: (g.states.len() * len) as u64,
+            });
         }
-        Ok((updates, out))
+        if groups.iter().any(|g| !g.states.is_empty()) {
+            self.forwards += 1;
+        }
+        Ok(out)
     }
 }

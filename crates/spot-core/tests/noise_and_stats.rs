@@ -5,9 +5,7 @@
 use proptest::prelude::*;
 use spot_core::stats::{ReduceScratch, reduce_logits};
 use spot_core::toy::{ToyConfig, ToyModel};
-use spot_core::{
-    BlockDiffusionModel, BlockState, BlockStats, ConfidenceRule, GumbelNoise, StatsQuery,
-};
+use spot_core::{BlockState, BlockStats, ConfidenceRule, GumbelNoise, MeteredModel, StatsQuery};
 
 fn cases() -> u32 {
     std::env::var("SPOT_PROPTEST_CASES")
@@ -84,8 +82,9 @@ proptest! {
     #[test]
     fn toy_forward_is_batch_invariant(seed in any::<u64>(), others in prop::collection::vec(prop::collection::vec(0u32..48, 8), 20),
                                       t in prop_oneof![Just(0.0f32), Just(1.0)]) {
-        let mut m = ToyModel::new(ToyConfig { seed, ..ToyConfig::default() });
-        m.reset_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], 8).unwrap();
+        let mut toy = ToyModel::new(ToyConfig { seed, ..ToyConfig::default() });
+        let mut m = MeteredModel::new(&mut toy);
+        m.reset_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], 8, 16).unwrap();
         let q = StatsQuery::new(t, seed);
         let me = BlockState::masked(8, 47);
         let alone = m.forward(std::slice::from_ref(&me), &q).unwrap();

@@ -40,12 +40,12 @@ use std::time::Instant;
 pub use spot_core::{
     self as core, ArConfig, ArInfo, ArOutput, AutoregressiveModel, BatchDriver,
     BlockDiffusionModel, BlockEvent, BlockLayout, BlockObserver, BlockProgress, BlockRun,
-    BlockState, BlockStats, CacheSlot, CancelHandle, Carry, Commit, ConfidenceRule, DecodeConfig,
-    DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder, Error, Finished, GumbelNoise, Meter,
-    MeteredModel, ModelInfo, MultiRequestModel, Need, PositionStats, PrefixUpdate, ReduceScratch,
-    Request, RequestId, Result, ScoreGroup, Slots, StatsQuery, StepStrategy, StopCheck, TokenId,
-    Transition, decode_autoregressive, exact_commit, reduce_block, reduce_logits, run_decode,
-    run_request, toy,
+    BlockState, BlockStats, CacheSlot, CacheUsage, CancelHandle, Carry, Commit, ConfidenceRule,
+    DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder, Error, Finished,
+    GroupScores, GumbelNoise, Meter, MeteredModel, ModelInfo, Need, PositionStats, Prefix,
+    PrefixUpdate, ReduceScratch, Request, RequestId, Result, ScoreGroup, Slots, StatsQuery,
+    StepStrategy, StopCheck, TokenId, Transition, decode_autoregressive, exact_commit,
+    reduce_block, reduce_logits, run_decode, run_request, toy,
 };
 pub use spot_tree::{
     self as tree, DraftTree, JoinModel, OracleScorer, OrderScorer, RandomScorer, ScoreContext,

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use spot_core::{BlockDiffusionModel, BlockState, ConfidenceRule, StatsQuery, TokenId};
+use spot_core::{
+    BlockDiffusionModel, BlockState, ConfidenceRule, MeteredModel, StatsQuery, TokenId,
+};
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_drafter::mrp::{MrpScorer, MrpTokens};
 use spot_models::{CpuBackend, DEFAULT_MRP, ModelError, Mrp, MrpFile, Sdar};
@@ -35,7 +37,8 @@ fn mrp_reproduces_its_trainer() {
     let l = 32;
     let (prefix, block) = reference.ids.split_at(reference.ids.len() - l);
     let mask = target.info().mask_id;
-    target.reset_prefix(prefix, l).unwrap();
+    let mut target = MeteredModel::new(&mut target);
+    target.reset_prefix(prefix, l, prefix.len() + l).unwrap();
     let query = StatsQuery {
         hidden_states: true,
         ..StatsQuery::new(0.0, 0)

@@ -4,8 +4,8 @@ use std::path::Path;
 
 use burn_tensor::backend::Backend;
 use spot_core::{
-    BlockDiffusionModel, BlockState, BlockStats, CacheSlot, Carry, ModelInfo, MultiRequestModel,
-    PrefixUpdate, ScoreGroup, StatsQuery, TokenId,
+    BlockDiffusionModel, BlockState, CacheSlot, CacheUsage, GroupScores, ModelInfo, Prefix,
+    PrefixUpdate, ScoreGroup,
 };
 
 use crate::family::Family;
@@ -149,49 +149,6 @@ impl<B: Backend> BlockDiffusionModel for DiffusionModel<B> {
         each!(self, m => m.info())
     }
 
-    fn set_generation_end(&mut self, end: usize) -> spot_core::Result<()> {
-        each!(self, m => m.set_generation_end(end))
-    }
-
-    fn reset_prefix(
-        &mut self,
-        prefix: &[TokenId],
-        block_size: usize,
-    ) -> spot_core::Result<PrefixUpdate> {
-        each!(self, m => m.reset_prefix(prefix, block_size))
-    }
-
-    fn append_block(&mut self, block: &[TokenId]) -> spot_core::Result<PrefixUpdate> {
-        each!(self, m => m.append_block(block))
-    }
-
-    fn prefix_len(&self) -> usize {
-        each!(self, m => m.prefix_len())
-    }
-
-    fn forward(
-        &mut self,
-        states: &[BlockState],
-        query: &StatsQuery,
-    ) -> spot_core::Result<Vec<BlockStats>> {
-        each!(self, m => m.forward(states, query))
-    }
-
-    fn forward_carrying(
-        &mut self,
-        carry: Carry<'_>,
-        states: &[BlockState],
-        query: &StatsQuery,
-    ) -> spot_core::Result<(PrefixUpdate, Vec<BlockStats>)> {
-        each!(self, m => m.forward_carrying(carry, states, query))
-    }
-
-    fn positions_per_state(&self, block_len: usize) -> usize {
-        each!(self, m => m.positions_per_state(block_len))
-    }
-}
-
-impl<B: Backend> MultiRequestModel for DiffusionModel<B> {
     fn open_slot(&mut self) -> spot_core::Result<CacheSlot> {
         each!(self, m => m.open_slot())
     }
@@ -200,62 +157,23 @@ impl<B: Backend> MultiRequestModel for DiffusionModel<B> {
         each!(self, m => m.close_slot(slot))
     }
 
-    fn open_slots(&self) -> usize {
-        each!(self, m => m.open_slots())
+    fn cache_usage(&self) -> CacheUsage {
+        each!(self, m => m.cache_usage())
     }
 
-    fn cache_bytes(&self) -> u64 {
-        each!(self, m => m.cache_bytes())
+    fn prefix_len(&self, slot: CacheSlot) -> usize {
+        each!(self, m => m.prefix_len(slot))
     }
 
-    fn set_generation_end_in(&mut self, slot: CacheSlot, end: usize) -> spot_core::Result<()> {
-        each!(self, m => m.set_generation_end_in(slot, end))
-    }
-
-    fn reset_prefix_in(
+    fn reset_prefix(
         &mut self,
         slot: CacheSlot,
-        prefix: &[TokenId],
-        block_size: usize,
+        prefix: Prefix<'_>,
     ) -> spot_core::Result<PrefixUpdate> {
-        each!(self, m => m.reset_prefix_in(slot, prefix, block_size))
+        each!(self, m => m.reset_prefix(slot, prefix))
     }
 
-    fn append_block_in(
-        &mut self,
-        slot: CacheSlot,
-        block: &[TokenId],
-    ) -> spot_core::Result<PrefixUpdate> {
-        each!(self, m => m.append_block_in(slot, block))
-    }
-
-    fn prefix_len_in(&self, slot: CacheSlot) -> usize {
-        each!(self, m => m.prefix_len_in(slot))
-    }
-
-    fn append_blocks(
-        &mut self,
-        blocks: &[(CacheSlot, &[TokenId])],
-    ) -> spot_core::Result<Vec<PrefixUpdate>> {
-        each!(self, m => m.append_blocks(blocks))
-    }
-
-    fn positions_per_state_in(&self, slot: CacheSlot, block_len: usize) -> usize {
-        each!(self, m => m.positions_per_state_in(slot, block_len))
-    }
-
-    fn forward_groups(
-        &mut self,
-        groups: &[ScoreGroup<'_>],
-    ) -> spot_core::Result<Vec<Vec<BlockStats>>> {
-        each!(self, m => m.forward_groups(groups))
-    }
-
-    fn forward_groups_carrying(
-        &mut self,
-        carries: &[Carry<'_>],
-        groups: &[ScoreGroup<'_>],
-    ) -> spot_core::Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
-        each!(self, m => m.forward_groups_carrying(carries, groups))
+    fn forward(&mut self, groups: &[ScoreGroup<'_>]) -> spot_core::Result<Vec<GroupScores>> {
+        each!(self, m => m.forward(groups))
     }
 }

@@ -8,8 +8,8 @@
 
 use burn_tensor::backend::Backend;
 use spot_core::{
-    BlockDiffusionModel, BlockLayout, BlockState, BlockStats, CacheSlot, Carry, ModelInfo,
-    MultiRequestModel, PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
+    BlockDiffusionModel, BlockLayout, BlockState, CacheSlot, Carry, GroupScores, ModelInfo, Prefix,
+    PrefixUpdate, ScoreGroup, Slots, StatsQuery, TokenId, check_distinct_slots,
 };
 
 use crate::attention::{Attend, Kv};
@@ -52,7 +52,7 @@ impl<B: Backend, C: std::fmt::Debug> std::fmt::Debug for BlockCausal<B, C> {
         f.debug_struct("BlockCausal")
             .field("dir", &self.frame.dir)
             .field("config", &self.cfg)
-            .field("prefix_len", &self.prefix_len())
+            .field("prefix_len", &self.prefix_len(SLOT0))
             .field("slots", &self.slots.open_count())
             .finish_non_exhaustive()
     }
@@ -117,10 +117,6 @@ impl<B: Backend, C> BlockDiffusionModel for BlockCausal<B, C> {
         &self.info
     }
 
-    spot_core::slot0_methods!();
-}
-
-impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
     fn open_slot(&mut self) -> spot_core::Result<CacheSlot> {
         Ok(self.slots.open())
     }
@@ -129,116 +125,43 @@ impl<B: Backend, C> MultiRequestModel for BlockCausal<B, C> {
         self.slots.close(slot);
     }
 
-    crate::frame::slot_accounting!();
+    crate::frame::cache_usage!();
 
-    fn set_generation_end_in(&mut self, slot: CacheSlot, _end: usize) -> spot_core::Result<()> {
-        self.slots.get(slot).map(|_| ())
-    }
-
-    fn reset_prefix_in(
-        &mut self,
-        slot: CacheSlot,
-        prefix: &[TokenId],
-        block_size: usize,
-    ) -> spot_core::Result<PrefixUpdate> {
-        *self.slots.get_mut(slot)? = PrefixSlot::default();
-        self.frame.begin(block_size)?;
-        for chunk in prefix.chunks(block_size) {
-            self.append_blocks(&[(slot, chunk)])?;
-        }
-        Ok(PrefixUpdate {
-            ran_forward: !prefix.is_empty(),
-            positions: prefix.len(),
-        })
-    }
-
-    fn append_block_in(
-        &mut self,
-        slot: CacheSlot,
-        block: &[TokenId],
-    ) -> spot_core::Result<PrefixUpdate> {
-        Ok(self
-            .append_blocks(&[(slot, block)])?
-            .pop()
-            .unwrap_or_default())
-    }
-
-    fn prefix_len_in(&self, slot: CacheSlot) -> usize {
+    fn prefix_len(&self, slot: CacheSlot) -> usize {
         self.slots.get(slot).map_or(0, |s| s.prefix.len())
     }
 
-    /// The blocks of several slots in one forward: each block attends to its own slot's
-    /// cache with the products of appending it alone (`Net::run_segments`), so every
-    /// cache ends as after its own append.
-    fn append_blocks(
+    /// The prefix block by block, each block attending to the cache of the ones before
+    /// (the generation end does not matter to a block-causal model).
+    fn reset_prefix(
         &mut self,
-        blocks: &[(CacheSlot, &[TokenId])],
-    ) -> spot_core::Result<Vec<PrefixUpdate>> {
-        let mut ids = Vec::new();
-        let mut starts = Vec::with_capacity(blocks.len());
-        for (i, &(slot, block)) in blocks.iter().enumerate() {
-            if blocks[..i].iter().any(|&(s, _)| s == slot) {
-                return Err(spot_core::Error::config(
-                    "blocks",
-                    format!("cache slot {} appears twice in one append", slot.0),
-                ));
-            }
-            let start = self.slots.get(slot)?.prefix.len();
-            self.frame.check_end(start + block.len(), "prefix")?;
-            self.frame.push_ids(block, &mut ids)?;
-            starts.push(start);
+        slot: CacheSlot,
+        prefix: Prefix<'_>,
+    ) -> spot_core::Result<PrefixUpdate> {
+        *self.slots.get_mut(slot)? = PrefixSlot::default();
+        self.frame.begin(prefix.block_size)?;
+        let query = StatsQuery::new(0.0, 0);
+        for append in prefix.tokens.chunks(prefix.block_size) {
+            let carry = Carry {
+                append,
+                lookahead: None,
+            };
+            self.score_groups(&[ScoreGroup::new(slot, &[], &query).carrying(carry)])?;
         }
-        let segments: Vec<Segment<'_, B>> = blocks
-            .iter()
-            .zip(&starts)
-            .filter(|((_, block), _)| !block.is_empty())
-            .map(|(&(slot, block), &start)| Segment {
-                n: 1,
-                len: block.len(),
-                start,
-                cache: self.slots.get(slot).map_or(&[][..], |s| &s.cache[..]),
-                after: None,
-            })
-            .collect();
-        if !segments.is_empty() {
-            let (_, kv) = self.net.run_segments(ids, &segments, Attend::Bidirectional);
-            drop(segments);
-            let appended = blocks.iter().filter(|(_, block)| !block.is_empty());
-            for (&(slot, block), kv) in appended.zip(kv) {
-                let s = self.slots.get_mut(slot)?;
-                Net::extend_cache(&mut s.cache, kv);
-                s.prefix.extend_from_slice(block);
-            }
-        }
-        Ok(blocks
-            .iter()
-            .map(|(_, block)| PrefixUpdate {
-                ran_forward: !block.is_empty(),
-                positions: block.len(),
-            })
-            .collect())
+        Ok(PrefixUpdate {
+            ran_forward: !prefix.tokens.is_empty(),
+            positions: prefix.tokens.len(),
+        })
     }
 
-    fn forward_groups(
-        &mut self,
-        groups: &[ScoreGroup<'_>],
-    ) -> spot_core::Result<Vec<Vec<BlockStats>>> {
-        let none = vec![Carry::default(); groups.len()];
-        Ok(self.score_groups(&none, groups)?.1)
-    }
-
-    /// One forward: each finished block of `carries` runs as a segment of its own over its
+    /// One forward: each finished block a group carries runs as a segment of its own over its
     /// slot's cache, and its group's states attend to that cache extended by the block's keys
     /// and values of the same layer (`Segment::after`), exactly the cache an append alone
     /// leaves; the blocks then join their caches. A look-ahead `(block, next)` runs `block`
     /// as a further segment over that cache and `next` over the cache it extends, and neither
-    /// is kept. No forward of its own for any append.
-    fn forward_groups_carrying(
-        &mut self,
-        carries: &[Carry<'_>],
-        groups: &[ScoreGroup<'_>],
-    ) -> spot_core::Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
-        self.score_groups(carries, groups)
+    /// is kept. An append rides in the forward of its group's states (no forward of its own).
+    fn forward(&mut self, groups: &[ScoreGroup<'_>]) -> spot_core::Result<Vec<GroupScores>> {
+        self.score_groups(groups)
     }
 }
 
@@ -252,25 +175,14 @@ struct GroupSegments {
 }
 
 impl<B: Backend, C> BlockCausal<B, C> {
-    /// [`MultiRequestModel::forward_groups_carrying`] (and, with nothing carried,
-    /// [`MultiRequestModel::forward_groups`]).
-    fn score_groups(
-        &mut self,
-        carries: &[Carry<'_>],
-        groups: &[ScoreGroup<'_>],
-    ) -> spot_core::Result<(Vec<PrefixUpdate>, Vec<Vec<BlockStats>>)> {
+    /// [`BlockDiffusionModel::forward`].
+    fn score_groups(&mut self, groups: &[ScoreGroup<'_>]) -> spot_core::Result<Vec<GroupScores>> {
         check_distinct_slots(groups)?;
-        if carries.len() != groups.len() {
-            return Err(spot_core::Error::ShapeMismatch {
-                what: "carries per score group",
-                expected: groups.len(),
-                actual: carries.len(),
-            });
-        }
+        let carries: Vec<Carry<'_>> = groups.iter().map(|g| g.carry).collect();
         let mut ids = Vec::new();
         // Per group: the prefix length before its append, and the states' shape.
         let mut shapes = Vec::with_capacity(groups.len());
-        for (g, c) in groups.iter().zip(carries) {
+        for (g, c) in groups.iter().zip(&carries) {
             g.query.validate()?;
             let before = self.slots.get(g.slot)?.prefix.len();
             let start = before + c.append.len();
@@ -289,7 +201,7 @@ impl<B: Backend, C> BlockCausal<B, C> {
         }
         let mut segments: Vec<Segment<'_, B>> = Vec::new();
         let mut at = Vec::with_capacity(groups.len());
-        for ((g, c), &(n, len, before)) in groups.iter().zip(carries).zip(&shapes) {
+        for ((g, c), &(n, len, before)) in groups.iter().zip(&carries).zip(&shapes) {
             let cache = self.slots.get(g.slot).map_or(&[][..], |s| &s.cache[..]);
             let mut push = |n: usize, len: usize, start: usize, after: Option<usize>| {
                 segments.push(Segment {
@@ -315,8 +227,7 @@ impl<B: Backend, C> BlockCausal<B, C> {
             });
         }
         if segments.is_empty() {
-            let updates = groups.iter().map(|_| PrefixUpdate::default()).collect();
-            return Ok((updates, groups.iter().map(|_| Vec::new()).collect()));
+            return Ok(vec![GroupScores::default(); groups.len()]);
         }
         let (hidden, mut kv) = self.net.run_segments(ids, &segments, Attend::Bidirectional);
         let rows: Vec<usize> = segments.iter().map(|s| s.n * s.len).collect();
@@ -330,18 +241,19 @@ impl<B: Backend, C> BlockCausal<B, C> {
                 hidden.clone().narrow(0, row0, rows[si])
             }
         };
-        let mut updates = Vec::with_capacity(groups.len());
         let mut out = Vec::with_capacity(groups.len());
-        for (((g, c), &(_, len, before)), seg) in groups.iter().zip(carries).zip(&shapes).zip(&at) {
+        for (((g, c), &(n, len, before)), seg) in groups.iter().zip(&carries).zip(&shapes).zip(&at)
+        {
             let slot = self.slots.get_mut(g.slot)?;
             if let Some(b) = seg.append {
                 Net::extend_cache(&mut slot.cache, std::mem::take(&mut kv[b]));
                 slot.prefix.extend_from_slice(c.append);
             }
-            updates.push(PrefixUpdate {
-                ran_forward: false,
+            // An append rides in its states' forward; alone, it is a forward of its own.
+            let append = PrefixUpdate {
+                ran_forward: n == 0 && !c.append.is_empty(),
                 positions: c.append.len(),
-            });
+            };
             let start = before + c.append.len();
             let mut stats = Vec::new();
             if let Some(si) = seg.states {
@@ -354,19 +266,28 @@ impl<B: Backend, C> BlockCausal<B, C> {
                     g.query,
                 )?;
             }
+            let mut lookahead = None;
             if let (Some((_, ni)), Some((block, next))) = (seg.lookahead, c.lookahead) {
                 let next = std::slice::from_ref(next);
                 let plan = RowPlan::masked(next, next[0].len());
-                stats.extend(self.frame.stats(
-                    &self.net.head,
-                    part(ni),
-                    &plan,
-                    (start + block.len(), &mut slot.noise),
-                    g.query,
-                )?);
+                lookahead = self
+                    .frame
+                    .stats(
+                        &self.net.head,
+                        part(ni),
+                        &plan,
+                        (start + block.len(), &mut slot.noise),
+                        g.query,
+                    )?
+                    .pop();
             }
-            out.push(stats);
+            out.push(GroupScores {
+                append,
+                stats,
+                lookahead,
+                positions: (n * len) as u64,
+            });
         }
-        Ok((updates, out))
+        Ok(out)
     }
 }

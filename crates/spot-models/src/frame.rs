@@ -69,23 +69,23 @@ pub(crate) fn slot_bytes<B: Backend>(
     crate::attention::Kv::bytes(cache) + noise.bytes() + size_of_val(prefix) as u64
 }
 
-/// `open_slots` and `cache_bytes` of a `MultiRequestModel` whose `slots` hold `cache`,
-/// `noise` and `prefix` (the families' slot types).
-macro_rules! slot_accounting {
+/// `cache_usage` of a `BlockDiffusionModel` whose `slots` hold `cache`, `noise` and `prefix`
+/// (the families' slot types).
+macro_rules! cache_usage {
     () => {
-        fn open_slots(&self) -> usize {
-            self.slots.open_count()
-        }
-
-        fn cache_bytes(&self) -> u64 {
-            self.slots
-                .iter()
-                .map(|s| $crate::frame::slot_bytes(&s.cache, &s.noise, &s.prefix))
-                .sum()
+        fn cache_usage(&self) -> spot_core::CacheUsage {
+            spot_core::CacheUsage {
+                slots: self.slots.open_count(),
+                bytes: self
+                    .slots
+                    .iter()
+                    .map(|s| $crate::frame::slot_bytes(&s.cache, &s.noise, &s.prefix))
+                    .sum(),
+            }
         }
     };
 }
-pub(crate) use slot_accounting;
+pub(crate) use cache_usage;
 
 /// The Gumbel rows `[len, vocab]` of positions `first..first + len` under one seed, made once
 /// per block and reused by every forward on it (uploaded when a device reduction reads them).

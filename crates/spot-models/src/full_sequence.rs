@@ -4,15 +4,15 @@
 //! and values change with every token after it: there is no exact prefix cache. Every forward
 //! runs `prefix ; block state ; masks up to the end of the generation region` (future blocks
 //! all masks, as the official semi-autoregressive samplers do) and keeps the block's rows. The
-//! end of the region comes from [`BlockDiffusionModel::set_generation_end`], which every
-//! decoder of the workspace calls with the end of its last block.
+//! end of the region comes from [`spot_core::Prefix::generation_end`], which every decoder of
+//! the workspace passes with the end of its last block.
 //!
 //! Dream predicts token `i` from position `i - 1` (logits shifted right by one, position 0
 //! keeps its own row); LLaDA has no shift.
 //!
 //! **Approximate prefix cache (opt-in, changes the model's numbers).**
 //! [`FullSequence::set_approximate_prefix_cache`] turns on a Fast-dLLM-style cache: when the
-//! prefix changes (`reset_prefix`, `append_block`), one full forward over
+//! prefix changes (`reset_prefix`, a carried append), one full forward over
 //! `prefix ; masks up to the end` stores the prefix's keys and values, and every block forward
 //! then runs only `block state ; future masks` (plus the last prefix token for Dream's shift)
 //! against that cache. The prefix's keys no longer see the tokens decoded after them, so the
@@ -22,8 +22,8 @@
 use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{
-    BlockDiffusionModel, BlockLayout, BlockState, BlockStats, CacheSlot, ModelInfo,
-    MultiRequestModel, PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
+    BlockDiffusionModel, BlockLayout, BlockState, BlockStats, CacheSlot, GroupScores, ModelInfo,
+    Prefix, PrefixUpdate, ScoreGroup, Slots, TokenId, check_distinct_slots,
 };
 
 use crate::attention::{Attend, Kv};
@@ -251,10 +251,6 @@ impl<B: Backend, C> BlockDiffusionModel for FullSequence<B, C> {
         &self.info
     }
 
-    spot_core::slot0_methods!();
-}
-
-impl<B: Backend, C> MultiRequestModel for FullSequence<B, C> {
     fn open_slot(&mut self) -> spot_core::Result<CacheSlot> {
         Ok(self.slots.open())
     }
@@ -263,52 +259,64 @@ impl<B: Backend, C> MultiRequestModel for FullSequence<B, C> {
         self.slots.close(slot);
     }
 
-    crate::frame::slot_accounting!();
+    crate::frame::cache_usage!();
 
-    fn set_generation_end_in(&mut self, slot: CacheSlot, end: usize) -> spot_core::Result<()> {
-        self.frame.check_end(end, "generation region")?;
-        self.slots.get_mut(slot)?.end = end;
-        Ok(())
-    }
-
-    fn reset_prefix_in(
-        &mut self,
-        slot: CacheSlot,
-        prefix: &[TokenId],
-        block_size: usize,
-    ) -> spot_core::Result<PrefixUpdate> {
-        let s = self.slots.get_mut(slot)?;
-        let end = s.end;
-        *s = SequenceSlot::default();
-        s.end = end;
-        self.frame.begin(block_size)?;
-        self.store(slot, prefix)?;
-        Ok(self.refresh(slot)?)
-    }
-
-    fn append_block_in(
-        &mut self,
-        slot: CacheSlot,
-        block: &[TokenId],
-    ) -> spot_core::Result<PrefixUpdate> {
-        self.store(slot, block)?;
-        Ok(self.refresh(slot)?)
-    }
-
-    fn prefix_len_in(&self, slot: CacheSlot) -> usize {
+    fn prefix_len(&self, slot: CacheSlot) -> usize {
         self.slots.get(slot).map_or(0, |s| s.prefix.len())
     }
 
-    fn positions_per_state_in(&self, slot: CacheSlot, block_len: usize) -> usize {
-        self.slots.get(slot).map_or(block_len, |s| {
-            s.end.max(s.prefix.len() + block_len) - self.cached_len(s)
-        })
+    fn reset_prefix(
+        &mut self,
+        slot: CacheSlot,
+        prefix: Prefix<'_>,
+    ) -> spot_core::Result<PrefixUpdate> {
+        self.frame
+            .check_end(prefix.generation_end, "generation region")?;
+        let s = self.slots.get_mut(slot)?;
+        *s = SequenceSlot::default();
+        s.end = prefix.generation_end;
+        self.frame.begin(prefix.block_size)?;
+        self.store(slot, prefix.tokens)?;
+        Ok(self.refresh(slot)?)
     }
 
-    fn forward_groups(
+    /// Each group's carried block joins its prefix first (with the approximate cache on, a
+    /// forward of its own that refreshes the cache), then one forward over every group's
+    /// windows. Look-aheads are not served: the window of a state already holds the whole
+    /// generation region.
+    fn forward(&mut self, groups: &[ScoreGroup<'_>]) -> spot_core::Result<Vec<GroupScores>> {
+        check_distinct_slots(groups)?;
+        let mut appends = Vec::with_capacity(groups.len());
+        for g in groups {
+            appends.push(match g.carry.append.is_empty() {
+                true => PrefixUpdate::default(),
+                false => {
+                    self.store(g.slot, g.carry.append)?;
+                    self.refresh(g.slot)?
+                }
+            });
+        }
+        let scored = self.score_groups(groups)?;
+        Ok(appends
+            .into_iter()
+            .zip(scored)
+            .map(|(append, (stats, positions))| GroupScores {
+                append,
+                stats,
+                lookahead: None,
+                positions,
+            })
+            .collect())
+    }
+}
+
+impl<B: Backend, C> FullSequence<B, C> {
+    /// One forward over the groups' states (after their prefixes): each group's statistics and
+    /// the positions its windows computed.
+    fn score_groups(
         &mut self,
         groups: &[ScoreGroup<'_>],
-    ) -> spot_core::Result<Vec<Vec<BlockStats>>> {
+    ) -> spot_core::Result<Vec<(Vec<BlockStats>, u64)>> {
         check_distinct_slots(groups)?;
         let mut inputs = Vec::with_capacity(groups.len());
         for g in groups {
@@ -332,7 +340,7 @@ impl<B: Backend, C> MultiRequestModel for FullSequence<B, C> {
             });
         }
         if segments.is_empty() {
-            return Ok(groups.iter().map(|_| Vec::new()).collect());
+            return Ok(vec![(Vec::new(), 0); groups.len()]);
         }
         let (hidden, _) = self.net.run_segments(ids, &segments, Attend::Bidirectional);
         drop(segments);
@@ -340,22 +348,24 @@ impl<B: Backend, C> MultiRequestModel for FullSequence<B, C> {
         let mut row0 = 0;
         for (g, input) in groups.iter().zip(inputs) {
             if input.n == 0 {
-                out.push(Vec::new());
+                out.push((Vec::new(), 0));
                 continue;
             }
+            let positions = (input.n * input.width) as u64;
             let rows = input.rows.iter().map(|&r| r + row0 as i64).collect();
             row0 += input.n * input.width;
             let picked = hidden.clone().select(0, self.index(rows));
             let plan = RowPlan::masked(g.states, input.len);
             let slot = self.slots.get_mut(g.slot)?;
             let start = slot.prefix.len();
-            out.push(self.frame.stats(
+            let stats = self.frame.stats(
                 &self.net.head,
                 picked,
                 &plan,
                 (start, &mut slot.noise),
                 g.query,
-            )?);
+            )?;
+            out.push((stats, positions));
         }
         Ok(out)
     }

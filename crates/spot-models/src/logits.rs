@@ -22,12 +22,12 @@ const MAPPED_FROM: usize = 32 << 20;
 /// # Examples
 ///
 /// ```no_run
-/// use spot_core::{BlockDiffusionModel, BlockState};
+/// use spot_core::{BlockDiffusionModel, BlockState, MeteredModel};
 /// use spot_models::{CpuBackend, DiffusionModel};
 ///
 /// let mut model = DiffusionModel::<CpuBackend>::load("SDAR-1.7B-Chat".as_ref(), &Default::default())?;
 /// let mask = model.info().mask_id;
-/// model.reset_prefix(&[1, 2, 3, 4], 4)?;
+/// MeteredModel::new(&mut model).reset_prefix(&[1, 2, 3, 4], 4, 8)?;
 /// let logits = model.forward_logits(&[BlockState::masked(4, mask)])?;
 /// assert_eq!(logits.rows(), 4);
 /// assert_eq!(logits.len(), 4 * logits.vocab());

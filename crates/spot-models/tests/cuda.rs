@@ -62,7 +62,7 @@ fn cuda_statistics_are_batch_invariant() {
                 .chain([(32, 0), (32, 1), (32, 2), (32, 4)])
             {
                 let prefix: Vec<u32> = (0..(blocks * bs) as u32).map(|i| (i * 7) % 300).collect();
-                m.reset_prefix(&prefix, bs).unwrap();
+                m.prefill(&prefix, bs, prefix.len() + bs).unwrap();
                 for t in [0.0f32, 1.0] {
                     let q = StatsQuery::new(t, 11);
                     for n in [2usize, 3, 8, 21, 33] {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use spot_core::{
-    BatchDriver, CancelHandle, DecodeOutput, MultiRequestModel, Request, RequestId, StepStrategy,
+    BatchDriver, BlockDiffusionModel, CancelHandle, DecodeOutput, Request, RequestId, StepStrategy,
     TokenId,
 };
 use spot_hf::StopStrings;
@@ -122,7 +122,7 @@ pub(crate) fn run<M, S>(
     stats: Arc<Mutex<EngineStats>>,
 ) -> Result<(), String>
 where
-    M: MultiRequestModel,
+    M: BlockDiffusionModel,
     S: StepStrategy,
     S::Error: Display,
 {
@@ -202,7 +202,7 @@ fn admit<M, S>(
     totals: &mut EngineStats,
     s: Submission,
 ) where
-    M: MultiRequestModel,
+    M: BlockDiffusionModel,
     S: StepStrategy,
 {
     let mut made = Vec::with_capacity(s.jobs.len());
@@ -240,7 +240,7 @@ fn admit<M, S>(
     }
 }
 
-fn publish<M: MultiRequestModel, S: StepStrategy>(
+fn publish<M: BlockDiffusionModel, S: StepStrategy>(
     stats: &Mutex<EngineStats>,
     totals: &EngineStats,
     driver: &BatchDriver<S>,
@@ -249,8 +249,8 @@ fn publish<M: MultiRequestModel, S: StepStrategy>(
     let now = EngineStats {
         live: driver.live(),
         queued: driver.queued(),
-        open_slots: model.open_slots(),
-        cache_bytes: model.cache_bytes(),
+        open_slots: model.cache_usage().slots,
+        cache_bytes: model.cache_usage().bytes,
         forwards: totals.forwards + driver.forwards(),
         ..*totals
     };

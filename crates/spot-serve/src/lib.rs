@@ -73,7 +73,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use spot_core::{MultiRequestModel, StepStrategy};
+use spot_core::{BlockDiffusionModel, StepStrategy};
 
 pub use engine::{BoxError, Engine, EngineStats, Factory, JobSpec};
 pub use error::{ApiError, ServeError};
@@ -124,7 +124,7 @@ impl Server {
     /// serving. Returns once the model is loaded and the socket listens.
     pub fn start<M, S, F>(config: ServeConfig, load: F) -> Result<Self, ServeError>
     where
-        M: MultiRequestModel + 'static,
+        M: BlockDiffusionModel + 'static,
         S: StepStrategy + 'static,
         S::Error: Display,
         F: FnOnce() -> Result<(Frontend, Engine<M, S>), BoxError> + Send + 'static,

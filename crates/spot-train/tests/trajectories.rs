@@ -155,7 +155,7 @@ fn file_round_trip_and_every_truncation_is_an_error() {
 #[test]
 fn hidden_states_are_recorded_and_version_two_still_reads() {
     use spot_core::toy::TOY_HIDDEN_DIM;
-    use spot_core::{BlockDiffusionModel, BlockState, StatsQuery};
+    use spot_core::{BlockState, MeteredModel, StatsQuery};
     use spot_drafter::features::bf16_round;
     use spot_drafter::trajectory::{Recorder, record_with};
     let c = cfg(8, 1.0, 16);
@@ -176,8 +176,9 @@ fn hidden_states_are_recorded_and_version_two_still_reads() {
     // The first step of the first block: the model's hidden states at its initial state.
     let b = &traj.blocks[0];
     let mut m = toy(3);
+    let mut m = MeteredModel::new(&mut m);
     let aligned = prompt.len() / 8 * 8;
-    m.reset_prefix(&prompt[..aligned], 8).unwrap();
+    m.reset_prefix(&prompt[..aligned], 8, aligned + 8).unwrap();
     let q = StatsQuery {
         hidden_states: true,
         ..c.query()

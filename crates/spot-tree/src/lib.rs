@@ -15,11 +15,12 @@
 //! No tensor library is involved: a round's tree costs microseconds.
 //!
 //! ```
-//! use spot_core::{BlockDiffusionModel, BlockState, StatsQuery, toy::{ToyConfig, ToyModel}};
+//! use spot_core::{BlockState, MeteredModel, StatsQuery, toy::{ToyConfig, ToyModel}};
 //! use spot_tree::{ScoreContext, StaleConfidenceScorer, TreeBuilder, TreeConfig};
 //!
-//! let mut model = ToyModel::new(ToyConfig::default());
-//! model.reset_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], 8).unwrap();
+//! let mut toy = ToyModel::new(ToyConfig::default());
+//! let mut model = MeteredModel::new(&mut toy);
+//! model.reset_prefix(&[1, 2, 3, 4, 5, 6, 7, 8], 8, 16).unwrap();
 //! let root = BlockState::masked(8, model.info().mask_id);
 //! let stale = model.forward(&[root.clone()], &StatsQuery::new(0.0, 0)).unwrap().remove(0);
 //! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 8, noise: None, temperature: 0.0 };

@@ -10,7 +10,7 @@
 use criterion::{BenchmarkId, Criterion, black_box, criterion_group, criterion_main};
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_core::{
-    BlockDiffusionModel, BlockState, BlockStats, Commit, StatsQuery, Transition, exact_commit,
+    BlockState, BlockStats, Commit, MeteredModel, StatsQuery, Transition, exact_commit,
 };
 use spot_tree::{
     NodeBatch, OrderScorer, ScoreContext, StaleConfidenceScorer, TreeBuilder, TreeConfig,
@@ -73,15 +73,16 @@ struct Setup {
 }
 
 fn setup(budget: usize) -> Setup {
-    let mut model = ToyModel::new(ToyConfig {
+    let mut toy = ToyModel::new(ToyConfig {
         vocab_size: 512,
         mask_id: 511,
         stability: 0.9,
         peak: 10.0,
         ..ToyConfig::default()
     });
+    let mut model = MeteredModel::new(&mut toy);
     model
-        .reset_prefix(&(0..256).map(|i| i % 500).collect::<Vec<u32>>(), L)
+        .reset_prefix(&(0..256).map(|i| i % 500).collect::<Vec<u32>>(), L, 256 + L)
         .unwrap();
     let q = StatsQuery::new(0.0, 0);
     // Advance 8 draft-free steps into the block: realistic mid-block state.

@@ -10,14 +10,14 @@
 //! The statistics of the last accepted node become the next round's stale distribution.
 //!
 //! ```
-//! use spot_core::{BlockDiffusionModel, BlockState, MeteredModel, StatsQuery, Transition};
+//! use spot_core::{BlockState, MeteredModel, StatsQuery, Transition};
 //! use spot_core::toy::{ToyConfig, ToyModel};
 //! use spot_tree::{ScoreContext, TreeBuilder, TreeConfig};
 //! use spot_verify::{MatchRule, Verifier};
 //!
 //! let mut toy = ToyModel::new(ToyConfig { stability: 1.0, ..ToyConfig::default() });
-//! toy.reset_prefix(&[5; 8], 8).unwrap();
 //! let mut model = MeteredModel::new(&mut toy);
+//! model.reset_prefix(&[5; 8], 8, 16).unwrap();
 //! let q = StatsQuery::new(0.0, 0);
 //! let x0 = BlockState::masked(8, model.info().mask_id);
 //! let stale = model.forward(&[x0.clone()], &q).unwrap().remove(0);
@@ -33,7 +33,8 @@
 //! // and the target's own commit at its end makes 7 commits for one forward.
 //! assert_eq!(round.walk.accepted_nodes, 6);
 //! assert_eq!(round.walk.commit_count(), 7);
-//! assert_eq!(model.meter().nfe, 2);
+//! // The prefill, the stale forward and the verification forward.
+//! assert_eq!(model.meter().nfe, 3);
 //! ```
 
 /// The examples of the crate's README (`README.md`), run as doctests.

@@ -8,7 +8,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use burn_tensor::backend::Backend;
 use serde::Deserialize;
-use spot_dlm::BlockState;
+use spot_dlm::{BlockState, MeteredModel};
 use spot_models::{DiffusionModel, Sdar};
 
 pub const FIXTURES: [&str; 2] = ["sdar-tiny", "sdar-tiny-bf16"];
@@ -174,9 +174,9 @@ pub fn assert_batch_invariant(
     q: &spot_dlm::StatsQuery,
     what: &str,
 ) {
-    let together = m.forward(batch, q).unwrap();
+    let together = m.score(batch, q).unwrap();
     for (i, s) in batch.iter().enumerate() {
-        let alone = m.forward(std::slice::from_ref(s), q).unwrap();
+        let alone = m.score(std::slice::from_ref(s), q).unwrap();
         assert_eq!(alone[0], together[i], "{what} state {i}");
     }
 }
@@ -185,7 +185,7 @@ pub fn assert_batch_invariant(
 /// 1; exact and threshold decoding; one with top-k truncation) through a `BatchDriver` of 4 in
 /// flight on `m`: each output equals the request decoded alone, and the merged forwards are
 /// fewer than the requests' forwards together. Returns the requests checked.
-pub fn assert_batched_equals_alone(m: &mut dyn spot_dlm::MultiRequestModel, what: &str) -> usize {
+pub fn assert_batched_equals_alone(m: &mut dyn spot_dlm::BlockDiffusionModel, what: &str) -> usize {
     use spot_dlm::{
         BatchDriver, DecodeConfig, Request, SpotDecoder, StaleConfidenceScorer, Strategy,
         Transition,
@@ -257,4 +257,87 @@ pub fn assert_batched_equals_alone(m: &mut dyn spot_dlm::MultiRequestModel, what
         driver.forwards()
     );
     jobs.len()
+}
+
+/// One request's calls on slot 0 of any model, through `MeteredModel` (checked), for tests that
+/// interleave them with a family's own methods (`forward_logits`, `set_head_placement`).
+pub trait Single {
+    /// Makes `prefix` slot `slot`'s prefix, for a decode generating up to `end`.
+    fn prefill_in(
+        &mut self,
+        slot: spot_dlm::CacheSlot,
+        prefix: &[u32],
+        block_size: usize,
+        end: usize,
+    ) -> spot_dlm::Result<spot_dlm::PrefixUpdate>;
+
+    /// [`Single::prefill_in`] for slot 0.
+    fn prefill(
+        &mut self,
+        prefix: &[u32],
+        block_size: usize,
+        end: usize,
+    ) -> spot_dlm::Result<spot_dlm::PrefixUpdate> {
+        self.prefill_in(spot_dlm::CacheSlot(0), prefix, block_size, end)
+    }
+
+    /// Appends a finished block to slot 0's prefix.
+    fn append(&mut self, block: &[u32]) -> spot_dlm::Result<spot_dlm::PrefixUpdate>;
+
+    /// One forward over `states` after slot 0's prefix.
+    fn score(
+        &mut self,
+        states: &[BlockState],
+        q: &spot_dlm::StatsQuery,
+    ) -> spot_dlm::Result<Vec<spot_dlm::BlockStats>>;
+
+    /// One forward over `states` carrying `carry`.
+    fn score_carrying(
+        &mut self,
+        carry: spot_dlm::Carry<'_>,
+        states: &[BlockState],
+        q: &spot_dlm::StatsQuery,
+    ) -> spot_dlm::Result<spot_dlm::GroupScores>;
+}
+
+impl<M: spot_dlm::BlockDiffusionModel + ?Sized> Single for M {
+    fn prefill_in(
+        &mut self,
+        slot: spot_dlm::CacheSlot,
+        prefix: &[u32],
+        block_size: usize,
+        end: usize,
+    ) -> spot_dlm::Result<spot_dlm::PrefixUpdate> {
+        let prefix = spot_dlm::Prefix {
+            tokens: prefix,
+            block_size,
+            generation_end: end,
+        };
+        let mut m = self;
+        MeteredModel::new(&mut m).reset_prefix_in(slot, prefix)
+    }
+
+    fn append(&mut self, block: &[u32]) -> spot_dlm::Result<spot_dlm::PrefixUpdate> {
+        let mut m = self;
+        MeteredModel::new(&mut m).append_block(block)
+    }
+
+    fn score(
+        &mut self,
+        states: &[BlockState],
+        q: &spot_dlm::StatsQuery,
+    ) -> spot_dlm::Result<Vec<spot_dlm::BlockStats>> {
+        let mut m = self;
+        MeteredModel::new(&mut m).forward(states, q)
+    }
+
+    fn score_carrying(
+        &mut self,
+        carry: spot_dlm::Carry<'_>,
+        states: &[BlockState],
+        q: &spot_dlm::StatsQuery,
+    ) -> spot_dlm::Result<spot_dlm::GroupScores> {
+        let mut m = self;
+        MeteredModel::new(&mut m).forward_carrying(carry, states, q)
+    }
 }

@@ -6,8 +6,8 @@ use crate::B;
 use crate::common::*;
 use spot_dlm::core::ConfidenceRule;
 use spot_dlm::{
-    BlockDiffusionModel, BlockLayout, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
-    StaleConfidenceScorer, StatsQuery, Transition,
+    BlockDiffusionModel, BlockLayout, BlockState, DecodeConfig, DraftFreeDecoder, MeteredModel,
+    SpotDecoder, StaleConfidenceScorer, StatsQuery, Transition,
 };
 use spot_models::{Family, HeadPlacement};
 
@@ -37,8 +37,8 @@ fn logits_match_transformers() {
         assert_eq!(m.info().mask_id, g.mask_id, "{name}");
         assert_eq!(m.info().vocab_size, g.vocab_size, "{name}");
         for case in &g.logits_cases {
-            m.set_generation_end(case.end.unwrap_or(0)).unwrap();
-            m.reset_prefix(&case.prefix, g.block_size).unwrap();
+            m.prefill(&case.prefix, g.block_size, case.end.unwrap_or(0))
+                .unwrap();
             let states: Vec<BlockState> = case
                 .states
                 .iter()
@@ -96,8 +96,7 @@ fn statistics_are_batch_invariant() {
         let mask = m.info().mask_id;
         for prefix_len in [0usize, 8, 16, 24] {
             let prefix: Vec<u32> = (0..prefix_len as u32).map(|i| (i * 7) % 300).collect();
-            m.set_generation_end(prefix_len + 24).unwrap();
-            m.reset_prefix(&prefix, 8).unwrap();
+            m.prefill(&prefix, 8, prefix_len + 24).unwrap();
             for t in [0.0f32, 1.0] {
                 let q = StatsQuery::new(t, 11);
                 let batch = varied_states(mask, 13, 8, prefix_len as u64);
@@ -118,8 +117,7 @@ fn head_placements_agree() {
         let mut m = load_any::<B>(name);
         let mask = m.info().mask_id;
         let prefix: Vec<u32> = (0..16u32).map(|i| (i * 11) % 300).collect();
-        m.set_generation_end(40).unwrap();
-        m.reset_prefix(&prefix, 8).unwrap();
+        m.prefill(&prefix, 8, 40).unwrap();
         let batch = varied_states(mask, 5, 8, 4);
         let cases = [0.0f32, 0.8]
             .into_iter()
@@ -133,9 +131,9 @@ fn head_placements_agree() {
                     ..StatsQuery::new(t, 9)
                 };
                 m.set_head_placement(HeadPlacement::Host);
-                let host = m.forward(&batch, &q).unwrap();
+                let host = m.score(&batch, &q).unwrap();
                 m.set_head_placement(HeadPlacement::Device);
-                let device = m.forward(&batch, &q).unwrap();
+                let device = m.score(&batch, &q).unwrap();
                 for (b, (h, d)) in host.iter().zip(&device).enumerate() {
                     for s in 0..h.len() {
                         let what = format!(
@@ -240,7 +238,7 @@ fn speculative_equals_draft_free_for_every_family() {
     eprintln!("{cases} speculative decodes equal to draft-free");
 }
 
-/// Several requests in one forward (`MultiRequestModel::forward_groups`, continuous batching
+/// Several requests in one forward (a `ScoreGroup` per request, continuous batching
 /// through `BatchDriver`): prompts of different lengths, draft-free and speculative requests,
 /// T = 0, 0.7 and 1, exact and threshold decoding, top-k truncation, each with its own prefix
 /// cache, return exactly what each returns alone (tokens, counters) on every family, with the
@@ -302,8 +300,7 @@ fn approximate_prefix_cache_is_consistent() {
         let mut logits = Vec::new();
         for on in [false, true] {
             m.set_approximate_prefix_cache(on).unwrap();
-            m.set_generation_end(40).unwrap();
-            m.reset_prefix(&prefix, 8).unwrap();
+            m.prefill(&prefix, 8, 40).unwrap();
             logits.push(m.forward_logits(&state).unwrap());
         }
         let diff = logits[0]
@@ -371,8 +368,7 @@ fn half_precisions_are_exact_and_close() {
         let prefix: Vec<u32> = (0..16u32).map(|i| (i * 5) % 300).collect();
         let batch = varied_states(mask, 5, 8, 3);
         let start = |m: &mut DiffusionModel<B>| {
-            m.set_generation_end(40).unwrap();
-            m.reset_prefix(&prefix, 8).unwrap();
+            m.prefill(&prefix, 8, 40).unwrap();
         };
         start(&mut reference);
         let want = reference.forward_logits(&batch).unwrap();
@@ -470,8 +466,8 @@ fn bf16_logits_match_transformers_in_bf16() {
         let mut m = DiffusionModel::<B>::load_as(&fixture(name), &device, Precision::Bf16).unwrap();
         let mut sums = (0.0f64, 0.0f64);
         for case in &g.logits_cases {
-            m.set_generation_end(case.end.unwrap_or(0)).unwrap();
-            m.reset_prefix(&case.prefix, g.block_size).unwrap();
+            m.prefill(&case.prefix, g.block_size, case.end.unwrap_or(0))
+                .unwrap();
             let states: Vec<BlockState> = case
                 .states
                 .iter()
@@ -516,12 +512,13 @@ fn bf16_logits_match_transformers_in_bf16() {
     }
 }
 
-/// A merged append (`MultiRequestModel::append_blocks`: several slots' blocks in one forward)
+/// A merged append (groups that only append: several slots' blocks in one forward)
 /// leaves every cache as its own append does: the next statistics of each slot equal those
 /// after appending alone, bit for bit, on every family (one forward per block or none).
 #[test]
 fn merged_appends_equal_appends_alone() {
-    use spot_dlm::{CacheSlot, MultiRequestModel};
+    use spot_dlm::core::Carry;
+    use spot_dlm::{CacheSlot, ScoreGroup};
     for name in DIFFUSION_FIXTURES {
         let mut m = load_any::<B>(name);
         let mask = m.info().mask_id;
@@ -536,54 +533,58 @@ fn merged_appends_equal_appends_alone() {
         // Alone, in slot 0.
         let alone: Vec<_> = (0..3)
             .map(|i| {
-                m.set_generation_end(64).unwrap();
-                m.reset_prefix(&prefixes[i], 8).unwrap();
-                m.append_block(&blocks[i]).unwrap();
-                m.forward(&state, &q).unwrap()
+                m.prefill(&prefixes[i], 8, 64).unwrap();
+                m.append(&blocks[i]).unwrap();
+                m.score(&state, &q).unwrap()
             })
             .collect();
-        // Merged, in three slots.
+        // Merged, in three slots: one forward of appends alone.
         let slots: Vec<CacheSlot> = (0..3).map(|_| m.open_slot().unwrap()).collect();
         for (i, &slot) in slots.iter().enumerate() {
-            m.set_generation_end_in(slot, 64).unwrap();
-            m.reset_prefix_in(slot, &prefixes[i], 8).unwrap();
+            m.prefill_in(slot, &prefixes[i], 8, 64).unwrap();
         }
-        let pairs: Vec<(CacheSlot, &[u32])> = slots
+        let appends: Vec<ScoreGroup<'_>> = slots
             .iter()
             .zip(&blocks)
-            .map(|(&s, b)| (s, b.as_slice()))
+            .map(|(&slot, b)| {
+                let carry = Carry {
+                    append: b,
+                    lookahead: None,
+                };
+                ScoreGroup::new(slot, &[], &q).carrying(carry)
+            })
             .collect();
-        let updates = m.append_blocks(&pairs).unwrap();
+        let updates = MeteredModel::new(&mut m).forward_groups(&appends).unwrap();
         assert_eq!(updates.len(), 3, "{name}");
         for (i, &slot) in slots.iter().enumerate() {
-            assert_eq!(m.prefix_len_in(slot), prefixes[i].len() + 8, "{name}");
-            let group = spot_dlm::ScoreGroup {
-                slot,
-                states: &state,
-                query: &q,
-            };
-            let merged = m.forward_groups(&[group]).unwrap().remove(0);
-            assert_eq!(merged, alone[i], "{name} slot {i}");
+            assert_eq!(m.prefix_len(slot), prefixes[i].len() + 8, "{name}");
+            let group = ScoreGroup::new(slot, &state, &q);
+            let merged = MeteredModel::new(&mut m).forward_groups(&[group]).unwrap();
+            assert_eq!(merged[0].stats, alone[i], "{name} slot {i}");
         }
-        // The cached families refuse a slot twice in one merged append.
-        if matches!(m.family(), Family::Sdar | Family::Llada2Moe) {
-            let twice = [(slots[0], &blocks[0][..]), (slots[0], &blocks[1][..])];
-            assert!(m.append_blocks(&twice).is_err(), "{name}");
-        }
+        // Every family refuses a slot twice in one forward (the model itself, not only the
+        // metered chokepoint).
+        let twice = [
+            appends[0],
+            ScoreGroup {
+                slot: slots[0],
+                ..appends[1]
+            },
+        ];
+        assert!(m.forward(&twice).is_err(), "{name}");
     }
 }
 
-/// What a forward carries (`forward_carrying`, and merged over slots with
-/// `forward_groups_carrying`) gives the statistics, and leaves the cache, of running it alone,
-/// bit for bit, on every family: a finished block appended before the states (the cached
-/// families, SDAR and LLaDA2.0, report no forward of its own for it), and a look-ahead (the
-/// next block's first state after a hypothesised end of this one, not kept), which the cached
-/// families serve and the others decline. Prefixes of 0-2 blocks, and a slot carrying nothing
-/// beside ones that do.
+/// What a forward carries (an append and a look-ahead, for one slot and merged over slots)
+/// gives the statistics, and leaves the cache, of running it alone, bit for bit, on every
+/// family: a finished block appended before the states (the cached families, SDAR and
+/// LLaDA2.0, report no forward of its own for it), and a look-ahead (the next block's first
+/// state after a hypothesised end of this one, not kept), which the cached families serve and
+/// the others decline. Prefixes of 0-2 blocks, and a slot carrying nothing beside ones that do.
 #[test]
 fn carried_work_equals_running_it_alone() {
     use spot_dlm::core::{Carry, PrefixUpdate};
-    use spot_dlm::{CacheSlot, MultiRequestModel, ScoreGroup};
+    use spot_dlm::{CacheSlot, ScoreGroup};
     for name in DIFFUSION_FIXTURES {
         let mut m = load_any::<B>(name);
         let mask = m.info().mask_id;
@@ -600,34 +601,29 @@ fn carried_work_equals_running_it_alone() {
         let q = StatsQuery::new(1.0, 4);
         let next = [BlockState::masked(8, mask)];
         for (i, (prefix, block)) in prefixes.iter().zip(&blocks).enumerate() {
-            m.set_generation_end(64).unwrap();
-            m.reset_prefix(prefix, 8).unwrap();
-            m.append_block(block).unwrap();
-            let alone = m.forward(&states, &q).unwrap();
-            m.append_block(&blocks[2]).unwrap();
-            let ahead = m.forward(&next, &q).unwrap();
+            m.prefill(prefix, 8, 64).unwrap();
+            m.append(block).unwrap();
+            let alone = m.score(&states, &q).unwrap();
+            m.append(&blocks[2]).unwrap();
+            let ahead = m.score(&next, &q).unwrap();
             // Append, states and look-ahead in one forward.
-            m.reset_prefix(prefix, 8).unwrap();
+            m.prefill(prefix, 8, 64).unwrap();
             let carry = Carry {
                 append: block,
                 lookahead: Some((&blocks[2], &next[0])),
             };
-            let (update, mut got) = m.forward_carrying(carry, &states, &q).unwrap();
+            let got = m.score_carrying(carry, &states, &q).unwrap();
             assert!(
-                !(cached && update.ran_forward),
+                !(cached && got.append.ran_forward),
                 "{name}: the append ran a forward"
             );
-            assert_eq!(got.len(), 2 + usize::from(cached), "{name}");
-            if cached {
-                assert_eq!(
-                    got.pop().unwrap(),
-                    ahead[0],
-                    "{name} prefix {i}: look-ahead"
-                );
+            assert_eq!(got.lookahead.is_some(), cached, "{name}");
+            if let Some(served) = &got.lookahead {
+                assert_eq!(served, &ahead[0], "{name} prefix {i}: look-ahead");
             }
-            assert_eq!(got, alone, "{name} prefix {i}");
+            assert_eq!(got.stats, alone, "{name} prefix {i}");
             assert_eq!(
-                m.prefix_len(),
+                m.prefix_len(CacheSlot(0)),
                 prefix.len() + 8,
                 "{name}: the look-ahead was kept"
             );
@@ -637,40 +633,38 @@ fn carried_work_equals_running_it_alone() {
                 append: &blocks[2],
                 lookahead: None,
             };
-            let (_, got) = m.forward_carrying(carry, &next, &q).unwrap();
-            assert_eq!(got, ahead, "{name} prefix {i}: the cache differs");
+            let got = m.score_carrying(carry, &next, &q).unwrap();
+            assert_eq!(got.stats, ahead, "{name} prefix {i}: the cache differs");
         }
         // Merged over slots: two with an append, one with nothing carried.
         let slots: Vec<CacheSlot> = (0..3).map(|_| m.open_slot().unwrap()).collect();
         let mut want = Vec::new();
         for (i, &slot) in slots.iter().enumerate() {
-            m.set_generation_end(64).unwrap();
-            m.reset_prefix(&prefixes[i], 8).unwrap();
+            m.prefill(&prefixes[i], 8, 64).unwrap();
             if i < 2 {
-                m.append_block(&blocks[i]).unwrap();
+                m.append(&blocks[i]).unwrap();
             }
-            want.push(m.forward(&states, &q).unwrap());
-            m.set_generation_end_in(slot, 64).unwrap();
-            m.reset_prefix_in(slot, &prefixes[i], 8).unwrap();
+            want.push(m.score(&states, &q).unwrap());
+            m.prefill_in(slot, &prefixes[i], 8, 64).unwrap();
         }
-        let carries = [0, 1, 2].map(|i| Carry {
-            append: if i < 2 { &blocks[i] } else { &[] },
-            lookahead: None,
-        });
         let groups: Vec<ScoreGroup<'_>> = slots
             .iter()
-            .map(|&slot| ScoreGroup {
-                slot,
-                states: &states,
-                query: &q,
+            .enumerate()
+            .map(|(i, &slot)| {
+                let carry = Carry {
+                    append: if i < 2 { &blocks[i] } else { &[] },
+                    lookahead: None,
+                };
+                ScoreGroup::new(slot, &states, &q).carrying(carry)
             })
             .collect();
-        let (updates, got) = m.forward_groups_carrying(&carries, &groups).unwrap();
-        assert_eq!(got, want, "{name} merged");
-        assert_eq!(updates[2], PrefixUpdate::default(), "{name}");
+        let got = MeteredModel::new(&mut m).forward_groups(&groups).unwrap();
+        let stats: Vec<_> = got.iter().map(|g| g.stats.clone()).collect();
+        assert_eq!(stats, want, "{name} merged");
+        assert_eq!(got[2].append, PrefixUpdate::default(), "{name}");
         for (i, &slot) in slots.iter().enumerate() {
             let grown = if i < 2 { 8 } else { 0 };
-            assert_eq!(m.prefix_len_in(slot), prefixes[i].len() + grown, "{name}");
+            assert_eq!(m.prefix_len(slot), prefixes[i].len() + grown, "{name}");
         }
     }
 }
@@ -852,16 +846,15 @@ fn hidden_states_are_the_final_hidden_states() {
             let mut m = load_any::<B>(name);
             m.set_head_placement(placement);
             let mask = m.info().mask_id;
-            m.set_generation_end(64).unwrap();
-            m.reset_prefix(&[5, 9, 11, 40, 2, 7, 300, 12], 8).unwrap();
+            m.prefill(&[5, 9, 11, 40, 2, 7, 300, 12], 8, 64).unwrap();
             let states = varied_states(mask, 3, 8, 21);
             let plain = StatsQuery::new(0.0, 1);
             let q = StatsQuery {
                 hidden_states: true,
                 ..plain
             };
-            let without = m.forward(&states, &plain).unwrap();
-            let with = m.forward(&states, &q).unwrap();
+            let without = m.score(&states, &plain).unwrap();
+            let with = m.score(&states, &q).unwrap();
             assert_batch_invariant(&mut m, &states, &q, name);
             let what = format!("{name} {placement:?}");
             for (w, wo) in with.iter().zip(&without) {

@@ -284,8 +284,7 @@ fn nan_weights_are_errors_not_panics() {
         write(&p, &t);
         let mut m = try_load(&dir).unwrap();
         let mask = m.info().mask_id;
-        m.set_generation_end(16).unwrap();
-        m.reset_prefix(&[], 8).unwrap();
+        m.prefill(&[], 8, 16).unwrap();
         let mut meter = spot_dlm::MeteredModel::new(&mut m);
         let e = meter
             .forward(&[BlockState::masked(8, mask)], &StatsQuery::new(0.0, 0))
@@ -303,7 +302,7 @@ fn nan_weights_are_errors_not_panics() {
 fn requests_past_the_context_are_errors() {
     for name in ["llada-tiny", "dream-tiny"] {
         let mut m = try_load(&fixture(name)).unwrap();
-        assert!(m.set_generation_end(100_000).is_err(), "{name}");
+        assert!(m.prefill(&[], 8, 100_000).is_err(), "{name}");
     }
     let mut m = CausalLm::<B>::load(&fixture("llama-tiny"), &Default::default()).unwrap();
     let e = m.extend_logits(&vec![5; 600]).unwrap_err();

@@ -267,7 +267,7 @@ fn nan_weights_and_long_prompts_are_errors_not_panics() {
     );
     // Out-of-vocabulary ids in a state reach the model as a typed error.
     let e = m
-        .forward(
+        .score(
             &[BlockState::from_tokens(vec![9999; 8], 372)],
             &spot_dlm::StatsQuery::new(0.0, 0),
         )

@@ -16,13 +16,13 @@ fn cached_prefix_equals_recomputed_prefix() {
         let prefix: Vec<u32> = (0..32u32).map(|i| (i * 13 + 5) % 300).collect();
         let states = varied_states(mask, 5, 8, 3);
         let q = StatsQuery::new(1.0, 5);
-        m.reset_prefix(&prefix, 8).unwrap();
-        let recomputed = m.forward(&states, &q).unwrap();
-        m.reset_prefix(&prefix[..8], 8).unwrap();
+        m.prefill(&prefix, 8, prefix.len() + 8).unwrap();
+        let recomputed = m.score(&states, &q).unwrap();
+        m.prefill(&prefix[..8], 8, prefix.len() + 8).unwrap();
         for block in prefix[8..].chunks(8) {
-            m.append_block(block).unwrap();
+            m.append(block).unwrap();
         }
-        let cached = m.forward(&states, &q).unwrap();
+        let cached = m.score(&states, &q).unwrap();
         assert_eq!(cached, recomputed, "{name}");
     }
 }
@@ -39,12 +39,12 @@ fn statistics_are_batch_invariant_on_a_larger_model() {
     let mut m = spot_models::Sdar::<B>::load(dir.as_ref(), &Default::default()).unwrap();
     let mask = m.info().mask_id;
     let prefix: Vec<u32> = (0..256u32).map(|i| (i * 31 + 7) % 8000).collect();
-    m.reset_prefix(&prefix, 32).unwrap();
+    m.prefill(&prefix, 32, prefix.len() + 32).unwrap();
     let q = StatsQuery::new(1.0, 3);
     let batch = varied_states(mask, 21, 32, 9);
-    let together = m.forward(&batch, &q).unwrap();
+    let together = m.score(&batch, &q).unwrap();
     for i in [0usize, 7, 20] {
-        let alone = m.forward(std::slice::from_ref(&batch[i]), &q).unwrap();
+        let alone = m.score(std::slice::from_ref(&batch[i]), &q).unwrap();
         assert_eq!(alone[0], together[i], "state {i}");
     }
 }
