@@ -47,6 +47,7 @@ pub use spot_core::{
     StepStrategy, StopCheck, TokenId, Transition, decode_autoregressive, exact_commit,
     reduce_block, reduce_logits, run_decode, run_request, toy,
 };
+pub use spot_reduce::{self as reduce, HostHead};
 pub use spot_tree::{
     self as tree, DraftTree, JoinModel, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
     SetTreeBuilder, SetTreeConfig, StaleConfidenceScorer, StaleThresholdJoin, TokenOracleScorer,

@@ -56,7 +56,7 @@ fn mrp_reproduces_its_trainer() {
         let row: Vec<f32> = (0..dim)
             .map(|j| hidden[s * dim + j] + hc[s * dim + j])
             .collect();
-        let logits = mrp.logits(&row, 1);
+        let logits = mrp.logits(&row, 1).unwrap();
         for (&id, &want) in p.ids.iter().zip(&p.logits) {
             let got = logits[id as usize];
             assert!(

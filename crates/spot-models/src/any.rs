@@ -9,11 +9,11 @@ use spot_core::{
 };
 
 use crate::family::Family;
-use crate::logits::Logits;
 use crate::precision::Precision;
 use crate::{Dream, Llada, Llada2Moe, Sdar};
 use spot_hf::hf::Tokenizer;
 use spot_hf::{ModelError, Result};
+use spot_reduce::Logits;
 
 /// A block-diffusion model of any family, chosen by `config.json`.
 ///

@@ -18,11 +18,10 @@ use crate::attention::{Attend, Kv};
 use crate::config::DecoderConfig;
 use crate::dense::{QWEN_NAMES, dense_net};
 use crate::frame::{Frame, open};
-use crate::head::RowPlan;
-use crate::logits::Logits;
 use crate::precision::Precision;
 use crate::transformer::{Net, Segment};
 use spot_hf::{ModelError, Result};
+use spot_reduce::{Logits, RowPlan};
 
 /// A causal language model (`model_type` `"llama"`, `"qwen2"` or `"qwen3"`) on backend `B`.
 ///
@@ -100,7 +99,7 @@ impl<B: Backend> CausalLm<B> {
     /// tools; decoding uses [`AutoregressiveModel::extend`]).
     pub fn extend_logits(&mut self, tokens: &[TokenId]) -> Result<Logits> {
         let hidden = self.append(tokens)?;
-        Ok(self.net.head.logits_host(hidden))
+        self.net.head.logits_host(hidden)
     }
 
     pub(crate) fn append(&mut self, tokens: &[TokenId]) -> Result<Tensor<B, 2>> {

@@ -14,10 +14,9 @@ use spot_core::{
 
 use crate::attention::{Attend, Kv};
 use crate::frame::{Frame, NoiseCache};
-use crate::head::RowPlan;
-use crate::logits::Logits;
 use crate::transformer::{Net, Segment};
 use spot_hf::Result;
+use spot_reduce::{Logits, RowPlan};
 
 /// One request's committed prefix, its KV cache and the Gumbel rows of its current block.
 pub(crate) struct PrefixSlot<B: Backend> {
@@ -108,7 +107,7 @@ impl<B: Backend, C> BlockCausal<B, C> {
             &slot.cache,
             Attend::Bidirectional,
         );
-        Ok(self.net.head.logits_host(hidden))
+        self.net.head.logits_host(hidden)
     }
 }
 

@@ -7,12 +7,12 @@ use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
 use spot_core::{BlockState, BlockStats, StatsQuery, TokenId};
 
-use crate::head::{Head, MaskTerms, NoiseRows, RowPlan, mask_bias};
-use crate::host_head::RowJob;
-use crate::reduce::noise_table;
+use crate::head::{Head, MaskTerms, NoiseRows, mask_bias};
 use crate::values::host_values;
 use spot_hf::hf::{Tokenizer, generation_stop_ids, token_ids};
 use spot_hf::{ModelError, Result};
+use spot_reduce::noise_table;
+use spot_reduce::{RowJob, RowPlan};
 
 /// Folder-level facts and per-request state shared by the model wrappers.
 pub(crate) struct Frame<B: Backend> {

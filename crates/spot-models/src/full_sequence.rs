@@ -29,10 +29,9 @@ use spot_core::{
 use crate::attention::{Attend, Kv};
 use crate::block_causal::diffusion_info;
 use crate::frame::{Frame, NoiseCache};
-use crate::head::RowPlan;
-use crate::logits::Logits;
 use crate::transformer::{Net, Segment};
 use spot_hf::Result;
+use spot_reduce::{Logits, RowPlan};
 
 /// One request's prefix, generation end, approximate cache and Gumbel rows.
 struct SequenceSlot<B: Backend> {
@@ -191,7 +190,7 @@ impl<B: Backend, C> FullSequence<B, C> {
             .net
             .run_segments(input.ids, &[segment], Attend::Bidirectional);
         let rows = self.index(input.rows);
-        Ok(self.net.head.logits_host(hidden.select(0, rows)))
+        self.net.head.logits_host(hidden.select(0, rows))
     }
 
     fn index(&self, rows: Vec<i64>) -> Tensor<B, 1, Int> {

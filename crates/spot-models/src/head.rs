@@ -1,17 +1,14 @@
 //! The output layer: on the device (a matrix product, then the device reduction) or on the host
-//! (the fused kernel of [`crate::host_head`], the default on CPU backends), and which rows of a
-//! forward it reduces.
+//! (the fused kernel of [`spot_reduce::HostHead`], the default on CPU backends).
 
 use burn_tensor::backend::Backend;
 use burn_tensor::{DType, Int, Tensor, TensorData};
-use spot_core::stats::PositionStats;
-use spot_core::{BlockState, BlockStats, ConfidenceRule, StatsQuery, TokenId};
+use spot_core::{StatsQuery, TokenId};
 
-use crate::host_head::{HostHead, RowJob, RowStats};
-use crate::logits::Logits;
 use crate::reduce::{reduce, upload};
 use crate::values::{host_values, runs_on_host, transposed};
 use spot_hf::Result;
+use spot_reduce::{HostHead, Logits, RowJob, RowStats};
 
 /// Where a model computes its output layer and the reduction to statistics.
 ///
@@ -82,16 +79,16 @@ impl<B: Backend> Head<B> {
         dim: usize,
         placement: HeadPlacement,
         (device, dtype): (&B::Device, DType),
-    ) -> Self {
-        if placement.host_on::<B>(device) {
-            Head::Host(HostHead::pack(w, vocab, dim))
+    ) -> Result<Self> {
+        Ok(if placement.host_on::<B>(device) {
+            Head::Host(HostHead::new(w, vocab, dim)?)
         } else {
             let t = transposed(w, vocab, dim);
             Head::Device(Tensor::from_data(
                 TensorData::new(t, [dim, vocab]),
                 (device, dtype),
             ))
-        }
+        })
     }
 
     /// Moves the head to `placement` (a copy through the host).
@@ -108,7 +105,10 @@ impl<B: Backend> Head<B> {
             }
         };
         let (vocab, dim) = self.shape();
-        *self = Self::new(&w, vocab, dim, placement, (device, dtype));
+        // The matrix is the head's own: its shape cannot be refused.
+        if let Ok(head) = Self::new(&w, vocab, dim, placement, (device, dtype)) {
+            *self = head;
+        }
     }
 
     /// `(vocab, dim)`.
@@ -123,14 +123,14 @@ impl<B: Backend> Head<B> {
     }
 
     /// Logits `[rows, vocab]` of `hidden` `[rows, dim]`, on the host.
-    pub fn logits_host(&self, hidden: Tensor<B, 2>) -> Logits {
-        match self {
+    pub fn logits_host(&self, hidden: Tensor<B, 2>) -> Result<Logits> {
+        Ok(match self {
             Head::Host(h) => h.logits(&host_values(hidden)),
             Head::Device(w) => {
                 let vocab = w.dims()[1];
-                Logits::from_vec(host_values(hidden.matmul(w.clone())), vocab)
+                Logits::from_vec(host_values(hidden.matmul(w.clone())), vocab)?
             }
-        }
+        })
     }
 }
 
@@ -197,7 +197,7 @@ impl<B: Backend> Head<B> {
                     }
                 };
                 let table = noise.as_ref().map(|n| n.host);
-                h.reduce(values, jobs, query, mask.id, table, positions)
+                Ok(h.reduce(values, jobs, query, mask.id, table, positions)?)
             }
             Head::Device(w) => {
                 let hidden = hidden();
@@ -221,101 +221,5 @@ impl<B: Backend> Head<B> {
                 reduce(logits, query, mask.bias, noise, positions)
             }
         }
-    }
-}
-
-/// Which rows of a forward over `n` states of `len` positions are reduced: the masked
-/// positions of block states (decoders read no other), or every row.
-pub(crate) struct RowPlan {
-    pub n: usize,
-    pub len: usize,
-    /// Reduced rows (`state * len + position`), ascending.
-    pub rows: Vec<usize>,
-    /// The token at every row (the statistics of a row that is not reduced name it).
-    tokens: Vec<TokenId>,
-}
-
-impl RowPlan {
-    /// The masked positions of `states` (all of length `len`).
-    pub fn masked(states: &[BlockState], len: usize) -> Self {
-        let tokens: Vec<TokenId> = states.iter().flat_map(|s| s.tokens()).copied().collect();
-        let rows = states
-            .iter()
-            .enumerate()
-            .flat_map(|(b, s)| s.masked_positions().map(move |p| b * len + p))
-            .collect();
-        Self {
-            n: states.len(),
-            len,
-            rows,
-            tokens,
-        }
-    }
-
-    /// Every row of one sequence of `len` positions.
-    pub fn all(len: usize) -> Self {
-        Self::all_of(1, len)
-    }
-
-    /// Every row of `n` sequences of `len` positions each.
-    pub fn all_of(n: usize, len: usize) -> Self {
-        Self {
-            n,
-            len,
-            rows: (0..n * len).collect(),
-            tokens: vec![0; n * len],
-        }
-    }
-
-    /// One [`BlockStats`] per state from the reduced rows' statistics (in `rows` order). A row
-    /// that was not reduced holds its own token with probability 1 and entropy 0.
-    pub fn assemble(
-        &self,
-        k: usize,
-        rule: ConfidenceRule,
-        reduced: Vec<RowStats>,
-    ) -> Result<Vec<BlockStats>> {
-        let mut reduced = reduced.into_iter();
-        let mut next = self.rows.iter().peekable();
-        let mut out = Vec::with_capacity(self.n);
-        let mut one_ids = vec![0; k];
-        let mut one_probs = vec![0.0f32; k];
-        if let Some(p) = one_probs.first_mut() {
-            *p = 1.0;
-        }
-        for b in 0..self.n {
-            let mut st = BlockStats::new(k);
-            for s in 0..self.len {
-                let r = b * self.len + s;
-                if next.next_if(|&&x| x == r).is_some()
-                    && let Some(row) = reduced.next()
-                {
-                    let top_mass: f64 = row.top_probs.iter().map(|&p| f64::from(p)).sum();
-                    st.push(PositionStats {
-                        token: row.token,
-                        confidence: row.confidence(rule) as f32,
-                        token_prob: row.token_prob as f32,
-                        entropy: row.entropy as f32,
-                        tail_mass: (1.0 - top_mass).clamp(0.0, 1.0) as f32,
-                        top_ids: &row.top_ids,
-                        top_probs: &row.top_probs,
-                    })?;
-                } else {
-                    let token = self.tokens[r];
-                    one_ids.fill(token);
-                    st.push(PositionStats {
-                        token,
-                        confidence: 1.0,
-                        token_prob: 1.0,
-                        entropy: 0.0,
-                        tail_mass: 0.0,
-                        top_ids: &one_ids,
-                        top_probs: &one_probs,
-                    })?;
-                }
-            }
-            out.push(st);
-        }
-        Ok(out)
     }
 }

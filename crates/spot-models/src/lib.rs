@@ -51,14 +51,12 @@ mod family;
 mod frame;
 mod full_sequence;
 mod head;
-mod host_head;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod kernel_cache;
 mod linear;
 mod llada;
 mod llada2;
 mod loader;
-mod logits;
 mod masked_drafter;
 mod moe;
 mod mrp;
@@ -84,7 +82,6 @@ pub use head::HeadPlacement;
 pub use kernel_cache::enable_kernel_cache;
 pub use llada::{Llada, LladaConfig};
 pub use llada2::{Llada2Config, Llada2Moe};
-pub use logits::Logits;
 pub use masked_drafter::{DRAFTER_FILE, DRAFTER_FORMAT, DrafterFile, MaskedDrafter};
 pub use mrp::{
     DEFAULT_MRP, MRP_FORMAT, Mrp, MrpChoice, MrpFile, MrpReducer, MrpReference, ReferencePosition,
@@ -94,6 +91,7 @@ pub use precision::Precision;
 pub use sdar::{Sdar, SdarConfig};
 pub use spot_hf::StopStrings;
 pub use spot_hf::{ModelError, Result, chat, hf};
+pub use spot_reduce::Logits;
 pub use summary::FolderSummary;
 
 /// The CPU backend when only the `ndarray` feature is enabled.

@@ -5,8 +5,8 @@ use burn_tensor::activation::silu;
 use burn_tensor::backend::Backend;
 use burn_tensor::{DType, Tensor, TensorData};
 
-use crate::host_head::HostHead;
 use crate::values::{host_values, transposed};
+use spot_reduce::HostHead;
 
 /// A SwiGLU MLP: `down(silu(gate(x)) * up(x))`, weights stored `[in, out]`.
 pub(crate) struct Dense<B: Backend> {
@@ -79,11 +79,12 @@ pub(crate) struct HostLayer {
     pub down: HostHead,
 }
 
-/// `w` (`[in, out]` on the backend) packed for [`HostHead::product`].
-pub(crate) fn pack_in_out<B: Backend>(w: &Tensor<B, 2>) -> HostHead {
+/// `w` (`[in, out]` on the backend) packed for [`HostHead::product`] (`None` for an empty
+/// matrix, which stays on the backend).
+pub(crate) fn pack_in_out<B: Backend>(w: &Tensor<B, 2>) -> Option<HostHead> {
     let [d_in, d_out] = w.dims();
     let values = host_values(w.clone());
-    HostHead::pack(&transposed(&values, d_in, d_out), d_out, d_in)
+    HostHead::new(&transposed(&values, d_in, d_out), d_out, d_in).ok()
 }
 
 impl<B: Backend> Dense<B> {

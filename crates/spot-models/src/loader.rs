@@ -121,10 +121,10 @@ impl<B: Backend> Loader<'_, B> {
         let host = self.weights.load_f32(embed, &[v, h])?;
         let tied = tie && !self.weights.contains(head);
         let head = if tied {
-            Head::new(&host, v, h, HeadPlacement::Auto, (&self.device, self.dtype))
+            Head::new(&host, v, h, HeadPlacement::Auto, (&self.device, self.dtype))?
         } else {
             let w = self.weights.load_f32(head, &[v, h])?;
-            Head::new(&w, v, h, HeadPlacement::Auto, (&self.device, self.dtype))
+            Head::new(&w, v, h, HeadPlacement::Auto, (&self.device, self.dtype))?
         };
         let embed = Tensor::from_data(TensorData::new(host, [v, h]), (&self.device, self.dtype));
         Ok((embed, head, tied))

@@ -19,9 +19,9 @@ use spot_core::{AutoregressiveModel, StatsQuery, TokenId};
 
 use crate::attention::Attend;
 use crate::autoregressive::CausalLm;
-use crate::head::RowPlan;
 use crate::transformer::Segment;
 use spot_hf::{ModelError, Result};
+use spot_reduce::RowPlan;
 
 /// The drafter's own file next to `config.json`.
 pub const DRAFTER_FILE: &str = "specdiff-drafter.json";

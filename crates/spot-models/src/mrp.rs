@@ -31,14 +31,14 @@ use crate::attention::Attend;
 use crate::config::DecoderConfig;
 use crate::dense::{DenseNames, QWEN_NAMES, dense_net};
 use crate::head::{MaskTerms, NoiseRows, mask_bias};
-use crate::host_head::{RowJob, RowStats};
 use crate::loader::Loader;
 use crate::precision::Precision;
-use crate::reduce::noise_table;
 use crate::transformer::{Net, Segment, rms_norm};
 use crate::values::host_values;
 use spot_hf::hf::{Weights, read_json};
 use spot_hf::{ModelError, Result};
+use spot_reduce::noise_table;
+use spot_reduce::{RowJob, RowStats};
 
 /// File name of a model folder's default MRP module description (`mrp.safetensors` next to
 /// it holds the weights).
@@ -243,13 +243,13 @@ impl<B: Backend> Mrp<B> {
     }
 
     /// The head's logits of `rows` hidden states (`rows * hidden_size` values), row-major.
-    pub fn logits(&self, hidden: &[f32], rows: usize) -> Vec<f32> {
+    pub fn logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>> {
         let t = Tensor::<B, 2>::from_data(
             TensorData::new(hidden.to_vec(), [rows, self.hidden]),
             &self.net.device,
         )
         .cast(self.net.dtype);
-        self.net.head.logits_host(t).into_vec()
+        Ok(self.net.head.logits_host(t)?.into_vec())
     }
 
     /// The target's reduction (its choice rule under `query`, as a forward applies it) of

@@ -9,21 +9,12 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{StatsQuery, TokenId};
 
-use crate::host_head::RowStats;
 use crate::values::host_values;
 use spot_hf::{ModelError, Result};
+use spot_reduce::RowStats;
 
 fn to_ids<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Vec<TokenId> {
     t.into_data().iter::<i64>().map(|x| x as TokenId).collect()
-}
-
-/// The Gumbel rows `G[first + s, v]` for `len` positions, on the host.
-pub(crate) fn noise_table(query: &StatsQuery, first: usize, len: usize, vocab: usize) -> Vec<f32> {
-    let mut rows = vec![0.0f32; len * vocab];
-    for (s, row) in rows.chunks_mut(vocab).enumerate() {
-        query.noise.fill_row((first + s) as u64, row);
-    }
-    rows
 }
 
 /// Reduces `logits` `[rows, vocab]` to one [`RowStats`] per row.

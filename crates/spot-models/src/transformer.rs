@@ -166,7 +166,7 @@ impl<B: Backend> Net<B> {
     }
 
     /// On a CPU backend with f32 weights and dense layers, packs every layer's projections for
-    /// the host kernel ([`crate::host_head::HostHead::product`]) and multiplies by them from
+    /// the host kernel ([`spot_reduce::HostHead::product`]) and multiplies by them from
     /// then on: one row costs what the backend's matrix-vector product costs, a few rows hardly more (the
     /// backend's small matrix products run on one thread below a size threshold), and a row's
     /// values never depend on how many rows the forward holds. The packed copies take as much
@@ -182,14 +182,29 @@ impl<B: Backend> Net<B> {
                 return;
             };
             let a = &layer.attn;
+            let (Some(q), Some(k), Some(v), Some(o)) = (
+                pack_in_out(&a.q),
+                pack_in_out(&a.k),
+                pack_in_out(&a.v),
+                pack_in_out(&a.o),
+            ) else {
+                return;
+            };
+            let (Some(gate), Some(up), Some(down)) = (
+                pack_in_out(&m.gate),
+                pack_in_out(&m.up),
+                pack_in_out(&m.down),
+            ) else {
+                return;
+            };
             packed.push(HostLayer {
-                q: pack_in_out(&a.q),
-                k: pack_in_out(&a.k),
-                v: pack_in_out(&a.v),
-                o: pack_in_out(&a.o),
-                gate: pack_in_out(&m.gate),
-                up: pack_in_out(&m.up),
-                down: pack_in_out(&m.down),
+                q,
+                k,
+                v,
+                o,
+                gate,
+                up,
+                down,
             });
         }
         self.host_layers = packed;

@@ -902,3 +902,70 @@ fn hidden_states_are_the_final_hidden_states() {
         }
     }
 }
+
+/// The output layer of a fixture folder as `[vocab, dim]` values (its own head, or the tied
+/// embedding).
+fn output_layer(name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(fixture(name).join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let names = [
+        "lm_head.weight",
+        "model.transformer.ff_out.weight",
+        "model.embed_tokens.weight",
+    ];
+    let t = names.iter().find_map(|n| st.tensor(n).ok()).unwrap();
+    match t.dtype() {
+        safetensors::Dtype::F32 => t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        safetensors::Dtype::BF16 => t
+            .data()
+            .chunks_exact(2)
+            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+            .collect(),
+        other => panic!("{name}: output layer in {other:?}"),
+    }
+}
+
+/// The public fused host kernel (`spot_reduce::HostHead::reduce_states`), fed a family's final
+/// hidden states (`StatsQuery::hidden_states`) and its output layer, gives that family's own
+/// statistics on the host head bit for bit, on every family: T 0, 0.7 and 1, with and without
+/// top-k truncation, partly committed states. An engine that runs the network elsewhere and
+/// hands over the last hidden states therefore decodes exactly what the family decodes.
+#[test]
+fn the_public_host_kernel_reproduces_every_family() {
+    for name in DIFFUSION_FIXTURES {
+        let mut m = load_any::<B>(name);
+        m.set_head_placement(HeadPlacement::Host);
+        let info = m.info().clone();
+        let w = output_layer(name);
+        let head =
+            spot_reduce::HostHead::new(&w, info.vocab_size, w.len() / info.vocab_size).unwrap();
+        let prefix: Vec<u32> = (0..16u32).map(|i| (i * 11) % 300).collect();
+        m.prefill(&prefix, 8, 40).unwrap();
+        let batch = varied_states(info.mask_id, 5, 8, 4);
+        for (t, k) in [(0.0f32, None), (1.0, None), (0.7, Some(3))] {
+            let plain = StatsQuery {
+                sample_top_k: k,
+                ..StatsQuery::new(t, 9)
+            };
+            let want = m.score(&batch, &plain).unwrap();
+            let with_hidden = StatsQuery {
+                hidden_states: true,
+                ..plain
+            };
+            let hidden: Vec<f32> = m
+                .score(&batch, &with_hidden)
+                .unwrap()
+                .iter()
+                .flat_map(|s| s.hidden().unwrap().1.to_vec())
+                .collect();
+            let ours = head
+                .reduce_states(&hidden, &batch, prefix.len(), &plain, info.mask_id)
+                .unwrap();
+            assert_eq!(ours, want, "{name} T {t} top-k {k:?}");
+        }
+    }
+}

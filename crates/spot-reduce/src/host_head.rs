@@ -1,4 +1,4 @@
-//! The output layer fused with the reduction, on the host (the CPU backends).
+//! The output layer fused with the reduction, on the host.
 //!
 //! Decoding never needs a position's `V` logits, only a few numbers per position (the chosen
 //! token, its probability, the entropy, the top-k). On a CPU backend [`HostHead`] computes the
@@ -8,7 +8,7 @@
 //!
 //! **Exactness.** A row's numbers never depend on the other rows of the call: each logit is one
 //! fused multiply-add chain over the hidden dimension in index order (rows are computed in
-//! groups of [`MR`], each lane its own chain), the vocabulary is cut into tiles and segments
+//! groups of six (`MR`), each lane its own chain), the vocabulary is cut into tiles and segments
 //! whose sizes depend only on the model's shape, and segments are merged in vocabulary order
 //! whatever the number of threads. So a state's statistics are bit-identical alone and inside any
 //! batch; they are not bit-identical to the device reduction or to the host reference
@@ -18,8 +18,9 @@ use rayon::prelude::*;
 use spot_core::fastmath::fast_exp;
 use spot_core::{ConfidenceRule, StatsQuery, TokenId};
 
+use spot_core::{Error, Result};
+
 use crate::logits::Logits;
-use spot_hf::{ModelError, Result};
 
 /// Vocabulary columns per packed panel (one 16-lane or two 8-lane vectors).
 const PANEL: usize = 16;
@@ -37,9 +38,10 @@ const PRODUCT_SEGMENT: usize = 256;
 /// Bytes of packed weights a tile may take (kept in the L2 cache while every row group reads it).
 const TILE_BYTES: usize = 128 * 1024;
 
-/// The output layer's weights, packed for the host kernel.
+/// The output layer's weights, packed for the host kernel: the fused product and reduction of
+/// [the module documentation](self).
 #[derive(Clone)]
-pub(crate) struct HostHead {
+pub struct HostHead {
     vocab: usize,
     dim: usize,
     /// Vocabulary ids per tile (a multiple of [`PANEL`] dividing [`SEGMENT`]).
@@ -51,7 +53,7 @@ pub(crate) struct HostHead {
 
 /// What one computed row needs besides its hidden state.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct RowJob {
+pub struct RowJob {
     /// Row of the hidden states.
     pub hidden: usize,
     /// Row of the noise table (used at `T > 0`).
@@ -60,13 +62,19 @@ pub(crate) struct RowJob {
 
 /// The reduced statistics of one computed row.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct RowStats {
+pub struct RowStats {
+    /// The chosen token: `argmax(l / T + G)` at `T > 0`, `argmax(l)` at `T = 0` (never the
+    /// mask).
     pub token: TokenId,
+    /// Its probability under the tempered softmax.
     pub token_prob: f64,
     /// Probability of `token` under the un-tempered softmax, when the rule reads it.
     pub raw_prob: Option<f64>,
+    /// Entropy of the tempered distribution (nats).
     pub entropy: f64,
+    /// The top-k ids of the tempered distribution, most probable first (ties: lower id).
     pub top_ids: Vec<TokenId>,
+    /// Their probabilities.
     pub top_probs: Vec<f32>,
 }
 
@@ -283,8 +291,7 @@ impl Partial {
     /// Why a row has no statistics (a NaN logit, or no finite one), if so; else its chosen
     /// token over the whole vocabulary.
     fn checked_best(&self, position: usize) -> Result<Best> {
-        let nonfinite =
-            |reason| ModelError::from(spot_core::Error::NonFiniteLogits { position, reason });
+        let nonfinite = |reason| Error::NonFiniteLogits { position, reason };
         if self.nan {
             return Err(nonfinite("NaN logit"));
         }
@@ -307,11 +314,10 @@ impl Partial {
         let kept = &self.top[..ks.min(self.top.len())];
         // A row with a finite logit has a non-empty top list.
         let Some(&(y_max, top1)) = kept.first() else {
-            return Err(spot_core::Error::NonFiniteLogits {
+            return Err(Error::NonFiniteLogits {
                 position,
                 reason: "no finite logit outside the mask token",
-            }
-            .into());
+            });
         };
         let weights: Vec<f64> = kept
             .iter()
@@ -433,9 +439,21 @@ fn exp_sums(x: &[f32], m: f32) -> (f64, f64) {
 }
 
 impl HostHead {
-    /// Packs an HF `[vocab, dim]` output (or tied embedding) matrix.
-    pub fn pack(w: &[f32], vocab: usize, dim: usize) -> Self {
-        debug_assert_eq!(w.len(), vocab * dim);
+    /// Packs an HF `[vocab, dim]` output (or tied embedding) matrix, row-major; a slice of
+    /// another length, or an empty shape, is an error naming the expected length.
+    pub fn new(w: &[f32], vocab: usize, dim: usize) -> Result<Self> {
+        if vocab == 0 || dim == 0 || w.len() != vocab * dim {
+            return Err(Error::ShapeMismatch {
+                what: "output layer weights (vocab x dim)",
+                expected: vocab * dim,
+                actual: w.len(),
+            });
+        }
+        Ok(Self::pack(w, vocab, dim))
+    }
+
+    /// [`HostHead::new`] for a matrix whose length the caller checked.
+    fn pack(w: &[f32], vocab: usize, dim: usize) -> Self {
         let panels = vocab.div_ceil(PANEL);
         let mut packed = vec![0.0f32; panels * dim * PANEL];
         for (v, row) in w.chunks_exact(dim).enumerate() {
@@ -638,8 +656,9 @@ impl HostHead {
         let vocab = self.vocab;
         let t = query.temperature;
         if t > 0.0 && noise.is_none() {
-            return Err(ModelError::Request(
-                "internal: noise rows missing at T > 0".to_string(),
+            return Err(Error::config(
+                "noise",
+                "the Gumbel rows are required at T > 0",
             ));
         }
         let out_k = query.effective_top_k(vocab);

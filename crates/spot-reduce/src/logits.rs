@@ -21,18 +21,16 @@ const MAPPED_FROM: usize = 32 << 20;
 ///
 /// # Examples
 ///
-/// ```no_run
-/// use spot_core::{BlockDiffusionModel, BlockState, MeteredModel};
-/// use spot_models::{CpuBackend, DiffusionModel};
+/// ```
+/// use spot_reduce::HostHead;
 ///
-/// let mut model = DiffusionModel::<CpuBackend>::load("SDAR-1.7B-Chat".as_ref(), &Default::default())?;
-/// let mask = model.info().mask_id;
-/// MeteredModel::new(&mut model).reset_prefix(&[1, 2, 3, 4], 4, 8)?;
-/// let logits = model.forward_logits(&[BlockState::masked(4, mask)])?;
-/// assert_eq!(logits.rows(), 4);
-/// assert_eq!(logits.len(), 4 * logits.vocab());
-/// let best = logits.row(0).iter().copied().fold(f32::NEG_INFINITY, f32::max);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// let (vocab, dim) = (10, 4);
+/// let weights: Vec<f32> = (0..vocab * dim).map(|i| i as f32 / 40.0).collect();
+/// let head = HostHead::new(&weights, vocab, dim)?;
+/// let logits = head.logits(&[1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]); // two rows
+/// assert_eq!((logits.rows(), logits.vocab()), (2, vocab));
+/// assert_eq!(logits.row(0)[3], weights[3 * dim]); // row 0 reads hidden unit 0
+/// # Ok::<(), spot_core::Error>(())
 /// ```
 pub struct Logits {
     data: Buffer,
@@ -47,7 +45,7 @@ enum Buffer {
 
 impl Logits {
     /// `rows * vocab` zeros: a huge-page mapping when large, otherwise a vector.
-    pub(crate) fn zeroed(rows: usize, vocab: usize) -> Self {
+    pub fn zeroed(rows: usize, vocab: usize) -> Self {
         let len = rows * vocab;
         let bytes = len * size_of::<f32>();
         let mapped = (bytes >= MAPPED_FROM)
@@ -65,13 +63,21 @@ impl Logits {
         Self { data, rows, vocab }
     }
 
-    /// Wraps `values` (`[values.len() / vocab, vocab]`).
-    pub(crate) fn from_vec(values: Vec<f32>, vocab: usize) -> Self {
-        Self {
-            rows: values.len() / vocab.max(1),
+    /// Wraps `values`, `[values.len() / vocab, vocab]` row-major; a length that is not a whole
+    /// number of rows is an error.
+    pub fn from_vec(values: Vec<f32>, vocab: usize) -> spot_core::Result<Self> {
+        if vocab == 0 || !values.len().is_multiple_of(vocab) {
+            return Err(spot_core::Error::ShapeMismatch {
+                what: "logits (a whole number of rows of vocab values)",
+                expected: values.len().next_multiple_of(vocab.max(1)),
+                actual: values.len(),
+            });
+        }
+        Ok(Self {
+            rows: values.len() / vocab,
             vocab,
             data: Buffer::Heap(values),
-        }
+        })
     }
 
     /// The values, writable.
@@ -160,6 +166,8 @@ impl fmt::Debug for Logits {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
@@ -178,7 +186,7 @@ mod tests {
         for (i, x) in big.values_mut().iter_mut().enumerate() {
             *x = (i % 977) as f32 * 0.5;
         }
-        let heap = Logits::from_vec(big.to_vec(), vocab);
+        let heap = Logits::from_vec(big.to_vec(), vocab).unwrap();
         assert_eq!(big, heap);
         assert_eq!((big.rows(), big.vocab()), (rows, vocab));
         assert_eq!(big.row(3)[5], ((3 * vocab + 5) % 977) as f32 * 0.5);
@@ -190,6 +198,11 @@ mod tests {
             "small outputs stay on the heap"
         );
         assert_eq!(small.len(), 6);
-        assert_ne!(small, Logits::from_vec(vec![0.0; 6], 2), "shapes differ");
+        assert_ne!(
+            small,
+            Logits::from_vec(vec![0.0; 6], 2).unwrap(),
+            "shapes differ"
+        );
+        assert!(Logits::from_vec(vec![0.0; 7], 2).is_err());
     }
 }
