@@ -6,7 +6,7 @@ mod common;
 
 use common::{case, cases, model};
 use proptest::prelude::*;
-use spot_dlm::tree::JoinPrediction;
+use spot_dlm::sets::JoinPrediction;
 use spot_dlm::{
     BlockEnds, DecodeOutput, DraftFreeDecoder, JoinModel, MatchRule, OracleScorer, RandomScorer,
     ScoreContext, SetTreeConfig, SpotDecoder, StaleConfidenceScorer, StaleThresholdJoin, TokenId,

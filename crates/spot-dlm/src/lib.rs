@@ -48,10 +48,10 @@ pub use spot_core::{
     reduce_block, reduce_logits, run_decode, run_request, toy,
 };
 pub use spot_reduce::{self as reduce, HostHead};
+pub use spot_sets::{self as sets, JoinModel, SetTreeBuilder, SetTreeConfig, StaleThresholdJoin};
 pub use spot_tree::{
-    self as tree, DraftTree, JoinModel, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
-    SetTreeBuilder, SetTreeConfig, StaleConfidenceScorer, StaleThresholdJoin, TokenOracleScorer,
-    TreeBuilder, TreeConfig, TreeError,
+    self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
+    StaleConfidenceScorer, TokenOracleScorer, TreeBuilder, TreeConfig, TreeError,
 };
 pub use spot_verify::{self as verify, MatchRule, RoundEnd, Verifier};
 

@@ -26,7 +26,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use spot_core::TokenId;
-use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
+use spot_sets::{JoinModel, JoinPrediction};
+use spot_tree::{ScoreContext, TreeError};
 
 use crate::analysis::{bin, monotone_rates};
 use crate::sets_file::{SetsError, check_header, load_json, save_json};

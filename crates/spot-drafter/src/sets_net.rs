@@ -29,7 +29,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use spot_core::{Commit, TokenId};
-use spot_tree::{JoinModel, JoinPrediction, ScoreContext, TreeError};
+use spot_sets::{JoinModel, JoinPrediction};
+use spot_tree::{ScoreContext, TreeError};
 
 use crate::features::MARGIN_CAP;
 use crate::features::StoredPosition;

@@ -122,8 +122,9 @@ struct Hyp {
 }
 
 /// Checks that a round's stale statistics cover its block and that the block fits a tree;
-/// returns the block size.
-pub(crate) fn check_round(ctx: &ScoreContext<'_>) -> Result<usize, TreeError> {
+/// returns the block size. Every tree builder (this crate's and the set builder of
+/// `spot-sets`) checks its round with it.
+pub fn check_round(ctx: &ScoreContext<'_>) -> Result<usize, TreeError> {
     let l = ctx.root.len();
     if ctx.stale.len() != l {
         return Err(TreeError::StaleShape {

@@ -56,7 +56,8 @@ pub enum TreeError {
 }
 
 impl TreeError {
-    pub(crate) fn config(field: &'static str, reason: impl Into<String>) -> Self {
+    /// An [`TreeError::InvalidConfig`] naming `field`.
+    pub fn config(field: &'static str, reason: impl Into<String>) -> Self {
         TreeError::InvalidConfig {
             field,
             reason: reason.into(),

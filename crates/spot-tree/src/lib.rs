@@ -6,9 +6,8 @@
 //! - [`DraftTree`]: an arena of states with parent links, edges (position, token) and masses;
 //! - [`TreeBuilder`]: the layer-batched best-first builder with budget `D`, depth limit, mass
 //!   floor `γ` and the hedge, plus the SSD-style chain;
-//! - [`SetTreeBuilder`]: set-valued trees for threshold decoding (SPOT-Sets), each edge one
-//!   whole threshold step, drafted by a [`JoinModel`] ([`StaleThresholdJoin`] needs no
-//!   training);
+//! - the edges of set-valued trees ([`DraftTree::push_set`]); their builder for threshold
+//!   decoding (SPOT-Sets) is the `spot-sets` crate's;
 //! - [`OrderScorer`]: the interface the learned commit-order drafter implements, and the
 //!   baselines [`StaleConfidenceScorer`] (BlockSpec), [`RandomScorer`] and [`OracleScorer`].
 //!
@@ -41,14 +40,12 @@ struct ReadmeDoctests;
 mod builder;
 mod error;
 mod scorer;
-mod sets;
 mod tree;
 
-pub use builder::{BuildCounts, TreeBuilder, TreeConfig};
+pub use builder::{BuildCounts, TreeBuilder, TreeConfig, check_round};
 pub use error::TreeError;
 pub use scorer::{
     NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,
     TokenOracleScorer, check_block_size, fill_normalised, noised_runner_up, stale_runner_up,
 };
-pub use sets::{JoinModel, JoinPrediction, SetTreeBuilder, SetTreeConfig, StaleThresholdJoin};
 pub use tree::{DraftTree, state_hash, zobrist};

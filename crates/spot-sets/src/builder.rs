@@ -14,36 +14,14 @@
 //! grows the `D` heaviest states best-first, a node's mass being its parent's times the
 //! probability of its step.
 //!
-//! ```
-//! use spot_core::{BlockState, BlockStats, stats::PositionStats};
-//! use spot_tree::{ScoreContext, SetTreeBuilder, SetTreeConfig, StaleConfidenceScorer,
-//!     StaleThresholdJoin};
-//! let mut stale = BlockStats::new(1);
-//! for (s, c) in [0.95f32, 0.3, 0.92, 0.6].into_iter().enumerate() {
-//!     let t = s as u32 + 1;
-//!     stale.push(PositionStats { token: t, confidence: c, token_prob: c, entropy: 1.0,
-//!         tail_mass: 0.0, top_ids: &[t], top_probs: &[c] }).unwrap();
-//! }
-//! let root = BlockState::masked(4, 0);
-//! let ctx = ScoreContext { root: &root, stale: &stale, block_start: 0, noise: None, temperature: 0.0 };
-//! let mut b = SetTreeBuilder::new(SetTreeConfig { budget: 3, ..SetTreeConfig::default() }).unwrap();
-//! let tree = b.build(&ctx, 0.9, &mut StaleThresholdJoin, &mut StaleConfidenceScorer).unwrap();
-//! // The stale threshold step {0, 2} (led by 0 or 2, each clearing τ), then position 3
-//! // alone (a fallback: no stale confidence above τ is left); position 3 alone from the root.
-//! assert_eq!(tree.state(1), &[1, 0, 3, 0]);
-//! assert_eq!(tree.state(2), &[1, 0, 3, 4]);
-//! assert_eq!((tree.depth(2), tree.hops(2)), (3, 2));
-//! assert_eq!(tree.state(3), &[0, 0, 0, 4]);
-//! ```
+//! An example is on the [crate page](crate).
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
 
 use spot_core::{Commit, TokenId};
 
-use crate::error::TreeError;
-use crate::scorer::{NodeBatch, OrderScorer, ScoreContext};
-use crate::tree::DraftTree;
+use spot_tree::{DraftTree, NodeBatch, OrderScorer, ScoreContext, TreeError};
 
 /// Shape limits of a set-valued draft tree.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -404,7 +382,7 @@ impl SetTreeBuilder {
         model: &mut dyn JoinModel,
         order: &mut dyn OrderScorer,
     ) -> Result<&DraftTree, TreeError> {
-        crate::builder::check_round(ctx)?;
+        spot_tree::check_round(ctx)?;
         if tau.is_nan() {
             return Err(TreeError::config("tau", "must not be NaN"));
         }
@@ -733,9 +711,9 @@ impl SetTreeBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::StaleConfidenceScorer;
     use spot_core::stats::PositionStats;
     use spot_core::{BlockState, BlockStats};
+    use spot_tree::StaleConfidenceScorer;
 
     /// Fixed lead, join, token and hedge probabilities, whatever the state.
     #[derive(Clone)]
