@@ -189,6 +189,8 @@ fn invalid_tree_limits() {
 struct Faulty {
     inner: ToyModel,
     fault: Fault,
+    /// The one slot whose groups are corrupted (`None`: every group).
+    only: Option<CacheSlot>,
 }
 
 #[derive(Clone, Copy)]
@@ -236,7 +238,9 @@ impl BlockDiffusionModel for Faulty {
     fn forward(&mut self, groups: &[ScoreGroup<'_>]) -> spot_dlm::core::Result<Vec<GroupScores>> {
         let mut out = self.inner.forward(groups)?;
         for (g, scores) in groups.iter().zip(&mut out) {
-            scores.stats = self.faulty(g.states, g.query)?;
+            if self.only.is_none_or(|slot| slot == g.slot) {
+                scores.stats = self.faulty(g.states, g.query)?;
+            }
         }
         Ok(out)
     }
@@ -306,6 +310,7 @@ fn corrupt_statistics_are_typed_errors() {
         let mut m = Faulty {
             inner: toy(),
             fault,
+            only: None,
         };
         let (a, b) = both(&mut m, &[1, 2, 3], &cfg());
         match a {
@@ -328,6 +333,7 @@ fn wrong_shapes_nan_logits_and_model_failures() {
     let mut m = Faulty {
         inner: toy(),
         fault: Fault::WrongBatch,
+        only: None,
     };
     let (a, _) = both(&mut m, &[1], &cfg());
     assert!(
@@ -344,6 +350,7 @@ fn wrong_shapes_nan_logits_and_model_failures() {
     let mut m = Faulty {
         inner: toy(),
         fault: Fault::WrongPositions,
+        only: None,
     };
     let (a, _) = both(&mut m, &[1], &cfg());
     assert!(
@@ -360,6 +367,7 @@ fn wrong_shapes_nan_logits_and_model_failures() {
     let mut m = Faulty {
         inner: toy(),
         fault: Fault::NanLogits,
+        only: None,
     };
     let (a, _) = both(&mut m, &[1], &cfg());
     assert!(
@@ -369,6 +377,7 @@ fn wrong_shapes_nan_logits_and_model_failures() {
     let mut m = Faulty {
         inner: toy(),
         fault: Fault::ModelFailure,
+        only: None,
     };
     let (a, b) = both(&mut m, &[1], &cfg());
     assert!(a.to_string().contains("device lost"));
@@ -425,4 +434,40 @@ fn a_set_network_of_another_hidden_width_is_an_error() {
         text.contains("hidden states of width 5") && text.contains("width 8"),
         "{text}"
     );
+}
+
+/// Through a `BatchDriver` (one merged forward per step), a model's bad answer for one
+/// request's group fails that request only, with the typed error naming the field; the other
+/// request decodes exactly as it does alone.
+#[test]
+fn a_bad_answer_fails_only_its_request_in_a_batch() {
+    use spot_dlm::{BatchDriver, Request};
+    let cfg = cfg();
+    let mut m = Faulty {
+        inner: toy(),
+        fault: Fault::NanConfidence,
+        only: Some(CacheSlot(1)),
+    };
+    let info = m.info().clone();
+    let alone = DraftFreeDecoder::new()
+        .decode(&mut m.inner, &[4, 5, 6], &cfg)
+        .unwrap();
+    let mut driver = BatchDriver::new(2).unwrap();
+    // The first request gets slot 1 (the driver opens a slot per request), the second slot 2.
+    for prompt in [[1, 2, 3], [4, 5, 6]] {
+        driver.submit(Request::new(&prompt, &cfg, &info, DraftFreeDecoder::new()).unwrap());
+    }
+    let mut done = driver.run(&mut m).unwrap();
+    done.sort_by_key(|f| f.id);
+    match &done[0].output {
+        Err(CoreError::InvalidStatistics {
+            field: "confidence",
+            position: 2,
+            ..
+        }) => {}
+        other => panic!("the corrupted request: {other:?}"),
+    }
+    let good = done[1].output.as_ref().unwrap();
+    assert_eq!(good.tokens, alone.tokens);
+    assert_eq!(good.stats.work, alone.stats.work);
 }
