@@ -11,8 +11,8 @@ use crate::head::{Head, MaskTerms, NoiseRows, mask_bias};
 use crate::values::host_values;
 use spot_hf::hf::{Tokenizer, generation_stop_ids, token_ids};
 use spot_hf::{ModelError, Result};
+use spot_reduce::RowPlan;
 use spot_reduce::noise_table;
-use spot_reduce::{RowJob, RowPlan};
 
 /// Folder-level facts and per-request state shared by the model wrappers.
 pub(crate) struct Frame<B: Backend> {
@@ -336,20 +336,13 @@ impl<B: Backend> Frame<B> {
                 }
             }
         }
-        let positions: Vec<usize> = plan.rows.iter().map(|r| first + r % len).collect();
+        let positions = plan.positions(first);
         // The final hidden states on the host: the host head reads them, and a query asking
         // for hidden states gets every row of every state.
         let host_hidden = (query.hidden_states
             || (matches!(head, Head::Host(_)) && !plan.rows.is_empty()))
         .then(|| host_values(hidden.clone()));
-        let jobs: Vec<RowJob> = plan
-            .rows
-            .iter()
-            .map(|&r| RowJob {
-                hidden: r,
-                noise: r % len,
-            })
-            .collect();
+        let jobs = plan.jobs();
         let noise = noise.0.as_mut().filter(|_| noisy).map(|n| NoiseRows {
             host: &n.host,
             device: &mut n.device,

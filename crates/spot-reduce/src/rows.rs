@@ -48,6 +48,26 @@ impl RowPlan {
         }
     }
 
+    /// One job per reduced row: its row of the hidden states, and its position within its
+    /// state as its row of the Gumbel table (the table holds one row per position of a state).
+    pub fn jobs(&self) -> Vec<RowJob> {
+        let len = self.len.max(1);
+        self.rows
+            .iter()
+            .map(|&r| RowJob {
+                hidden: r,
+                noise: r % len,
+            })
+            .collect()
+    }
+
+    /// The absolute positions of the reduced rows when every state's first position is
+    /// `first` (errors name them).
+    pub fn positions(&self, first: usize) -> Vec<usize> {
+        let len = self.len.max(1);
+        self.rows.iter().map(|r| first + r % len).collect()
+    }
+
     /// Every row of one sequence of `len` positions.
     pub fn all(len: usize) -> Self {
         Self::all_of(1, len)
@@ -149,18 +169,11 @@ impl HostHead {
             });
         }
         let plan = RowPlan::masked(states, len);
-        let jobs: Vec<RowJob> = plan
-            .rows
-            .iter()
-            .map(|&r| RowJob {
-                hidden: r,
-                noise: r % len,
-            })
-            .collect();
+        let jobs = plan.jobs();
         let rows = match jobs.is_empty() {
             true => Vec::new(),
             false => {
-                let positions: Vec<usize> = plan.rows.iter().map(|r| start + r % len).collect();
+                let positions = plan.positions(start);
                 let noise =
                     (query.temperature > 0.0).then(|| noise_table(query, start, len, self.vocab()));
                 self.reduce(
