@@ -261,46 +261,8 @@ pub fn assert_batched_equals_alone(m: &mut dyn spot_dlm::BlockDiffusionModel, wh
 
 /// One request's calls on slot 0 of any model, through `MeteredModel` (checked), for tests that
 /// interleave them with a family's own methods (`forward_logits`, `set_head_placement`).
-pub trait Single {
+pub trait Single: spot_dlm::BlockDiffusionModel {
     /// Makes `prefix` slot `slot`'s prefix, for a decode generating up to `end`.
-    fn prefill_in(
-        &mut self,
-        slot: spot_dlm::CacheSlot,
-        prefix: &[u32],
-        block_size: usize,
-        end: usize,
-    ) -> spot_dlm::Result<spot_dlm::PrefixUpdate>;
-
-    /// [`Single::prefill_in`] for slot 0.
-    fn prefill(
-        &mut self,
-        prefix: &[u32],
-        block_size: usize,
-        end: usize,
-    ) -> spot_dlm::Result<spot_dlm::PrefixUpdate> {
-        self.prefill_in(spot_dlm::CacheSlot(0), prefix, block_size, end)
-    }
-
-    /// Appends a finished block to slot 0's prefix.
-    fn append(&mut self, block: &[u32]) -> spot_dlm::Result<spot_dlm::PrefixUpdate>;
-
-    /// One forward over `states` after slot 0's prefix.
-    fn score(
-        &mut self,
-        states: &[BlockState],
-        q: &spot_dlm::StatsQuery,
-    ) -> spot_dlm::Result<Vec<spot_dlm::BlockStats>>;
-
-    /// One forward over `states` carrying `carry`.
-    fn score_carrying(
-        &mut self,
-        carry: spot_dlm::Carry<'_>,
-        states: &[BlockState],
-        q: &spot_dlm::StatsQuery,
-    ) -> spot_dlm::Result<spot_dlm::GroupScores>;
-}
-
-impl<M: spot_dlm::BlockDiffusionModel + ?Sized> Single for M {
     fn prefill_in(
         &mut self,
         slot: spot_dlm::CacheSlot,
@@ -317,11 +279,23 @@ impl<M: spot_dlm::BlockDiffusionModel + ?Sized> Single for M {
         MeteredModel::new(&mut m).reset_prefix_in(slot, prefix)
     }
 
+    /// [`Single::prefill_in`] for slot 0.
+    fn prefill(
+        &mut self,
+        prefix: &[u32],
+        block_size: usize,
+        end: usize,
+    ) -> spot_dlm::Result<spot_dlm::PrefixUpdate> {
+        self.prefill_in(spot_dlm::CacheSlot(0), prefix, block_size, end)
+    }
+
+    /// Appends a finished block to slot 0's prefix.
     fn append(&mut self, block: &[u32]) -> spot_dlm::Result<spot_dlm::PrefixUpdate> {
         let mut m = self;
         MeteredModel::new(&mut m).append_block(block)
     }
 
+    /// One forward over `states` after slot 0's prefix.
     fn score(
         &mut self,
         states: &[BlockState],
@@ -331,6 +305,7 @@ impl<M: spot_dlm::BlockDiffusionModel + ?Sized> Single for M {
         MeteredModel::new(&mut m).forward(states, q)
     }
 
+    /// One forward over `states` carrying `carry`.
     fn score_carrying(
         &mut self,
         carry: spot_dlm::Carry<'_>,
@@ -341,3 +316,5 @@ impl<M: spot_dlm::BlockDiffusionModel + ?Sized> Single for M {
         MeteredModel::new(&mut m).forward_carrying(carry, states, q)
     }
 }
+
+impl<M: spot_dlm::BlockDiffusionModel + ?Sized> Single for M {}
