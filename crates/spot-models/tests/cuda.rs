@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{assert_batch_invariant, assert_batched_equals_alone, fixture, varied_states};
+use common::{Single, assert_batch_invariant, assert_batched_equals_alone, fixture, varied_states};
 use spot_dlm::{
     BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer,
     StatsQuery,
