@@ -428,7 +428,6 @@ pub(crate) fn check_forward(
 pub struct MeteredModel<'m> {
     model: &'m mut dyn BlockDiffusionModel,
     slot: CacheSlot,
-    info: ModelInfo,
     meter: Meter,
 }
 
@@ -436,7 +435,7 @@ impl std::fmt::Debug for MeteredModel<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MeteredModel")
             .field("slot", &self.slot)
-            .field("info", &self.info)
+            .field("info", self.model.info())
             .field("meter", &self.meter)
             .finish()
     }
@@ -450,18 +449,16 @@ impl<'m> MeteredModel<'m> {
 
     /// Wraps a model; the single-request calls use `slot`.
     pub fn in_slot(model: &'m mut dyn BlockDiffusionModel, slot: CacheSlot) -> Self {
-        let info = model.info().clone();
         Self {
             model,
             slot,
-            info,
             meter: Meter::default(),
         }
     }
 
     /// The model's static facts.
     pub fn info(&self) -> &ModelInfo {
-        &self.info
+        self.model.info()
     }
 
     /// Counters so far.
@@ -598,11 +595,11 @@ impl<'m> MeteredModel<'m> {
     /// asked for.
     fn check_group(&self, g: &ScoreGroup<'_>, scores: GroupScores) -> Result<GroupScores> {
         let len = g.states.first().map_or(0, BlockState::len);
-        check_forward(&scores.stats, g.states.len(), len, &self.info)?;
+        check_forward(&scores.stats, g.states.len(), len, self.info())?;
         match (g.carry.lookahead, &scores.lookahead) {
             (_, None) => {}
             (Some((_, next)), Some(served)) => {
-                check_forward(std::slice::from_ref(served), 1, next.len(), &self.info)?;
+                check_forward(std::slice::from_ref(served), 1, next.len(), self.info())?;
             }
             (None, Some(_)) => {
                 return Err(Error::model(

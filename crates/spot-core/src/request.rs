@@ -523,47 +523,55 @@ impl<S: StepStrategy> Request<S> {
         self.scored_after_append(carried, stats, positions)
     }
 
-    /// The answer to [`Need::Score`] as a model's forward gave it for this request's group
-    /// ([`crate::ScoreGroup`] with the need's carry): what the append cost, the statistics,
-    /// the served look-ahead and the positions computed.
-    pub fn scored_group(&mut self, scores: GroupScores) -> Result<(), S::Error> {
-        let GroupScores {
-            append,
-            mut stats,
-            lookahead,
-            positions,
-        } = scores;
-        stats.extend(lookahead);
-        self.scored_after_append(append, stats, positions)
-    }
-
     /// [`Request::scored`] with what the pending append cost (as the model reported it:
     /// [`GroupScores::append`]; ignored when nothing was pending) and a served look-ahead's
     /// statistics after the states'.
     pub fn scored_after_append(
         &mut self,
-        update: PrefixUpdate,
+        append: PrefixUpdate,
         mut stats: Vec<BlockStats>,
-        mut positions: u64,
+        positions: u64,
     ) -> Result<(), S::Error> {
+        let served = self.lookahead.is_some() && stats.len() == self.states.len() + 1;
+        let lookahead = if served { stats.pop() } else { None };
+        self.scored_group(GroupScores {
+            append,
+            stats,
+            lookahead,
+            positions,
+        })
+    }
+
+    /// The answer to [`Need::Score`] as a model's forward gave it for this request's group
+    /// ([`crate::ScoreGroup`] with the need's carry): what the append cost, the statistics,
+    /// the served look-ahead and the positions computed.
+    pub fn scored_group(&mut self, scores: GroupScores) -> Result<(), S::Error> {
         if self.dropped() {
             return Ok(());
         }
         self.expect(&[Phase::Score], "statistics")?;
+        let GroupScores {
+            append,
+            mut stats,
+            lookahead,
+            mut positions,
+        } = scores;
         if !self.finished.is_empty() {
-            self.meter.count_prefix(update);
+            self.meter.count_prefix(append);
             self.finished.clear();
         }
-        if let Some((end, next)) = self.lookahead.take()
-            && stats.len() == self.states.len() + 1
-        {
-            // The look-ahead's block and state rode in the forward.
-            positions += (end.len() + next.len()) as u64;
-            if let Some(served) = stats.pop() {
+        match (self.lookahead.take(), lookahead) {
+            (Some((end, next)), Some(served)) => {
+                // The look-ahead's block and state rode in the forward.
+                positions += (end.len() + next.len()) as u64;
                 let one = std::slice::from_ref(&served);
                 self.guarded(|r| check_forward(one, 1, next.len(), &r.info).map_err(Into::into))?;
                 self.prefetched = Some((end, served));
             }
+            // Statistics for a look-ahead that was not asked for: one entry too many, which
+            // the check of the states' statistics refuses.
+            (None, Some(extra)) => stats.push(extra),
+            (_, None) => {}
         }
         self.guarded(|r| r.absorb(stats, positions, true))
     }
