@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use spot_dlm::{
-    ArConfig, AutoregressiveModel, BlockDiffusionModel, DecodeConfig, DraftFreeDecoder,
+    ArConfig, AutoregressiveModel, BlockDiffusionModel, CacheSlot, DecodeConfig, DraftFreeDecoder,
     SpotDecoder, StaleConfidenceScorer, decode_autoregressive,
 };
 use spot_models::chat::ChatTemplate;
@@ -172,7 +172,7 @@ fn autoregressive(a: &Args) -> Result<(), Error> {
     let v = model.ar_info().vocab_size;
     let mut seq = ids.clone();
     for _ in 0..out.tokens.len() {
-        model.truncate(0)?;
+        model.truncate(CacheSlot(0), 0)?;
         let logits = model.extend_logits(&seq)?;
         let last = &logits[logits.len() - v..];
         let next = (0..v).max_by(|&x, &y| last[x].total_cmp(&last[y]).then(y.cmp(&x)));

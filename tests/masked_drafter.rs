@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use spot_core::{ArConfig, AutoregressiveModel, StatsQuery, decode_autoregressive};
+use spot_core::{ArConfig, MeteredArModel, StatsQuery, decode_autoregressive};
 use spot_models::{CausalLm, CpuBackend, DRAFTER_FILE, MaskedDrafter, ModelError};
 use spot_specdiff::{DiffusionDrafter, Marginals, SpecDiffConfig, SpecDiffDecoder};
 
@@ -56,11 +56,13 @@ fn the_first_drafted_position_is_the_next_token_prediction() {
     for cut in [3usize, 5, 7] {
         d.propose(&context[..cut], 6, &mut m).unwrap();
         assert_eq!(m.len(), 6);
-        target.truncate(0).unwrap();
-        let s = target.extend(&context[..cut], &q).unwrap();
+        let mut t = MeteredArModel::new(&mut target);
+        t.truncate(0).unwrap();
+        let s = t.extend(&context[..cut], &q).unwrap();
+        let last = s.len() - 1;
         let (ids, probs) = m.at(0);
-        assert_eq!(ids, s.top(cut - 1).0, "cut {cut}");
-        for (a, b) in probs.iter().zip(s.top(cut - 1).1) {
+        assert_eq!(ids, s.top(last).0, "cut {cut}");
+        for (a, b) in probs.iter().zip(s.top(last).1) {
             assert!((a - b).abs() < 1e-6, "cut {cut}: {a} vs {b}");
         }
         // A fresh drafter (no cache) gives the same marginals, bit for bit.

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
-use spot_core::{ArConfig, AutoregressiveModel, decode_autoregressive};
+use spot_core::{ArConfig, AutoregressiveModel, CacheSlot, decode_autoregressive};
 use spot_models::{CausalLm, CpuBackend};
 use spot_specdiff::{LookupDrafter, SpecDiffConfig, SpecDiffDecoder};
 
@@ -285,7 +285,7 @@ fn smollm2_matches_pytorch() {
         );
 
         // Prompt: one forward over the whole prompt.
-        m.truncate(0).unwrap();
+        m.truncate(CacheSlot(0), 0).unwrap();
         let ours = m.extend_logits(&case.prompt_ids).unwrap();
         let (n, want) = Rows::read(&st, &case.prompt_key, k, Some(sample_ids.len()));
         assert_eq!(n, case.prompt_ids.len(), "{name}");

@@ -155,12 +155,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
 }
 
 /// `spot bench-forward` on an autoregressive folder: after a `--prefix`-token prompt, times
-/// appending `N` tokens in one forward for every `N` of `--batches` (the shared run plus the
-/// drafted tokens of a SpecDiff-2 round with `K = 1`), each followed by a truncation back to
-/// the prefix; keys `r{N}_median_ms`, `r{N}_min_ms`, `r{N}_first_ms` and the marginal cost per
+/// one forward of `N` tokens for every `N` of `--batches` (a SpecDiff-2 round with `K = 1`:
+/// one committed token appended and `N - 1` drafted tokens scored after it), each followed
+/// by a truncation back to the prefix; keys `r{N}_median_ms`, `r{N}_min_ms`, `r{N}_first_ms` and the marginal cost per
 /// token over the first size, `r{N}_extra_row_ms`.
 fn run_autoregressive(a: &BenchArgs, dir: &std::path::Path) -> Result<()> {
-    use spot_dlm::AutoregressiveModel;
+    use spot_dlm::{AutoregressiveModel, MeteredArModel};
     let t = Instant::now();
     let mut model = spot_models::CausalLm::<Backend>::load_as(
         dir,
@@ -172,6 +172,7 @@ fn run_autoregressive(a: &BenchArgs, dir: &std::path::Path) -> Result<()> {
     let id = |i: usize| (spot_dlm::core::state::mix64(i as u64) % vocab) as u32;
     let prefix: Vec<u32> = (0..a.prefix.max(1)).map(id).collect();
     let q = StatsQuery::new(0.0, 0);
+    let mut model = MeteredArModel::new(&mut model);
     let t = Instant::now();
     model.extend(&prefix, &q)?;
     let prefill_ms = t.elapsed().as_secs_f64() * 1e3;
@@ -181,10 +182,13 @@ fn run_autoregressive(a: &BenchArgs, dir: &std::path::Path) -> Result<()> {
         if n == 0 {
             bail!("--batches must be positive");
         }
+        // A round's forward: one committed token appended, `N - 1` drafted ones scored.
         let tokens: Vec<u32> = (0..n).map(|i| id(7919 + i)).collect();
+        let branch = [tokens[1..].to_vec()];
+        let branches = if n > 1 { &branch[..] } else { &[] };
         let mut timed = || -> Result<f64> {
             let t = Instant::now();
-            model.extend(&tokens, &q)?;
+            model.extend_branches(&tokens[..1], branches, &q)?;
             let ms = t.elapsed().as_secs_f64() * 1e3;
             model.truncate(prefix.len())?;
             Ok(ms)

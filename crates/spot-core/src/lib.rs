@@ -59,7 +59,10 @@ pub mod stats;
 pub mod toy;
 pub mod transition;
 
-pub use autoregressive::{ArConfig, ArInfo, ArOutput, AutoregressiveModel, decode_autoregressive};
+pub use autoregressive::{
+    ArConfig, ArGroup, ArInfo, ArOutput, ArScores, AutoregressiveModel, MeteredArModel,
+    decode_autoregressive,
+};
 pub use batch::{BatchDriver, Finished, RequestId};
 pub use config::{
     BlockPlan, BlockTrace, DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace, plan_blocks,

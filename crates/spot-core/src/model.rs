@@ -705,16 +705,23 @@ fn not_open(slot: CacheSlot) -> Error {
 
 /// Fails when a slot appears in two groups of one forward.
 pub fn check_distinct_slots(groups: &[ScoreGroup<'_>]) -> Result<()> {
-    for (i, g) in groups.iter().enumerate() {
-        if groups[..i].iter().any(|h| h.slot == g.slot) {
-            return Err(Error::config(
-                "groups",
-                format!(
-                    "cache slot {} appears in two groups of one forward",
-                    g.slot.0
-                ),
-            ));
+    CacheSlot::check_distinct(groups.iter().map(|g| g.slot))
+}
+
+impl CacheSlot {
+    /// Fails when a slot appears twice among the groups of one forward (`slots` in group
+    /// order), for any model trait's groups.
+    pub fn check_distinct(slots: impl IntoIterator<Item = CacheSlot>) -> Result<()> {
+        let mut seen: Vec<CacheSlot> = Vec::new();
+        for slot in slots {
+            if seen.contains(&slot) {
+                return Err(Error::config(
+                    "groups",
+                    format!("cache slot {} appears in two groups of one forward", slot.0),
+                ));
+            }
+            seen.push(slot);
         }
+        Ok(())
     }
-    Ok(())
 }

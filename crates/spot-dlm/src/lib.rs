@@ -38,12 +38,12 @@ struct ReadmeDoctests;
 use std::time::Instant;
 
 pub use spot_core::{
-    self as core, ArConfig, ArInfo, ArOutput, AutoregressiveModel, BatchDriver,
+    self as core, ArConfig, ArGroup, ArInfo, ArOutput, ArScores, AutoregressiveModel, BatchDriver,
     BlockDiffusionModel, BlockEvent, BlockLayout, BlockObserver, BlockProgress, BlockRun,
     BlockState, BlockStats, CacheSlot, CacheUsage, CancelHandle, Carry, Commit, ConfidenceRule,
     DecodeConfig, DecodeOutput, DecodeStats, DecodeTrace, DraftFreeDecoder, Error, Finished,
-    GroupScores, GumbelNoise, Meter, MeteredModel, ModelInfo, Need, PositionStats, Prefix,
-    PrefixUpdate, ReduceScratch, Request, RequestId, Result, ScoreGroup, Slots, StatsQuery,
+    GroupScores, GumbelNoise, Meter, MeteredArModel, MeteredModel, ModelInfo, Need, PositionStats,
+    Prefix, PrefixUpdate, ReduceScratch, Request, RequestId, Result, ScoreGroup, Slots, StatsQuery,
     StepStrategy, StopCheck, TokenId, Transition, decode_autoregressive, exact_commit,
     reduce_block, reduce_logits, run_decode, run_request, toy,
 };

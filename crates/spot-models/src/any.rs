@@ -65,7 +65,7 @@ impl<B: Backend> DiffusionModel<B> {
             Family::Llada => Self::Llada(Llada::load_as(dir, device, p)?),
             Family::Dream => Self::Dream(Dream::load_as(dir, device, p)?),
             Family::Llada2Moe => Self::Llada2Moe(Llada2Moe::load_as(dir, device, p)?),
-            f @ (Family::Llama | Family::Qwen2) => {
+            f @ (Family::Llama | Family::Qwen2 | Family::Qwen3) => {
                 return Err(ModelError::InvalidConfig {
                     path: dir.join("config.json"),
                     field: "model_type",

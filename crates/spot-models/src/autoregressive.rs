@@ -5,19 +5,23 @@
 //! for Qwen3, `model.layers.N.mlp.{gate,up,down}_proj`, `input_layernorm`,
 //! `post_attention_layernorm`, `model.norm`, `lm_head` (absent when tied)).
 //!
-//! Attention is causal; [`AutoregressiveModel::extend`] appends several tokens in one forward
-//! (prefill, or a drafted run to verify) and [`AutoregressiveModel::truncate`] rolls back.
+//! Attention is causal. One cache per request slot; [`AutoregressiveModel::forward`] appends
+//! each group's tokens (prefill, or a round's committed tokens) and scores its drafted
+//! branches after them, all groups in one run, and [`AutoregressiveModel::truncate`] rolls
+//! back.
 
 use std::path::Path;
 
 use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
-use spot_core::{ArInfo, AutoregressiveModel, BlockStats, StatsQuery, TokenId};
+use spot_core::{
+    ArGroup, ArInfo, ArScores, AutoregressiveModel, BlockStats, CacheSlot, Slots, TokenId,
+};
 
-use crate::attention::{Attend, Kv};
+use crate::attention::Attend;
 use crate::config::DecoderConfig;
 use crate::dense::{QWEN_NAMES, dense_net};
-use crate::frame::{Frame, open};
+use crate::frame::{Frame, PrefixSlot, open};
 use crate::precision::Precision;
 use crate::transformer::{Net, Segment};
 use spot_hf::{ModelError, Result};
@@ -39,17 +43,18 @@ pub struct CausalLm<B: Backend> {
     pub(crate) net: Net<B>,
     pub(crate) frame: Frame<B>,
     info: ArInfo,
-    pub(crate) cache: Vec<Kv<B>>,
-    pub(crate) len: usize,
-    pub(crate) noise: crate::frame::NoiseCache<B>,
+    pub(crate) slots: Slots<PrefixSlot<B>>,
 }
+
+/// The slot of single-sequence use (tests, tools, the masked drafter).
+pub(crate) const SLOT0: CacheSlot = CacheSlot(0);
 
 impl<B: Backend> std::fmt::Debug for CausalLm<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CausalLm")
             .field("dir", &self.frame.dir)
             .field("config", &self.cfg)
-            .field("cached_len", &self.len)
+            .field("slots", &self.slots.open_count())
             .finish_non_exhaustive()
     }
 }
@@ -87,35 +92,45 @@ impl<B: Backend> CausalLm<B> {
             net,
             frame,
             info,
-            cache: Vec::new(),
-            len: 0,
-            noise: Default::default(),
+            slots: Slots::new(),
         })
     }
 
     crate::frame::folder_accessors!(DecoderConfig);
 
-    /// Appends `tokens` and returns their logits `[len, vocab]` as host values (for tests and
-    /// tools; decoding uses [`AutoregressiveModel::extend`]).
+    /// Appends `tokens` to slot 0 and returns their logits `[len, vocab]` as host values (for
+    /// tests and tools; decoding uses [`AutoregressiveModel::forward`]).
     pub fn extend_logits(&mut self, tokens: &[TokenId]) -> Result<Logits> {
-        let hidden = self.append(tokens)?;
+        let hidden = self.append(SLOT0, tokens)?;
         self.net.head.logits_host(hidden)
     }
 
-    pub(crate) fn append(&mut self, tokens: &[TokenId]) -> Result<Tensor<B, 2>> {
+    /// Appends `tokens` to `slot`'s cache in one run; their final hidden states.
+    pub(crate) fn append(&mut self, slot: CacheSlot, tokens: &[TokenId]) -> Result<Tensor<B, 2>> {
         if tokens.is_empty() {
             return Err(ModelError::Request("no tokens to append".to_string()));
         }
-        self.frame.check_end(self.len + tokens.len(), "sequence")?;
+        let s = self.slots.get_mut(slot)?;
+        let start = s.prefix.len();
+        self.frame.check_end(start + tokens.len(), "sequence")?;
         let mut ids = Vec::with_capacity(tokens.len());
         self.frame.push_ids(tokens, &mut ids)?;
-        let (hidden, kv) =
-            self.net
-                .run(ids, 1, tokens.len(), self.len, &self.cache, Attend::Causal);
-        Net::extend_cache(&mut self.cache, kv);
-        self.len += tokens.len();
+        let (hidden, kv) = self
+            .net
+            .run(ids, 1, tokens.len(), start, &s.cache, Attend::Causal);
+        Net::extend_cache(&mut s.cache, kv);
+        s.prefix.extend_from_slice(tokens);
         Ok(hidden)
     }
+}
+
+/// Where a group's rows sit in a run: its shared segment, then its branch segments (one
+/// for branches of equal length, else one per non-empty branch).
+struct GroupRows {
+    shared: usize,
+    branches: Vec<usize>,
+    /// The branches are one segment of equal-length sequences.
+    together: bool,
 }
 
 impl<B: Backend> AutoregressiveModel for CausalLm<B> {
@@ -123,20 +138,31 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
         &self.info
     }
 
-    fn cached_len(&self) -> usize {
-        self.len
+    fn open_slot(&mut self) -> spot_core::Result<CacheSlot> {
+        Ok(self.slots.open())
     }
 
-    fn truncate(&mut self, len: usize) -> spot_core::Result<()> {
-        if len >= self.len {
+    fn close_slot(&mut self, slot: CacheSlot) {
+        self.slots.close(slot);
+    }
+
+    crate::frame::cache_usage!();
+
+    fn cached_len(&self, slot: CacheSlot) -> usize {
+        self.slots.get(slot).map_or(0, |s| s.prefix.len())
+    }
+
+    fn truncate(&mut self, slot: CacheSlot, len: usize) -> spot_core::Result<()> {
+        let s = self.slots.get_mut(slot)?;
+        if len >= s.prefix.len() {
             return Ok(());
         }
-        self.len = len;
+        s.prefix.truncate(len);
         if len == 0 {
-            self.cache.clear();
-            self.noise.clear();
+            s.cache.clear();
+            s.noise.clear();
         } else {
-            for c in &mut self.cache {
+            for c in &mut s.cache {
                 c.k = c.k.clone().narrow(2, 0, len);
                 c.v = c.v.clone().narrow(2, 0, len);
             }
@@ -144,83 +170,122 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
         Ok(())
     }
 
-    fn extend(&mut self, tokens: &[TokenId], query: &StatsQuery) -> spot_core::Result<BlockStats> {
-        query.validate()?;
-        let start = self.len;
-        let hidden = self.append(tokens)?;
-        let plan = RowPlan::all(tokens.len());
-        let mut stats = self.frame.stats(
-            &self.net.head,
-            hidden,
-            &plan,
-            (start + 1, &mut self.noise),
-            query,
-        )?;
-        Ok(stats.pop().unwrap_or_default())
-    }
-
-    /// One forward: `shared` (kept in the cache) and the branches after it, each branch's
-    /// attention on its own over `[cache ; shared]`, so its statistics are bit-identical to
-    /// appending it alone. Only the shared run's last row is reduced (one entry). Branches
-    /// of unequal lengths are scored one by one.
-    fn extend_branches(
-        &mut self,
-        shared: &[TokenId],
-        branches: &[Vec<TokenId>],
-        query: &StatsQuery,
-    ) -> spot_core::Result<(BlockStats, Vec<BlockStats>)> {
-        let len = branches.first().map_or(0, Vec::len);
-        if shared.is_empty() || len == 0 || branches.iter().any(|b| b.len() != len) {
-            return spot_core::autoregressive::extend_each(self, shared, branches, query);
+    /// One run over every group: each group's `shared` tokens are a segment over its slot's
+    /// cache, and its branches segments that attend to that cache extended by the shared
+    /// keys and values of the same layer (`Segment::after`), so each branch's statistics are
+    /// bit-identical to appending it alone; then the shared keys and values join the cache.
+    /// Only each shared run's last row is reduced (its [`ArScores::shared`] holds that one
+    /// entry).
+    fn forward(&mut self, groups: &[ArGroup<'_>]) -> spot_core::Result<Vec<ArScores>> {
+        CacheSlot::check_distinct(groups.iter().map(|g| g.slot))?;
+        let mut ids = Vec::new();
+        for g in groups {
+            g.query.validate()?;
+            if g.shared.is_empty() {
+                return Err(ModelError::Request("no tokens to append".to_string()).into());
+            }
+            let start = self.slots.get(g.slot)?.prefix.len();
+            let longest = g.branches.iter().map(Vec::len).max().unwrap_or(0);
+            self.frame
+                .check_end(start + g.shared.len() + longest, "sequence")?;
+            self.frame.push_ids(g.shared, &mut ids)?;
+            for b in g.branches {
+                self.frame.push_ids(b, &mut ids)?;
+            }
         }
-        query.validate()?;
-        let (start, n) = (self.len, branches.len());
-        self.frame
-            .check_end(start + shared.len() + len, "sequence")?;
-        let mut ids = Vec::with_capacity(shared.len() + n * len);
-        self.frame.push_ids(shared, &mut ids)?;
-        for b in branches {
-            self.frame.push_ids(b, &mut ids)?;
+        let mut segments: Vec<Segment<'_, B>> = Vec::new();
+        let mut at = Vec::with_capacity(groups.len());
+        for g in groups {
+            let slot = self.slots.get(g.slot)?;
+            let (cache, start) = (&slot.cache[..], slot.prefix.len());
+            let mut push = |n: usize, len: usize, start: usize, after: Option<usize>| {
+                segments.push(Segment {
+                    n,
+                    len,
+                    start,
+                    cache,
+                    after,
+                });
+                segments.len() - 1
+            };
+            let shared = push(1, g.shared.len(), start, None);
+            let after = start + g.shared.len();
+            let len = g.branches.first().map_or(0, Vec::len);
+            let together = len > 0 && g.branches.iter().all(|b| b.len() == len);
+            let branches = if together {
+                vec![push(g.branches.len(), len, after, Some(shared))]
+            } else {
+                g.branches
+                    .iter()
+                    .filter(|b| !b.is_empty())
+                    .map(|b| push(1, b.len(), after, Some(shared)))
+                    .collect()
+            };
+            at.push(GroupRows {
+                shared,
+                branches,
+                together,
+            });
         }
-        let segments = [
-            Segment {
-                n: 1,
-                len: shared.len(),
-                start,
-                cache: &self.cache,
-                after: None,
-            },
-            Segment {
-                n,
-                len,
-                start: start + shared.len(),
-                cache: &self.cache,
-                after: Some(0),
-            },
-        ];
+        if segments.is_empty() {
+            return Ok(Vec::new());
+        }
         let (hidden, mut kv) = self.net.run_segments(ids, &segments, Attend::Causal);
-        let kept = std::mem::take(&mut kv[0]);
-        Net::extend_cache(&mut self.cache, kept);
-        self.len += shared.len();
-        // Only the shared run's last row is read (it predicts the first drafted position).
-        let rows = shared.len();
-        let own = hidden.clone().narrow(0, rows - 1, 1);
-        let after = hidden.narrow(0, rows, n * len);
-        let noise = &mut self.noise;
-        let mut first = self.frame.stats(
-            &self.net.head,
-            own,
-            &RowPlan::all(1),
-            (start + rows, &mut *noise),
-            query,
-        )?;
-        let stats = self.frame.stats(
-            &self.net.head,
-            after,
-            &RowPlan::all_of(n, len),
-            (self.len + 1, noise),
-            query,
-        )?;
-        Ok((first.pop().unwrap_or_default(), stats))
+        let rows: Vec<usize> = segments.iter().map(|s| s.n * s.len).collect();
+        drop(segments);
+        let row0 = |si: usize| rows[..si].iter().sum::<usize>();
+        let mut out = Vec::with_capacity(groups.len());
+        for (g, seg) in groups.iter().zip(&at) {
+            let slot = self.slots.get_mut(g.slot)?;
+            Net::extend_cache(&mut slot.cache, std::mem::take(&mut kv[seg.shared]));
+            slot.prefix.extend_from_slice(g.shared);
+            let end = slot.prefix.len();
+            // The shared run's last row predicts the branches' first position.
+            let last = hidden
+                .clone()
+                .narrow(0, row0(seg.shared) + rows[seg.shared] - 1, 1);
+            let shared = self.frame.stats(
+                &self.net.head,
+                last,
+                &RowPlan::all(1),
+                (end, &mut slot.noise),
+                g.query,
+            )?;
+            let mut branches = Vec::with_capacity(g.branches.len());
+            let mut segs = seg.branches.iter();
+            if seg.together {
+                // Equal lengths: one segment of `n` branches.
+                let si = seg.branches[0];
+                let len = g.branches[0].len();
+                branches = self.frame.stats(
+                    &self.net.head,
+                    hidden.clone().narrow(0, row0(si), rows[si]),
+                    &RowPlan::all_of(g.branches.len(), len),
+                    (end + 1, &mut slot.noise),
+                    g.query,
+                )?;
+            } else {
+                for b in g.branches {
+                    if b.is_empty() {
+                        branches.push(BlockStats::new(g.query.top_k));
+                        continue;
+                    }
+                    let Some(&si) = segs.next() else { break };
+                    let mut stats = self.frame.stats(
+                        &self.net.head,
+                        hidden.clone().narrow(0, row0(si), rows[si]),
+                        &RowPlan::all(b.len()),
+                        (end + 1, &mut slot.noise),
+                        g.query,
+                    )?;
+                    branches.push(stats.pop().unwrap_or_default());
+                }
+            }
+            out.push(ArScores {
+                shared: shared.into_iter().next().unwrap_or_default(),
+                branches,
+            });
+        }
+        Ok(out)
     }
 }

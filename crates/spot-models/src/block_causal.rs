@@ -9,31 +9,14 @@
 use burn_tensor::backend::Backend;
 use spot_core::{
     BlockDiffusionModel, BlockLayout, BlockState, CacheSlot, Carry, GroupScores, ModelInfo, Prefix,
-    PrefixUpdate, ScoreGroup, Slots, StatsQuery, TokenId, check_distinct_slots,
+    PrefixUpdate, ScoreGroup, Slots, StatsQuery, check_distinct_slots,
 };
 
-use crate::attention::{Attend, Kv};
-use crate::frame::{Frame, NoiseCache};
+use crate::attention::Attend;
+use crate::frame::{Frame, PrefixSlot};
 use crate::transformer::{Net, Segment};
 use spot_hf::Result;
 use spot_reduce::{Logits, RowPlan};
-
-/// One request's committed prefix, its KV cache and the Gumbel rows of its current block.
-pub(crate) struct PrefixSlot<B: Backend> {
-    pub cache: Vec<Kv<B>>,
-    pub prefix: Vec<TokenId>,
-    pub noise: NoiseCache<B>,
-}
-
-impl<B: Backend> Default for PrefixSlot<B> {
-    fn default() -> Self {
-        Self {
-            cache: Vec::new(),
-            prefix: Vec::new(),
-            noise: NoiseCache::default(),
-        }
-    }
-}
 
 /// A block-causal model on backend `B` with family config `C`, and its prefix KV caches (one
 /// per request slot; slot 0 serves the single-request [`BlockDiffusionModel`] methods).

@@ -10,7 +10,7 @@ use spot_hf::{ModelError, Result};
 /// The model families this crate runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
-    /// SDAR (`"sdar"`; `"qwen3"` is read as SDAR by [`crate::DiffusionModel`]).
+    /// SDAR (`"sdar"`, or `"qwen3"` whose `architectures` names an SDAR class).
     Sdar,
     /// LLaDA (`"llada"`).
     Llada,
@@ -22,11 +22,16 @@ pub enum Family {
     Llama,
     /// Autoregressive Qwen2 (`"qwen2"`), see [`crate::CausalLm`].
     Qwen2,
+    /// Autoregressive Qwen3 (`"qwen3"` without an SDAR class in `architectures`), see
+    /// [`crate::CausalLm`].
+    Qwen3,
 }
 
 #[derive(Deserialize)]
 struct ModelType {
     model_type: String,
+    #[serde(default)]
+    architectures: Vec<String>,
 }
 
 impl Family {
@@ -35,7 +40,10 @@ impl Family {
         let path = dir.join("config.json");
         let t: ModelType = read_json(&path)?;
         Ok(match t.model_type.as_str() {
-            "sdar" | "qwen3" => Family::Sdar,
+            "sdar" => Family::Sdar,
+            // SDAR checkpoints exported with the Qwen3 model type still name their class.
+            "qwen3" if t.architectures.iter().any(|a| a.starts_with("SDAR")) => Family::Sdar,
+            "qwen3" => Family::Qwen3,
             "llada" => Family::Llada,
             "Dream" | "dream" => Family::Dream,
             "llada2_moe" => Family::Llada2Moe,
@@ -46,8 +54,8 @@ impl Family {
                     path,
                     field: "model_type",
                     reason: format!(
-                        "unknown model type {other:?}; supported: sdar, qwen3, llada, Dream, \
-                         llada2_moe, llama, qwen2"
+                        "unknown model type {other:?}; supported: sdar, llada, Dream, \
+                         llada2_moe, llama, qwen2, qwen3"
                     ),
                 });
             }
@@ -56,7 +64,7 @@ impl Family {
 
     /// Whether the family is decoded by block diffusion (else it is autoregressive).
     pub fn is_diffusion(self) -> bool {
-        !matches!(self, Family::Llama | Family::Qwen2)
+        !matches!(self, Family::Llama | Family::Qwen2 | Family::Qwen3)
     }
 
     /// The tokenizer strings of the family's mask token, looked up when `config.json` has no
@@ -66,7 +74,7 @@ impl Family {
             Family::Sdar => Some(&["<|MASK|>"]),
             Family::Llada => Some(&["<|mdm_mask|>"]),
             Family::Dream | Family::Llada2Moe => Some(&["<|mask|>"]),
-            Family::Llama | Family::Qwen2 => None,
+            Family::Llama | Family::Qwen2 | Family::Qwen3 => None,
         }
     }
 
@@ -79,6 +87,7 @@ impl Family {
             Family::Llada2Moe => "llada2-moe",
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
         }
     }
 }

@@ -7,6 +7,7 @@ use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
 use spot_core::{BlockState, BlockStats, StatsQuery, TokenId};
 
+use crate::attention::Kv;
 use crate::head::{Head, MaskTerms, NoiseRows, mask_bias};
 use crate::values::host_values;
 use spot_hf::hf::{Tokenizer, generation_stop_ids, token_ids};
@@ -57,6 +58,24 @@ impl<B: Backend> NoiseCache<B> {
                 (n.host.len() * size_of::<f32>()) as u64 + device
             })
             .sum()
+    }
+}
+
+/// One request's cache: its committed tokens, their keys and values, and the Gumbel rows of
+/// its current block (the block-causal families' and the causal model's slot).
+pub(crate) struct PrefixSlot<B: Backend> {
+    pub cache: Vec<Kv<B>>,
+    pub prefix: Vec<TokenId>,
+    pub noise: NoiseCache<B>,
+}
+
+impl<B: Backend> Default for PrefixSlot<B> {
+    fn default() -> Self {
+        Self {
+            cache: Vec::new(),
+            prefix: Vec::new(),
+            noise: NoiseCache::default(),
+        }
     }
 }
 

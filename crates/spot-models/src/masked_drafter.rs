@@ -18,7 +18,7 @@ use serde::Deserialize;
 use spot_core::{AutoregressiveModel, StatsQuery, TokenId};
 
 use crate::attention::Attend;
-use crate::autoregressive::CausalLm;
+use crate::autoregressive::{CausalLm, SLOT0};
 use crate::transformer::Segment;
 use spot_hf::{ModelError, Result};
 use spot_reduce::RowPlan;
@@ -62,7 +62,6 @@ pub struct MaskedDrafter<B: Backend> {
     lm: CausalLm<B>,
     file: DrafterFile,
     top_k: usize,
-    seen: Vec<TokenId>,
 }
 
 impl<B: Backend> std::fmt::Debug for MaskedDrafter<B> {
@@ -116,12 +115,7 @@ impl<B: Backend> MaskedDrafter<B> {
                 ),
             ));
         }
-        Ok(Self {
-            lm,
-            file,
-            top_k: 4,
-            seen: Vec::new(),
-        })
+        Ok(Self { lm, file, top_k: 4 })
     }
 
     /// Candidates per drafted position (default 4, at least 1).
@@ -157,20 +151,18 @@ impl<B: Backend> MaskedDrafter<B> {
     ) -> Result<Vec<spot_core::BlockStats>> {
         // The cache keeps the longest common prefix with the last context, at least one
         // token short of this one (the last token's hidden state is read every round).
-        let keep = self
-            .seen
-            .iter()
+        let keep = self.lm.slots.get(SLOT0)?.prefix.iter();
+        let keep = keep
             .zip(context)
             .take_while(|(a, b)| a == b)
             .count()
             .min(context.len() - 1);
-        self.lm.truncate(keep)?;
-        self.seen.truncate(keep);
+        self.lm.truncate(SLOT0, keep)?;
         let new = &context[keep..];
         self.lm.frame.check_end(context.len() + gamma, "sequence")?;
-        let hidden = self.lm.append(new)?;
-        self.seen.extend_from_slice(new);
+        let hidden = self.lm.append(SLOT0, new)?;
         let last = hidden.narrow(0, new.len() - 1, 1);
+        let slot = self.lm.slots.get_mut(SLOT0)?;
         let rows = if gamma > 1 {
             let masks = vec![self.file.mask_token_id; gamma - 1];
             let mut ids = Vec::with_capacity(gamma - 1);
@@ -178,8 +170,8 @@ impl<B: Backend> MaskedDrafter<B> {
             let seg = Segment {
                 n: 1,
                 len: gamma - 1,
-                start: self.lm.len,
-                cache: &self.lm.cache,
+                start: slot.prefix.len(),
+                cache: &slot.cache,
                 after: None,
             };
             let (h, _) = self.lm.net.run_segments(ids, &[seg], Attend::Bidirectional);
@@ -196,7 +188,7 @@ impl<B: Backend> MaskedDrafter<B> {
             &self.lm.net.head,
             rows,
             &RowPlan::all(gamma),
-            (context.len(), &mut self.lm.noise),
+            (context.len(), &mut slot.noise),
             &query,
         )?;
         Ok(stats)

@@ -67,7 +67,7 @@ impl FolderSummary {
                 let (cfg, _) = DecoderConfig::read(dir)?;
                 Self::with(dir, family, &cfg, cfg.block_size)
             }
-            Family::Dream | Family::Llama | Family::Qwen2 => {
+            Family::Dream | Family::Llama | Family::Qwen2 | Family::Qwen3 => {
                 Self::with(dir, family, &DecoderConfig::read(dir)?.0, None)
             }
         }

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 use spot_core::autoregressive::{check_inputs, check_stats};
 use spot_core::state::mix64;
 use spot_core::{
-    ArConfig, ArInfo, AutoregressiveModel, BlockStats, Error, Result, StatsQuery, TokenId,
+    ArConfig, ArInfo, AutoregressiveModel, BlockStats, Error, MeteredArModel, Result, StatsQuery,
+    TokenId,
 };
 
 use crate::drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts, unit};
@@ -211,7 +212,7 @@ pub enum ArNeed<'a> {
         gamma: usize,
     },
     /// One target forward: append `shared` to the request's cache (kept) and score every
-    /// branch after it (not kept), as [`AutoregressiveModel::extend_branches`]; answer with
+    /// branch after it (not kept), as [`MeteredArModel::extend_branches`]; answer with
     /// [`SpecDiffRequest::scored`]. The first one carries the whole prompt (the cache must be
     /// empty).
     Score {
@@ -609,7 +610,7 @@ fn confident_length(m: &Marginals, drafts: &[Vec<TokenId>], floor: f32) -> usize
 
 /// SpecDiff-2 with coupled verification: each round the drafter proposes `K` drafts of `γ`
 /// tokens, the target scores them all in one forward over the shared prefix
-/// ([`AutoregressiveModel::extend_branches`]), and the round commits one branch's accepted
+/// ([`AutoregressiveModel::forward`]), and the round commits one branch's accepted
 /// tokens plus the target's own next token.
 ///
 /// A drafted token is accepted iff it equals the target's choice
@@ -665,6 +666,7 @@ impl SpecDiffDecoder {
     ) -> Result<SpecDiffOutput> {
         let info = target.ar_info().clone();
         let mut req = SpecDiffRequest::new(prompt, cfg, self.cfg, &info, drafter.vocab_size())?;
+        let mut target = MeteredArModel::new(target);
         target.truncate(0)?;
         let (mut draft_time, mut target_time) = (Duration::ZERO, Duration::ZERO);
         loop {

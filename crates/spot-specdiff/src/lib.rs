@@ -14,7 +14,8 @@
 //! - [`select`]: accepted streaks and the branch a round commits ([`Selection`]:
 //!   SpecDiff-2's self-selection by expected streak, or the longest accepted streak);
 //! - [`SpecDiffRequest`]: one decode as a state machine (what it needs next: the drafter's
-//!   marginals or one target forward), and [`SpecDiffDecoder`], its one-request driver;
+//!   marginals or one target forward), [`SpecDiffDecoder`], its one-request driver, and
+//!   [`SpecDiffBatch`], which merges many requests' target work into one forward;
 //! - [`lookup`]: a training-free drafter (prompt lookup) that needs no weights;
 //! - [`store`]: retrieval for it: the target's own continuations of training-side prompts,
 //!   indexed by n-gram, with acceptance rates measured on them (calibrated probabilities);
@@ -36,6 +37,7 @@
 //! # Ok::<(), spot_core::Error>(())
 //! ```
 
+pub mod batch;
 pub mod decoder;
 pub mod drafter;
 pub mod lookup;
@@ -45,6 +47,7 @@ pub mod select;
 pub mod store;
 pub mod toy;
 
+pub use batch::{ArFinished, SpecDiffBatch};
 pub use decoder::{
     Acceptance, ArNeed, SpecDiffConfig, SpecDiffDecoder, SpecDiffOutput, SpecDiffReport,
     SpecDiffRequest,

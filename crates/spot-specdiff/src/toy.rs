@@ -3,17 +3,21 @@
 
 use spot_core::state::mix64;
 use spot_core::stats::{ReduceScratch, reduce_logits};
-use spot_core::{ArInfo, AutoregressiveModel, BlockStats, Result, StatsQuery, TokenId};
+use spot_core::{
+    ArGroup, ArInfo, ArScores, AutoregressiveModel, BlockStats, CacheSlot, CacheUsage, Result,
+    Slots, StatsQuery, TokenId,
+};
 
 use crate::drafter::{DiffusionDrafter, Marginals};
 
 /// A causal toy target: the next token's logits depend on the last two tokens (hashed with
-/// the model's seed): one favourite at +4, a runner-up at +2.5, the rest in `[0, 1)`.
+/// the model's seed): one favourite at +4, a runner-up at +2.5, the rest in `[0, 1)`. Its
+/// cache per slot is the tokens seen; every entry of `shared` is returned.
 #[derive(Clone, Debug)]
 pub struct ToyCausalModel {
     info: ArInfo,
     seed: u64,
-    seen: Vec<TokenId>,
+    slots: Slots<Vec<TokenId>>,
     scratch: ReduceScratch,
 }
 
@@ -27,7 +31,7 @@ impl ToyCausalModel {
                 stop_ids: Vec::new(),
             },
             seed,
-            seen: Vec::new(),
+            slots: Slots::new(),
             scratch: ReduceScratch::default(),
         }
     }
@@ -54,28 +58,21 @@ impl ToyCausalModel {
     }
 }
 
-impl AutoregressiveModel for ToyCausalModel {
-    fn ar_info(&self) -> &ArInfo {
-        &self.info
-    }
-
-    fn cached_len(&self) -> usize {
-        self.seen.len()
-    }
-
-    fn truncate(&mut self, len: usize) -> Result<()> {
-        self.seen.truncate(len);
-        Ok(())
-    }
-
-    fn extend(&mut self, tokens: &[TokenId], query: &StatsQuery) -> Result<BlockStats> {
+impl ToyCausalModel {
+    /// Appends `tokens` to `seen`, reducing the logits after each into `out`.
+    fn run(
+        &mut self,
+        seen: &mut Vec<TokenId>,
+        tokens: &[TokenId],
+        query: &StatsQuery,
+    ) -> Result<BlockStats> {
         let mut out = BlockStats::new(query.top_k);
         let mut logits = Vec::new();
         let no_mask = self.info.vocab_size as TokenId;
         for &t in tokens {
-            self.seen.push(t);
-            self.logits(&self.seen, &mut logits);
-            let position = self.seen.len();
+            seen.push(t);
+            self.logits(seen, &mut logits);
+            let position = seen.len();
             reduce_logits(
                 &logits,
                 position,
@@ -84,6 +81,57 @@ impl AutoregressiveModel for ToyCausalModel {
                 &mut self.scratch,
                 &mut out,
             )?;
+        }
+        Ok(out)
+    }
+}
+
+impl AutoregressiveModel for ToyCausalModel {
+    fn ar_info(&self) -> &ArInfo {
+        &self.info
+    }
+
+    fn open_slot(&mut self) -> Result<CacheSlot> {
+        Ok(self.slots.open())
+    }
+
+    fn close_slot(&mut self, slot: CacheSlot) {
+        self.slots.close(slot);
+    }
+
+    fn cache_usage(&self) -> CacheUsage {
+        CacheUsage {
+            slots: self.slots.open_count(),
+            bytes: self.slots.iter().map(|s| 4 * s.len() as u64).sum(),
+        }
+    }
+
+    fn cached_len(&self, slot: CacheSlot) -> usize {
+        self.slots.get(slot).map_or(0, Vec::len)
+    }
+
+    fn truncate(&mut self, slot: CacheSlot, len: usize) -> Result<()> {
+        self.slots.get_mut(slot)?.truncate(len);
+        Ok(())
+    }
+
+    fn forward(&mut self, groups: &[ArGroup<'_>]) -> Result<Vec<ArScores>> {
+        let mut out = Vec::with_capacity(groups.len());
+        for g in groups {
+            g.query.validate()?;
+            let mut seen = std::mem::take(self.slots.get_mut(g.slot)?);
+            let shared = self.run(&mut seen, g.shared, g.query);
+            let base = seen.len();
+            let mut branches = Vec::with_capacity(g.branches.len());
+            for b in g.branches {
+                branches.push(self.run(&mut seen, b, g.query));
+                seen.truncate(base);
+            }
+            *self.slots.get_mut(g.slot)? = seen;
+            out.push(ArScores {
+                shared: shared?,
+                branches: branches.into_iter().collect::<Result<_>>()?,
+            });
         }
         Ok(out)
     }

@@ -7,7 +7,7 @@ use spot_core::{ArConfig, Error, Result, TokenId, decode_autoregressive};
 use spot_specdiff::toy::{ToyCausalModel, ToyDrafter};
 use spot_specdiff::{
     Continuation, DiffusionDrafter, LookupDrafter, LookupStore, Marginals, Selection,
-    SpecDiffConfig, SpecDiffDecoder,
+    SpecDiffBatch, SpecDiffConfig, SpecDiffDecoder, SpecDiffRequest,
 };
 
 fn cases() -> u32 {
@@ -51,6 +51,44 @@ proptest! {
         let committed: u64 = fast.report.accepted.iter().enumerate().map(|(n, &c)| (n as u64 + 1) * c).sum();
         // The last round may cut its tokens at a stop id or the length limit.
         prop_assert!(committed >= fast.tokens.len() as u64);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    /// Requests batched into shared target forwards (each in its own slot, joining and leaving
+    /// between steps) decode the tokens and counters of each alone, in fewer forwards in all.
+    #[test]
+    fn batched_requests_equal_each_alone(
+        vocab in 6usize..40, model_seed in any::<u64>(), error in 0.0f32..=1.0,
+        k in 1usize..=4, gamma in 1usize..=12,
+        temperature in prop_oneof![Just(0.0f32), Just(1.0)], seed in any::<u64>(),
+        prompts in prop::collection::vec(prop::collection::vec(0u32..6, 1..6), 1..6),
+        max_new in 1usize..40, in_flight in 1usize..4,
+    ) {
+        let mut target = ToyCausalModel::new(vocab, model_seed);
+        let mut drafter = ToyDrafter::new(target.clone(), error, model_seed ^ 1);
+        let cfg = ArConfig { max_new_tokens: max_new, temperature, seed, ..ArConfig::default() };
+        let sd = SpecDiffConfig { k, gamma, ..SpecDiffConfig::default() };
+        let info = spot_core::AutoregressiveModel::ar_info(&target).clone();
+        let mut batch = SpecDiffBatch::new(in_flight).unwrap();
+        for p in &prompts {
+            batch.submit(SpecDiffRequest::new(p, &cfg, sd, &info, vocab.max(4)).unwrap());
+        }
+        let mut done = batch.run(&mut target, &mut drafter).unwrap();
+        done.sort_by_key(|f| f.id);
+        prop_assert_eq!(done.len(), prompts.len());
+        let mut alone_forwards = 0;
+        for (f, p) in done.into_iter().zip(&prompts) {
+            let alone = SpecDiffDecoder::new(sd).unwrap().decode(&mut target, &mut drafter, p, &cfg).unwrap();
+            let got = f.output.unwrap();
+            prop_assert_eq!(&got.tokens, &alone.tokens);
+            prop_assert_eq!(got.forwards, alone.forwards);
+            alone_forwards += alone.forwards;
+        }
+        prop_assert!(batch.forwards() <= alone_forwards);
+        prop_assert_eq!(spot_core::AutoregressiveModel::cache_usage(&target).slots, 1);
     }
 }
 
@@ -384,9 +422,9 @@ fn requests_interleave_and_refuse_answers_out_of_turn() {
                     branches,
                     query,
                 } => {
-                    let (f, b) =
-                        spot_core::AutoregressiveModel::extend_branches(t, shared, branches, query)
-                            .unwrap();
+                    let (f, b) = spot_core::MeteredArModel::new(t)
+                        .extend_branches(shared, branches, query)
+                        .unwrap();
                     r.scored(f, b).unwrap();
                 }
                 ArNeed::Done => continue,
@@ -410,30 +448,47 @@ fn requests_interleave_and_refuse_answers_out_of_turn() {
 /// error, not a panic.
 #[test]
 fn short_branch_statistics_are_typed_errors() {
-    use spot_core::{ArInfo, AutoregressiveModel, BlockStats, StatsQuery};
+    use spot_core::{ArGroup, ArInfo, ArScores, AutoregressiveModel, CacheSlot, CacheUsage};
     struct Short(ToyCausalModel);
     impl AutoregressiveModel for Short {
         fn ar_info(&self) -> &ArInfo {
             self.0.ar_info()
         }
-        fn cached_len(&self) -> usize {
-            self.0.cached_len()
+        fn open_slot(&mut self) -> Result<CacheSlot> {
+            self.0.open_slot()
         }
-        fn truncate(&mut self, len: usize) -> Result<()> {
-            self.0.truncate(len)
+        fn close_slot(&mut self, slot: CacheSlot) {
+            self.0.close_slot(slot)
         }
-        fn extend(&mut self, tokens: &[TokenId], q: &StatsQuery) -> Result<BlockStats> {
-            self.0.extend(tokens, q)
+        fn cache_usage(&self) -> CacheUsage {
+            self.0.cache_usage()
         }
-        fn extend_branches(
-            &mut self,
-            shared: &[TokenId],
-            branches: &[Vec<TokenId>],
-            q: &StatsQuery,
-        ) -> Result<(BlockStats, Vec<BlockStats>)> {
+        fn cached_len(&self, slot: CacheSlot) -> usize {
+            self.0.cached_len(slot)
+        }
+        fn truncate(&mut self, slot: CacheSlot, len: usize) -> Result<()> {
+            self.0.truncate(slot, len)
+        }
+        fn forward(&mut self, groups: &[ArGroup<'_>]) -> Result<Vec<ArScores>> {
             // Statistics of each branch's first token only.
-            let first: Vec<Vec<TokenId>> = branches.iter().map(|b| b[..1].to_vec()).collect();
-            spot_core::autoregressive::extend_each(&mut self.0, shared, &first, q)
+            let mut out = self.0.forward(groups)?;
+            for s in out.iter_mut().flat_map(|s| &mut s.branches) {
+                let mut first = spot_core::BlockStats::new(s.top_k());
+                if !s.is_empty() {
+                    let (top_ids, top_probs) = s.top(0);
+                    first.push(spot_core::PositionStats {
+                        token: s.token(0),
+                        confidence: s.confidence(0),
+                        token_prob: s.token_prob(0),
+                        entropy: s.entropy(0),
+                        tail_mass: s.tail_mass(0),
+                        top_ids,
+                        top_probs,
+                    })?;
+                }
+                *s = first;
+            }
+            Ok(out)
         }
     }
     let base = ToyCausalModel::new(32, 1);

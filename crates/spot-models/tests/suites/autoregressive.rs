@@ -5,7 +5,9 @@
 use crate::B;
 use crate::common::{fixture, golden_logits};
 use serde::Deserialize;
-use spot_core::{ArConfig, AutoregressiveModel, decode_autoregressive};
+use spot_core::{
+    ArConfig, ArGroup, AutoregressiveModel, CacheSlot, MeteredArModel, decode_autoregressive,
+};
 use spot_dlm::StatsQuery;
 use spot_models::{CausalLm, Family};
 
@@ -53,6 +55,9 @@ fn load(name: &str) -> CausalLm<B> {
     CausalLm::<B>::load(&fixture(name), &Default::default()).expect("fixture loads")
 }
 
+/// The slot of single-request use.
+const S0: CacheSlot = CacheSlot(0);
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -72,6 +77,18 @@ fn ar_families_are_detected() {
         Family::Qwen2
     );
     assert!(!Family::Llama.is_diffusion());
+    // `qwen3` is SDAR only when the folder names an SDAR class; a plain Qwen3 is autoregressive.
+    let dir = tempfile::tempdir().unwrap();
+    let detect = |config: &str| {
+        std::fs::write(dir.path().join("config.json"), config).unwrap();
+        Family::detect(dir.path()).unwrap()
+    };
+    let plain = r#"{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}"#;
+    assert_eq!(detect(plain), Family::Qwen3);
+    assert!(!Family::Qwen3.is_diffusion());
+    assert_eq!(detect(r#"{"model_type": "qwen3"}"#), Family::Qwen3);
+    let sdar = r#"{"model_type": "qwen3", "architectures": ["SDARForCausalLM"]}"#;
+    assert_eq!(detect(sdar), Family::Sdar);
     let e = spot_models::DiffusionModel::<B>::load(&fixture("llama-tiny"), &Default::default())
         .unwrap_err();
     assert!(e.to_string().contains("autoregressive"), "{e}");
@@ -88,14 +105,14 @@ fn logits_match_transformers() {
         assert_eq!(m.ar_info().stop_ids, g.stop_ids);
         for case in &g.logits_cases {
             let want = golden_logits(name, &case.key);
-            m.truncate(0).unwrap();
+            m.truncate(S0, 0).unwrap();
             let whole = m.extend_logits(&case.ids).unwrap();
             let d = max_diff(&whole, &want);
             eprintln!("{name} {}: one forward max |diff| = {d:e}", case.key);
             assert!(d <= 1e-4, "{name} {}: {d}", case.key);
             let cut = case.ids.len() / 3;
             if cut > 0 {
-                m.truncate(0).unwrap();
+                m.truncate(S0, 0).unwrap();
                 let mut split = m.extend_logits(&case.ids[..cut]).unwrap().into_vec();
                 split.extend(m.extend_logits(&case.ids[cut..]).unwrap());
                 let d = max_diff(&split, &want);
@@ -126,9 +143,10 @@ fn greedy_tokens_match_transformers() {
     }
 }
 
-/// Appending a run of tokens in one forward (a verifier's batch) gives bit-identical
-/// statistics to appending them one at a time, at T = 0 and T = 1; rolling back with
-/// `truncate` and re-appending reproduces them too.
+/// Appending a run of tokens in one forward (a verifier's batch: its first token appended,
+/// the rest scored as a branch after it) gives bit-identical statistics to appending them one
+/// at a time, at T = 0 and T = 1; rolling back with `truncate` and re-appending reproduces
+/// them too.
 #[test]
 fn one_forward_equals_token_by_token() {
     for name in AR_FIXTURES {
@@ -138,29 +156,106 @@ fn one_forward_equals_token_by_token() {
         for t in [0.0f32, 1.0] {
             let q = StatsQuery::new(t, 5);
             for (start, end) in [(0usize, 9usize), (4, 12), (11, 30)] {
-                m.truncate(0).unwrap();
+                m.truncate(S0, 0).unwrap();
                 if start > 0 {
-                    m.extend(&ids[..start], &q).unwrap();
+                    MeteredArModel::new(&mut m)
+                        .extend(&ids[..start], &q)
+                        .unwrap();
                 }
-                let together = m.extend(&ids[start..end], &q).unwrap();
-                m.truncate(start).unwrap();
-                assert_eq!(m.cached_len(), start);
+                let rest = vec![ids[start + 1..end].to_vec()];
+                let (first, rest) = MeteredArModel::new(&mut m)
+                    .extend_branches(&ids[start..start + 1], &rest, &q)
+                    .unwrap();
+                let together = |i: usize| {
+                    if i == 0 {
+                        (&first, 0)
+                    } else {
+                        (&rest[0], i - 1)
+                    }
+                };
+                m.truncate(S0, start).unwrap();
+                assert_eq!(m.cached_len(S0), start);
                 for (i, &tok) in ids[start..end].iter().enumerate() {
-                    let one = m.extend(&[tok], &q).unwrap();
-                    assert_eq!(one.token(0), together.token(i), "{name} T {t} {start}+{i}");
-                    assert_eq!(one.top(0), together.top(i), "{name} T {t} {start}+{i}");
+                    let one = MeteredArModel::new(&mut m).extend(&[tok], &q).unwrap();
+                    let (all, j) = together(i);
+                    assert_eq!(one.token(0), all.token(j), "{name} T {t} {start}+{i}");
+                    assert_eq!(one.top(0), all.top(j), "{name} T {t} {start}+{i}");
                     assert_eq!(
                         (one.confidence(0), one.entropy(0), one.tail_mass(0)),
-                        (
-                            together.confidence(i),
-                            together.entropy(i),
-                            together.tail_mass(i)
-                        ),
+                        (all.confidence(j), all.entropy(j), all.tail_mass(j)),
                         "{name} T {t} {start}+{i}"
                     );
                 }
-                assert_eq!(m.cached_len(), end);
+                assert_eq!(m.cached_len(S0), end);
             }
+        }
+    }
+}
+
+/// Several requests in one forward (each in its own slot, after prefixes of different
+/// lengths, with branches of equal and of unequal lengths) get bit-identical statistics and
+/// caches to each request's forward alone, at T = 0 and T = 1.
+#[test]
+fn groups_in_one_forward_equal_each_alone() {
+    for name in AR_FIXTURES {
+        let g = golden(name);
+        let mut m = load(name);
+        let ids = longest_ids(&g);
+        let v = g.vocab_size as u32;
+        let branch = |b: u32, len: u32| {
+            (0..len)
+                .map(|i| (ids[i as usize] + 5 * b + i) % v)
+                .collect()
+        };
+        let even: Vec<Vec<u32>> = (0..3).map(|b| branch(b, 4)).collect();
+        let uneven: Vec<Vec<u32>> = vec![branch(1, 3), branch(2, 5), Vec::new(), branch(3, 1)];
+        for t in [0.0f32, 1.0] {
+            let q = StatsQuery::new(t, 11);
+            let b = m.open_slot().unwrap();
+            let slots = [(S0, &ids[..5], &ids[5..7]), (b, &ids[2..10], &ids[10..11])];
+            let prefill = |m: &mut spot_models::CausalLm<B>| {
+                for &(slot, prefix, _) in &slots {
+                    m.truncate(slot, 0).unwrap();
+                    MeteredArModel::in_slot(m, slot).extend(prefix, &q).unwrap();
+                }
+            };
+            prefill(&mut m);
+            let groups = [
+                ArGroup {
+                    slot: S0,
+                    shared: slots[0].2,
+                    branches: &even,
+                    query: &q,
+                },
+                ArGroup {
+                    slot: b,
+                    shared: slots[1].2,
+                    branches: &uneven,
+                    query: &q,
+                },
+            ];
+            let together = MeteredArModel::new(&mut m).forward_groups(&groups).unwrap();
+            let after: Vec<usize> = slots.iter().map(|s| m.cached_len(s.0)).collect();
+            assert_eq!(after, vec![7, 9], "{name}: only the shared runs are kept");
+            prefill(&mut m);
+            for (i, group) in groups.iter().enumerate() {
+                let alone = MeteredArModel::new(&mut m)
+                    .forward_groups(std::slice::from_ref(group))
+                    .unwrap();
+                assert_eq!(together[i], alone[0], "{name} T {t} group {i}");
+            }
+            assert_eq!(together[1].branches[2].len(), 0, "{name}: an empty branch");
+            // The caches continue as if each request ran alone.
+            let next = MeteredArModel::in_slot(&mut m, b)
+                .extend(&ids[11..13], &q)
+                .unwrap();
+            m.truncate(b, 0).unwrap();
+            let plain = MeteredArModel::in_slot(&mut m, b)
+                .extend(&ids[2..13], &q)
+                .unwrap();
+            assert_eq!(next, plain, "{name} T {t}");
+            m.close_slot(b);
+            assert_eq!(m.cache_usage().slots, 1);
         }
     }
 }
@@ -218,30 +313,33 @@ fn branches_in_one_forward_equal_each_alone() {
             .collect();
         for t in [0.0f32, 1.0] {
             let q = StatsQuery::new(t, 3);
-            m.truncate(0).unwrap();
-            m.extend(&ids[..5], &q).unwrap();
-            let (shared, together) = m.extend_branches(&ids[5..9], &branches, &q).unwrap();
-            assert_eq!(m.cached_len(), 9, "{name}: only the shared run is kept");
-            m.truncate(5).unwrap();
-            let (alone_shared, alone) =
-                spot_core::autoregressive::extend_each(&mut m, &ids[5..9], &branches, &q).unwrap();
+            m.truncate(S0, 0).unwrap();
+            let mut ar = MeteredArModel::new(&mut m);
+            ar.extend(&ids[..5], &q).unwrap();
+            let (shared, together) = ar.extend_branches(&ids[5..9], &branches, &q).unwrap();
+            assert_eq!(ar.cached_len(), 9, "{name}: only the shared run is kept");
+            // Each branch alone, token by token, then rolled back.
+            for (b, branch) in branches.iter().enumerate() {
+                for (i, &tok) in branch.iter().enumerate() {
+                    let one = ar.extend(&[tok], &q).unwrap();
+                    let x = &together[b];
+                    assert_eq!(one.token(0), x.token(i), "{name} T {t} branch {b}+{i}");
+                    assert_eq!(one.top(0), x.top(i), "{name} T {t} branch {b}+{i}");
+                    assert_eq!(one.entropy(0), x.entropy(i), "{name} T {t} branch {b}+{i}");
+                }
+                ar.truncate(9).unwrap();
+            }
+            ar.truncate(5).unwrap();
+            let alone_shared = ar.extend(&ids[5..9], &q).unwrap();
             // The last shared entry (the one a round reads) is the one returned.
             assert_eq!(shared.len(), 1);
-            let last = alone_shared.len() - 1;
-            assert_eq!(shared.token(0), alone_shared.token(last), "{name} T {t}");
-            assert_eq!(shared.top(0), alone_shared.top(last), "{name} T {t}");
-            assert_eq!(
-                (shared.confidence(0), shared.entropy(0)),
-                (alone_shared.confidence(last), alone_shared.entropy(last))
-            );
-            assert_eq!(together, alone, "{name} T {t}");
-            assert_eq!(m.cached_len(), 9);
+            assert_eq!(shared, alone_shared, "{name} T {t}");
+            assert_eq!(ar.cached_len(), 9);
             // And the cache holds the shared run as if appended alone.
-            let next = m.extend(&ids[9..11], &q).unwrap();
-            m.truncate(0).unwrap();
-            let plain = m.extend(&ids[..11], &q).unwrap();
-            assert_eq!(next.token(1), plain.token(10), "{name} T {t}");
-            assert_eq!(next.top(1), plain.top(10), "{name} T {t}");
+            let next = ar.extend(&ids[9..11], &q).unwrap();
+            ar.truncate(0).unwrap();
+            let plain = ar.extend(&ids[..11], &q).unwrap();
+            assert_eq!(next, plain, "{name} T {t}");
         }
     }
 }
