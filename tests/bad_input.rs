@@ -414,7 +414,7 @@ fn mask_outside_vocabulary_is_an_error() {
 /// error naming both widths, not a wrong tree.
 #[test]
 fn a_set_network_of_another_hidden_width_is_an_error() {
-    use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
+    use spot_dlm::sets::net::{SetsNet, SetsNetConfig};
     let cfg = DecodeConfig {
         transition: Transition::Threshold { tau: 0.5 },
         ..cfg()

@@ -219,8 +219,8 @@ proptest! {
                                             drafter in 0..3u8, seed in any::<u64>(),
                                             sets in set_config(), adaptive in any::<bool>(),
                                             ends in block_ends()) {
-        use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
-        use spot_drafter::sets_tokens::{TokenHead, TokenHeadConfig};
+        use spot_dlm::sets::net::{SetsNet, SetsNetConfig};
+        use spot_dlm::sets::tokens::{TokenHead, TokenHeadConfig};
         let mut m = model(&toy);
         let reference = DraftFreeDecoder::new().with_trace(true).decode(&mut m, &prompt, &cfg).unwrap();
         let b = SpotDecoder::builder().record_trace(true).adaptive_gamma(adaptive).block_ends(ends);

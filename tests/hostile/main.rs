@@ -19,8 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use harness::{Outcome, Seed, kind, run};
 use mutate::Format;
-use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
-use spot_drafter::{SetsDrafter, SpiffyGraph, Trajectory, checkpoint};
+use spot_dlm::sets::SetsDrafter;
+use spot_dlm::sets::net::{SetsNet, SetsNetConfig};
+use spot_drafter::{SpiffyGraph, Trajectory, checkpoint};
 use spot_models::chat::ChatTemplate;
 use spot_models::hf::Tokenizer;
 use spot_models::{CausalLm, CpuBackend, DiffusionModel, MaskedDrafter};

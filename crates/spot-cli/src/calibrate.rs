@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use spot_drafter::{
-    CalibrationPaths, JoinTable, ModuleTokens, OrderModel, PriorWeight, RankTilt, SetsDrafter,
-    SpiffyGraph, TokenCalibration, Trajectory,
+    CalibrationPaths, ModuleTokens, OrderModel, PriorWeight, RankTilt, SpiffyGraph,
+    TokenCalibration, Trajectory,
 };
 use spot_train::TrajectoryDir;
 
@@ -349,7 +349,7 @@ pub fn run_sets(a: &CalibrateSetsArgs) -> Result<()> {
         if trajs.is_empty() {
             bail!("{}: no trajectories (run spot collect first)", d.display());
         }
-        let t = JoinTable::fit(&trajs, tau, a.steps);
+        let t = spot_train::sets_fit::fit_join_table(&trajs, tau, a.steps);
         eprintln!(
             "{}: {} trajectories, T = {}, tau = {tau}: {} positions; P(leader clears tau) at step 0 by stale confidence: {}",
             d.display(),
@@ -365,7 +365,7 @@ pub fn run_sets(a: &CalibrateSetsArgs) -> Result<()> {
         );
         tables.push(t);
     }
-    SetsDrafter { tables }.save(&a.out)?;
+    spot_dlm::sets::SetsDrafter { tables }.save(&a.out)?;
     eprintln!("wrote {}", a.out.display());
     Ok(())
 }

@@ -4,10 +4,10 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
+use spot_dlm::sets::net::SetsNetConfig;
 use spot_drafter::Trajectory;
-use spot_drafter::sets_net::SetsNetConfig;
-use spot_drafter::sets_tokens::read_output_embeddings;
 use spot_train::TrajectoryDir;
+use spot_train::sets_train::read_output_embeddings;
 use spot_train::sets_train::{SetsTrainConfig, TauGroup, train_sets};
 
 use crate::backend::Backend;

@@ -5,8 +5,9 @@
 use serde::{Deserialize, Serialize};
 
 use crate::features::MARGIN_CAP;
-use crate::table_error::TableError;
 use crate::trajectory::{Example, Trajectory, examples};
+use spot_tree::TableError;
+pub use spot_tree::table::bin;
 
 /// Token hit rates of the stale statistics, by replay depth (Algorithm 1's examples).
 ///
@@ -412,14 +413,6 @@ pub fn monotone_rates(hits: &[u64], counts: &[u64], increasing: bool) -> Vec<f32
         .iter()
         .flat_map(|&(h, n, k)| std::iter::repeat_n(rate(h, n) as f32, k))
         .collect()
-}
-
-/// The first bin whose upper edge is at least `confidence` (the last bin above every edge).
-pub fn bin(edges: &[f32], confidence: f32) -> usize {
-    edges
-        .iter()
-        .position(|&e| confidence <= e)
-        .unwrap_or(edges.len().saturating_sub(1))
 }
 
 #[cfg(test)]

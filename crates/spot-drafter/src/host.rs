@@ -544,8 +544,8 @@ fn gelu(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::SplitMix;
     use burn_tensor::TensorData;
+    use spot_tree::rng::SplitMix;
 
     type B = burn_flex::Flex<f32>;
 

@@ -17,7 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::analysis::nearest_temperature;
-use crate::table_error::TableError;
+use spot_tree::TableError;
 
 /// Whether SPOT drafts the token module's tokens at one decoding temperature (see the
 /// [module documentation](self)).

@@ -33,9 +33,9 @@ use crate::analysis::{TokenCalibration, nearest_calibration};
 use crate::features::{FEATURES_VERSION, FEATURES_VERSION_2, N_FEATURES, N_FEATURES_V2};
 use crate::module_tokens::{ModuleTokens, nearest_enabled};
 use crate::prior::{PriorWeight, nearest_weight};
-use crate::rng::SplitMix;
 use crate::spiffy::SpiffyGraph;
 use crate::tilt::{RankTilt, nearest_tilt};
+use spot_tree::rng::SplitMix;
 
 /// Shape of the order network, stored as the JSON file next to every checkpoint.
 ///

@@ -20,8 +20,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::analysis::nearest_temperature;
-use crate::table_error::TableError;
 use crate::tilt::reweigh_row;
+use spot_tree::TableError;
 
 /// Added to the prior before mixing, so that a position no kept path reaches keeps a share.
 pub const PRIOR_FLOOR: f32 = 0.01;

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::analysis::nearest_temperature;
 use crate::features::RANK_FEATURE;
-use crate::table_error::TableError;
+use spot_tree::TableError;
 
 /// The rank tilt at one decoding temperature (see the [module documentation](self)).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

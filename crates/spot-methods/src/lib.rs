@@ -33,15 +33,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use burn_tensor::backend::Backend;
+use spot_dlm::sets::{SetsDrafter, SetsNet};
 use spot_dlm::{
     BlockDiffusionModel, BlockEnds, BlockObserver, DecodeConfig, DecodeOutput, DecodeTrace,
     DraftFreeDecoder, MatchRule, OracleScorer, Request, SetTreeConfig, SpotDecoder, SpotReport,
     StaleConfidenceScorer, StaleThresholdJoin, Strategy, TokenOracleScorer, run_request,
 };
 use spot_drafter::mrp::{MrpScorer, MrpTokens};
-use spot_drafter::sets_net::SetsNet;
 use spot_drafter::{
-    Calibrated, LearnedScorer, OrderModel, SetsDrafter, SpiffyGraph, SpiffyScorer, TokenCalibration,
+    Calibrated, LearnedScorer, OrderModel, SpiffyGraph, SpiffyScorer, TokenCalibration,
 };
 use spot_models::{DEFAULT_MRP, Mrp};
 
@@ -55,8 +55,8 @@ pub type Result<T, E = MethodError> = std::result::Result<T, E>;
 pub const DEFAULT_DRAFTER: &str = "spot-drafter.safetensors";
 /// File name of a model folder's default Spiffy graph (`spot calibrate-spiffy`).
 pub const DEFAULT_SPIFFY: &str = "spiffy-graph.json";
-pub use spot_drafter::sets::DEFAULT_SETS;
-pub use spot_drafter::sets_net::DEFAULT_SETS_NET;
+pub use spot_dlm::sets::net::DEFAULT_SETS_NET;
+pub use spot_dlm::sets::tables::DEFAULT_SETS;
 
 /// The depth below which `spot-reuse` stops calling its network.
 pub const REUSE_BELOW: usize = 1;

@@ -3,6 +3,7 @@
 //! - [`collect`]: a resumable directory of draft-free trajectories with a manifest;
 //! - [`train`](mod@train): Algorithm 1 (burn autodiff, burn-optim's Adam, held-out accuracy
 //!   by depth);
+//! - [`sets_fit`]: SPOT-Sets' calibrated tables fitted on threshold-decoding trajectories;
 //! - [`sets_train`]: the learned set drafter's training loop;
 //! - [`replay`](mod@replay): a speculative decode's rounds re-enacted on a trajectory, without
 //!   the target, to compare tree shapes and drafters quickly.
@@ -17,6 +18,7 @@ struct ReadmeDoctests;
 
 pub mod collect;
 pub mod replay;
+pub mod sets_fit;
 pub mod sets_train;
 pub mod train;
 

@@ -22,18 +22,18 @@ use crate::train::{
     Schedule, TrainError, adam, check_settings, descend, heldout_by_prompt, no_epochs,
 };
 use spot_core::GumbelNoise;
-use spot_drafter::analysis::bin;
-use spot_drafter::rng::SplitMix;
-use spot_drafter::sets::JoinTable;
-use spot_drafter::sets_net::{
-    JoinExample, N_OUT, N_SCALAR, NodeView, SetsNet, SetsNetConfig, join_examples, sigmoid,
-    write_inputs, write_scalars,
-};
-use spot_drafter::sets_tokens::TokenInput;
-use spot_drafter::sets_tokens::{
-    NEAR, TokenHead, TokenHeadConfig, TokenMetrics, TokenRow, token_metrics,
-};
 use spot_drafter::trajectory::Trajectory;
+use spot_sets::JoinTable;
+use spot_sets::SetsError;
+use spot_sets::net::{
+    N_OUT, N_SCALAR, NodeView, SetsNet, SetsNetConfig, sigmoid, write_inputs, write_scalars,
+};
+use spot_sets::tokens::{NEAR, TokenHead, TokenHeadConfig, TokenInput};
+use spot_tree::TableError;
+use spot_tree::rng::SplitMix;
+use spot_tree::table::bin;
+
+use crate::sets_fit::{JoinExample, fit_join_table, join_examples};
 
 /// Trajectories decoded with one threshold.
 #[derive(Clone, Debug)]
@@ -265,7 +265,7 @@ pub fn train_sets<B: AutodiffBackend>(
             .filter(|(_, h)| !**h)
             .map(|(t, _)| t)
             .collect();
-        let table = JoinTable::fit(fit.iter().copied(), g.tau, cfg.steps);
+        let table = fit_join_table(fit.iter().copied(), g.tau, cfg.steps);
         for (t, &h) in g.trajs.iter().zip(is_held) {
             join_examples([t], g.tau, cfg.steps, |e| {
                 if h {
@@ -517,6 +517,123 @@ impl<B: AutodiffBackend> Tensors<B> {
     }
 }
 
+/// One training example of the head: the input, the stale hidden state and the index of the
+/// token the target wrote among the candidates.
+#[derive(Clone, Debug)]
+pub struct TokenRow<'a> {
+    /// The stale hidden state.
+    pub hidden: &'a [f32],
+    /// The candidates and neighbours.
+    pub input: TokenInput,
+    /// Index of the written token in `input.ids`.
+    pub label: usize,
+}
+
+/// Held-out figures of the head: cross-entropy and how often the written token is among the
+/// two tokens a tree would draft, next to the stale choice and its runner-up (noised).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TokenMetrics {
+    /// Mean cross-entropy (nats) over the candidates.
+    pub loss: f64,
+    /// The written token is the head's first choice.
+    pub top1: f64,
+    /// It is among the head's first two.
+    pub top2: f64,
+    /// It is the stale noised choice.
+    pub stale_top1: f64,
+    /// It is the stale noised choice or its runner-up.
+    pub stale_top2: f64,
+    /// Examples.
+    pub count: u64,
+}
+
+/// The head's figures on `rows`.
+pub fn token_metrics(head: &TokenHead, rows: &[TokenRow<'_>]) -> TokenMetrics {
+    let mut m = TokenMetrics::default();
+    for r in rows {
+        let p = head.probabilities(&r.input, r.hidden);
+        let rank = |score: &dyn Fn(usize) -> f32| {
+            let target = score(r.label);
+            (0..p.len())
+                .filter(|&k| {
+                    let s = score(k);
+                    k != r.label && (s > target || (s == target && k < r.label))
+                })
+                .count()
+        };
+        let head_rank = rank(&|k| p[k]);
+        let stale_rank = rank(&|k| r.input.lnp[k] + r.input.noise[k]);
+        m.loss -= f64::from(p[r.label].max(1e-9)).ln();
+        m.top1 += f64::from(u8::from(head_rank == 0));
+        m.top2 += f64::from(u8::from(head_rank < 2));
+        m.stale_top1 += f64::from(u8::from(stale_rank == 0));
+        m.stale_top2 += f64::from(u8::from(stale_rank < 2));
+        m.count += 1;
+    }
+    let n = m.count.max(1) as f64;
+    for v in [
+        &mut m.loss,
+        &mut m.top1,
+        &mut m.top2,
+        &mut m.stale_top1,
+        &mut m.stale_top2,
+    ] {
+        *v /= n;
+    }
+    m
+}
+
+/// The target's output embeddings `[vocab, hidden]` from `dir/model.safetensors`
+/// (`lm_head.weight`, else the tied `model.embed_tokens.weight`; f32 or bf16), with
+/// the hidden width: what [`TokenHead::init`] projects. Errors name the file.
+pub fn read_output_embeddings(dir: &std::path::Path) -> Result<(Vec<f32>, usize), SetsError> {
+    use safetensors::{Dtype, SafeTensors};
+    let path = dir.join("model.safetensors");
+    let shown = path.display().to_string();
+    let invalid = |field: &str, reason: String| SetsError::Invalid {
+        path: shown.clone(),
+        reason: TableError::field(field, reason),
+    };
+    let bytes = std::fs::read(&path).map_err(|source| SetsError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| invalid("header", e.to_string()))?;
+    let t = ["lm_head.weight", "model.embed_tokens.weight"]
+        .iter()
+        .find_map(|n| st.tensor(n).ok())
+        .ok_or_else(|| {
+            invalid(
+                "lm_head.weight",
+                "neither it nor model.embed_tokens.weight is stored".into(),
+            )
+        })?;
+    let [_, cols] = t.shape() else {
+        return Err(invalid(
+            "lm_head.weight",
+            "the output embeddings are not a matrix".into(),
+        ));
+    };
+    let data = t.data();
+    let values: Vec<f32> = match t.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+            .collect(),
+        other => {
+            return Err(invalid(
+                "lm_head.weight",
+                format!("output embeddings of type {other:?}"),
+            ));
+        }
+    };
+    Ok((values, *cols))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -701,7 +818,7 @@ pub fn train_token_head<B: AutodiffBackend>(
 #[cfg(test)]
 mod token_tests {
     use super::*;
-    use spot_drafter::sets_tokens::TokenInput;
+    use spot_sets::tokens::TokenInput;
 
     type Cpu = burn_flex::Flex;
 
@@ -724,7 +841,7 @@ mod token_tests {
             ids: vec![3, 7, 11, 2, 19],
             lnp: vec![-0.5, -1.0, -2.0, -1e4, -3.0],
             noise: vec![0.1, -0.3, 0.2, 0.0, 1.0],
-            near: [5, spot_drafter::sets_tokens::NO_TOKEN, 9, 0],
+            near: [5, spot_sets::tokens::NO_TOKEN, 9, 0],
         };
         let row = TokenRow {
             hidden: &hidden,

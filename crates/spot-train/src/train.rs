@@ -18,8 +18,8 @@ use spot_drafter::features::{StaleSource, write_features};
 use spot_drafter::network::{ConfigError, OrderModel, OrderModelConfig};
 use std::collections::HashMap;
 
-use spot_drafter::rng::SplitMix;
 use spot_drafter::trajectory::{StepRecord, Trajectory};
+use spot_tree::rng::SplitMix;
 
 /// Training settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -336,7 +336,7 @@ pub enum TrainError {
     NoExamples,
     /// A set network or token head to train is malformed.
     #[error("set drafter: {0}")]
-    Table(#[from] spot_drafter::TableError),
+    Table(#[from] spot_tree::TableError),
     /// A trajectory's hidden states are not as wide as the set network reads.
     #[error(
         "trajectory `{id}` has hidden states of width {found} (the network reads {expected}); \

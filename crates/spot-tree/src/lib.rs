@@ -11,6 +11,10 @@
 //! - [`OrderScorer`]: the interface the learned commit-order drafter implements, and the
 //!   baselines [`StaleConfidenceScorer`] (BlockSpec), [`RandomScorer`] and [`OracleScorer`].
 //!
+//! - [`stale`]: the stale statistics as every drafter reads them ([`StoredPosition`], the record
+//!   trajectories store and live scorers compute); [`table`]: the error of the drafters' fitted
+//!   tables and their bin lookup; [`rng`]: a seeded, platform-independent generator.
+//!
 //! No tensor library is involved: a round's tree costs microseconds.
 //!
 //! ```
@@ -39,7 +43,10 @@ struct ReadmeDoctests;
 
 mod builder;
 mod error;
+pub mod rng;
 mod scorer;
+pub mod stale;
+pub mod table;
 mod tree;
 
 pub use builder::{BuildCounts, TreeBuilder, TreeConfig, check_round};
@@ -48,4 +55,6 @@ pub use scorer::{
     NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,
     TokenOracleScorer, check_block_size, fill_normalised, noised_runner_up, stale_runner_up,
 };
+pub use stale::{LiveStale, PositionStale, StaleSource, StoredPosition};
+pub use table::TableError;
 pub use tree::{DraftTree, state_hash, zobrist};

@@ -7,13 +7,13 @@
 //! (those of the root's parent), so it predicts, by stale confidence bin and `j`, the
 //! probability that a leader clears `τ`, that another position joins, and that the written
 //! token is the stale choice or the hedge, all measured on trajectories decoded with the same
-//! `τ` ([`JoinTable::fit`]); the tables are monotone in the confidence (sparse bins pooled).
+//! `τ` (`spot_train::sets_fit::fit_join_table`); the tables are monotone in the confidence (sparse bins pooled).
 //! Which position leads is the order drafter's job. A file holds one table per
 //! (temperature, `τ`) and the drafter reads the nearest ([`SetsDrafter`]).
 //!
 //! ```
-//! use spot_drafter::sets::{JoinTable, SetsDrafter};
-//! let table = JoinTable::fit(&[], 0.9, 4);
+//! use spot_sets::{JoinTable, SetsDrafter};
+//! let table = JoinTable::prior(0.9, 4);
 //! assert_eq!(table.join.len(), 4);
 //! // With no data every rate is the Laplace prior 1/2.
 //! assert_eq!(table.join[0][0], 0.5);
@@ -26,14 +26,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use spot_core::TokenId;
-use spot_sets::{JoinModel, JoinPrediction};
 use spot_tree::{ScoreContext, TreeError};
 
-use crate::analysis::{bin, monotone_rates};
-use crate::sets_file::{SetsError, check_header, load_json, save_json};
-use crate::sets_net::join_examples;
-use crate::table_error::TableError;
-use crate::trajectory::Trajectory;
+use spot_tree::TableError;
+use spot_tree::table::bin;
+
+use crate::builder::{JoinModel, JoinPrediction};
+use crate::file::{SetsError, check_header, load_json, save_json};
 
 /// File name of a model folder's default set drafter (`spot calibrate-sets`).
 pub const DEFAULT_SETS: &str = "spot-sets.json";
@@ -72,8 +71,26 @@ pub struct JoinTable {
 }
 
 impl JoinTable {
-    /// The bin edges for threshold `tau`: [`BASE_EDGES`] plus `tau` and `tau ± 0.02`.
-    fn edges_for(tau: f32) -> Vec<f32> {
+    /// The table a fit on no data gives: the bins for `tau` ([`JoinTable::edges_for`]) and
+    /// every rate the Laplace prior 1/2, `steps` rows (at least 1).
+    pub fn prior(tau: f32, steps: usize) -> Self {
+        let edges = Self::edges_for(tau);
+        let rows = vec![vec![0.5; edges.len()]; steps.max(1)];
+        Self {
+            tau,
+            temperature: None,
+            edges,
+            lead: rows.clone(),
+            join: rows.clone(),
+            token: rows.clone(),
+            hedge: rows,
+            samples: 0,
+        }
+    }
+
+    /// The bin edges for threshold `tau`: the base edges (0.01 to 1) plus `tau` and
+    /// `tau ± 0.02`.
+    pub fn edges_for(tau: f32) -> Vec<f32> {
         let mut e: Vec<f32> = BASE_EDGES.to_vec();
         for x in [tau - 0.02, tau, tau + 0.02] {
             if x > 0.0 && x < 1.0 {
@@ -83,72 +100,6 @@ impl JoinTable {
         e.sort_by(f32::total_cmp);
         e.dedup_by(|a, b| (*a - *b).abs() < 1e-6);
         e
-    }
-
-    /// Measures the rates on threshold-decoding trajectories decoded with `tau`, for `steps`
-    /// rows (`j = 0 .. steps - 1`; the drafter reads the last row for deeper steps).
-    ///
-    /// Step `t`'s statistics are the stale distribution of the root `x[t+1]`; the position
-    /// `s` masked at `x[t+1+j]` joined when step `t+1+j` committed it above `τ` (a fallback
-    /// step, whose single commit is not above `τ`, has no joiner).
-    pub fn fit<'a>(
-        trajs: impl IntoIterator<Item = &'a Trajectory>,
-        tau: f32,
-        steps: usize,
-    ) -> Self {
-        let steps = steps.max(1);
-        let edges = Self::edges_for(tau);
-        let nb = edges.len();
-        let mut n = vec![vec![0u64; nb]; steps];
-        let mut joined = vec![vec![0u64; nb]; steps];
-        let mut same = vec![vec![0u64; nb]; steps];
-        let mut hedged = vec![vec![0u64; nb]; steps];
-        let mut written = vec![vec![0u64; nb]; steps];
-        let mut led = vec![vec![0u64; nb]; steps];
-        let mut cleared = vec![vec![0u64; nb]; steps];
-        let trajs: Vec<&Trajectory> = trajs.into_iter().collect();
-        let temps: Vec<f32> = trajs.iter().map(|t| t.temperature).collect();
-        let samples = join_examples(trajs, tau, steps, |e| {
-            let (row, p) = (e.row, e.p);
-            let k = bin(&edges, p.confidence);
-            if e.leads {
-                led[row][k] += 1;
-                cleared[row][k] += u64::from(e.clears);
-            } else {
-                n[row][k] += 1;
-                joined[row][k] += u64::from(e.commit.is_some() && e.clears);
-            }
-            if let Some(c) = e.commit {
-                written[row][k] += 1;
-                same[row][k] += u64::from(c.token == p.token);
-                hedged[row][k] += u64::from(c.token == p.hedge && c.token != p.token);
-            }
-        });
-        let rates = |hits: &[Vec<u64>], counts: &[Vec<u64>], increasing: bool| {
-            hits.iter()
-                .zip(counts)
-                .map(|(h, c)| monotone_rates(h, c, increasing))
-                .collect()
-        };
-        let (join, lead) = (rates(&joined, &n, true), rates(&cleared, &led, true));
-        let (token, hedge) = (
-            rates(&same, &written, true),
-            rates(&hedged, &written, false),
-        );
-        let temperature = temps
-            .first()
-            .copied()
-            .filter(|&t0| temps.iter().all(|&t| t == t0));
-        Self {
-            tau,
-            temperature,
-            edges,
-            lead,
-            join,
-            token,
-            hedge,
-            samples,
-        }
     }
 
     /// Checks shapes and ranges.
@@ -324,86 +275,13 @@ impl JoinModel for SetsDrafter {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::features::StoredPosition;
-    use crate::trajectory::{BlockRecord, StepRecord};
-    use spot_core::Commit;
-
-    fn pos(position: u32, token: TokenId, confidence: f32) -> StoredPosition {
-        StoredPosition {
-            position,
-            token,
-            runner_up: token,
-            confidence,
-            entropy: 1.0,
-            tail_mass: 0.0,
-            hedge: token,
-            hedge_prob: 0.0,
-            margin: 1.0,
-            top_probs: vec![confidence],
-            top_ids: vec![token],
-            hidden: Vec::new(),
-        }
-    }
-
-    /// Three positions: step 0 commits position 0 above τ; step 1 commits `second`.
-    fn traj(second: Vec<Commit>, second_conf: f32) -> Trajectory {
-        let mask = 9;
-        Trajectory {
-            id: "t".into(),
-            block_size: 3,
-            top_k: 1,
-            mask_id: mask,
-            temperature: 0.0,
-            seed: 0,
-            hidden_dim: 0,
-            blocks: vec![BlockRecord {
-                start: 0,
-                initial: vec![mask; 3],
-                steps: vec![
-                    StepRecord {
-                        commits: vec![Commit::new(0, 1)],
-                        positions: vec![pos(0, 1, 0.95), pos(1, 2, 0.5), pos(2, 3, 0.3)],
-                    },
-                    StepRecord {
-                        commits: second,
-                        positions: vec![pos(1, 2, second_conf), pos(2, 3, second_conf)],
-                    },
-                ],
-            }],
-        }
-    }
-
-    #[test]
-    fn joins_and_tokens_are_counted_from_the_stale_step() {
-        let t = traj(vec![Commit::new(1, 2), Commit::new(2, 4)], 0.95);
-        let table = JoinTable::fit([&t], 0.9, 2);
-        assert_eq!(table.samples, 2);
-        table.check().unwrap();
-        let (lo, hi) = (bin(&table.edges, 0.3), bin(&table.edges, 0.5));
-        // Position 1 led (the first of equal confidences) and cleared τ; position 2 joined.
-        assert!(table.lead[0][hi] > 0.5 && table.join[0][lo] > 0.5);
-        // Position 2's token changed, position 1's did not.
-        assert!(table.token[0][lo] < table.token[0][hi]);
-        // No row-1 data: the prior.
-        assert_eq!(table.join[1][lo], 0.5);
-    }
-
-    #[test]
-    fn a_fallback_step_has_no_joiner() {
-        let t = traj(vec![Commit::new(1, 2)], 0.5);
-        let table = JoinTable::fit([&t], 0.9, 2);
-        let (lo, hi) = (bin(&table.edges, 0.3), bin(&table.edges, 0.5));
-        assert!(table.join[0][lo] < 0.5 && table.lead[0][hi] < 0.5);
-        // τ and its neighbours are bin edges.
-        assert!(table.edges.iter().any(|&e| (e - 0.9).abs() < 1e-6));
-        assert!(table.edges.iter().any(|&e| (e - 0.88).abs() < 1e-6));
-    }
 
     #[test]
     fn bad_files_are_refused_naming_the_problem() {
         let good = SetsDrafter {
-            tables: vec![JoinTable::fit([], 0.9, 2)],
+            tables: vec![JoinTable::prior(0.9, 2)],
         };
         let json = good.to_json().unwrap();
         let e = SetsDrafter::from_json(&json.replace("\"version\": 1", "\"version\": 7"));
@@ -428,7 +306,7 @@ mod tests {
         let e = SetsDrafter::load(Path::new("/nonexistent/spot-sets.json")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/spot-sets.json"));
         // The nearest τ wins, then the nearest temperature.
-        let mut t1 = JoinTable::fit([], 0.1, 1);
+        let mut t1 = JoinTable::prior(0.1, 1);
         t1.temperature = Some(1.0);
         let two = SetsDrafter {
             tables: vec![good.tables[0].clone(), t1],

@@ -4,7 +4,7 @@
 //!
 //! At a hypothesised state `j` threshold steps below the round's root, it predicts for every
 //! masked position the same four probabilities as the calibrated tables
-//! ([`JoinTable`](crate::sets::JoinTable)): that the position clears `τ` when it leads the
+//! ([`JoinTable`](crate::JoinTable)): that the position clears `τ` when it leads the
 //! step, that it joins a step another position leads, and that the written token is the stale
 //! choice or the hedge. Where the tables see only the stale confidence's bin and `j`, the
 //! network reads the position's hidden state (projected to [`SetsNetConfig::proj`] values)
@@ -18,7 +18,7 @@
 //! multiply-adds per position).
 //!
 //! ```
-//! use spot_drafter::sets_net::{SetsNet, SetsNetConfig};
+//! use spot_sets::net::{SetsNet, SetsNetConfig};
 //! let net = SetsNet::init(SetsNetConfig::new(8), 3);
 //! let json = net.to_json().unwrap();
 //! assert_eq!(SetsNet::from_json(&json).unwrap(), net);
@@ -28,17 +28,16 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use spot_core::{Commit, TokenId};
-use spot_sets::{JoinModel, JoinPrediction};
+use spot_core::TokenId;
 use spot_tree::{ScoreContext, TreeError};
 
-use crate::features::MARGIN_CAP;
-use crate::features::StoredPosition;
-use crate::rng::SplitMix;
-use crate::sets_file::{SetsError, check_header, load_json, save_json};
-use crate::sets_tokens::{TokenHead, TokenHeadConfig, TokenInput};
-use crate::table_error::TableError;
-use crate::trajectory::{StepRecord, Trajectory};
+use spot_tree::TableError;
+use spot_tree::rng::SplitMix;
+use spot_tree::stale::{MARGIN_CAP, StoredPosition};
+
+use crate::builder::{JoinModel, JoinPrediction};
+use crate::file::{SetsError, check_header, load_json, save_json};
+use crate::tokens::{TokenHead, TokenHeadConfig, TokenInput};
 
 /// File name of a model folder's default learned set drafter (`spot train-sets`).
 pub const DEFAULT_SETS_NET: &str = "spot-sets-net.json";
@@ -263,99 +262,6 @@ pub fn write_scalars(
         unseen[2] as f32 / 4.0,
         unseen[3] as f32 / 8.0,
     ];
-}
-
-/// One supervised position of a threshold-decoding trajectory, as both the calibrated tables
-/// ([`JoinTable::fit`](crate::sets::JoinTable::fit)) and the learned drafter count it.
-#[derive(Clone, Copy, Debug)]
-pub struct JoinExample<'t, 'n> {
-    /// The trajectory.
-    pub traj: &'t Trajectory,
-    /// Absolute position of the block's first slot.
-    pub block_start: u64,
-    /// The stale step (its statistics are the round's stale distribution).
-    pub stale: &'t StepRecord,
-    /// The root: the state after the stale step.
-    pub root: &'n [TokenId],
-    /// The hypothesised state `row` threshold steps below the root.
-    pub node: &'n [TokenId],
-    /// Threshold steps between the root and the node.
-    pub row: usize,
-    /// The masked position of the node.
-    pub s: usize,
-    /// Its stale statistics.
-    pub p: &'t StoredPosition,
-    /// Whether it leads the node's true step (the position the target is most confident
-    /// about there, ties to the lowest index).
-    pub leads: bool,
-    /// Whether the true step's leader cleared `τ` (else the step is the leader alone).
-    pub clears: bool,
-    /// The true step's commit at `s`, if any.
-    pub commit: Option<Commit>,
-}
-
-/// Calls `f` for every masked position with stale statistics of every node up to `steps`
-/// threshold steps below every root of `trajs` (threshold-decoding trajectories at `tau`):
-/// the examples the set drafters are fitted on. Returns how many.
-pub fn join_examples<'a>(
-    trajs: impl IntoIterator<Item = &'a Trajectory>,
-    tau: f32,
-    steps: usize,
-    mut f: impl FnMut(&JoinExample<'a, '_>),
-) -> u64 {
-    let mut n = 0u64;
-    let mut root: Vec<TokenId> = Vec::new();
-    let mut node: Vec<TokenId> = Vec::new();
-    for traj in trajs {
-        for b in &traj.blocks {
-            root.clear();
-            root.extend_from_slice(&b.initial);
-            for (i, stale) in b.steps.iter().enumerate() {
-                for c in &stale.commits {
-                    if let Some(x) = root.get_mut(c.position) {
-                        *x = c.token;
-                    }
-                }
-                node.clear();
-                node.extend_from_slice(&root);
-                for (j, step) in b.steps.iter().enumerate().skip(i + 1).take(steps.max(1)) {
-                    let row = j - i - 1;
-                    let leader =
-                        step.positions
-                            .iter()
-                            .fold(None, |b: Option<&StoredPosition>, p| match b {
-                                Some(b) if b.confidence >= p.confidence => Some(b),
-                                _ => Some(p),
-                            });
-                    let clears = leader.is_some_and(|p| p.confidence > tau);
-                    let leader = leader.map(|p| p.position as usize);
-                    for s in (0..node.len()).filter(|&s| node[s] == traj.mask_id) {
-                        let Some(p) = stale.stored(s) else { continue };
-                        n += 1;
-                        f(&JoinExample {
-                            traj,
-                            block_start: b.start,
-                            stale,
-                            root: &root,
-                            node: &node,
-                            row,
-                            s,
-                            p,
-                            leads: Some(s) == leader,
-                            clears,
-                            commit: step.commits.iter().find(|c| c.position == s).copied(),
-                        });
-                    }
-                    for c in &step.commits {
-                        if let Some(x) = node.get_mut(c.position) {
-                            *x = c.token;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    n
 }
 
 /// The learned set drafter: weights and shape.

@@ -1,9 +1,10 @@
-//! [`TableError`]: what is wrong with a drafter's tables or parameters.
+//! The drafters' fitted tables and small networks, stored as JSON: [`TableError`], what is
+//! wrong with one, and [`bin`], the confidence-bin lookup the tables share.
 
 /// What is wrong with a drafter's tables or parameters (SPOT-Sets join tables and set network,
-/// its token head, a token calibration): which field and why. Errors about a file add the
-/// file ([`SetsError::Invalid`](crate::SetsError::Invalid),
-/// [`ConfigError::Calibration`](crate::ConfigError::Calibration)).
+/// its token head, a token calibration, a prior or tilt table): which field and why. Errors
+/// about a file add the file (`spot_sets::SetsError::Invalid`,
+/// `spot_drafter::ConfigError::Calibration`).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum TableError {
     /// The JSON text could not be parsed or written.
@@ -102,4 +103,12 @@ impl From<serde_json::Error> for TableError {
     fn from(e: serde_json::Error) -> Self {
         Self::Json(e.to_string())
     }
+}
+
+/// The first bin whose upper edge is at least `confidence` (the last bin above every edge).
+pub fn bin(edges: &[f32], confidence: f32) -> usize {
+    edges
+        .iter()
+        .position(|&e| confidence <= e)
+        .unwrap_or(edges.len().saturating_sub(1))
 }

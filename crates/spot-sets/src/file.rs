@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::table_error::TableError;
+use spot_tree::TableError;
 
 /// Errors reading or writing a set drafter file.
 #[derive(Debug, thiserror::Error)]
