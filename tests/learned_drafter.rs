@@ -10,9 +10,9 @@ use spot_core::toy::{ToyConfig, ToyModel};
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_drafter::{
     Calibrated, LearnedScorer, OrderModel, OrderModelConfig, PriorWeight, RankTilt, SpiffyGraph,
-    SpiffyScorer, TokenCalibration, record,
+    SpiffyScorer, TokenCalibration,
 };
-use spot_train::{TrainConfig, train};
+use spot_train::{CalibrateSpiffy, FitCalibration, TrainConfig, record, train};
 
 type B = Flex<f32>;
 
@@ -300,7 +300,7 @@ fn replay_matches<S: spot_dlm::OrderScorer + Send + 'static>(
 fn depth0_hits_are_evaluate_ons(
     trained: &OrderModel<B>,
     tilted: &OrderModel<B>,
-    trajs: &[spot_drafter::Trajectory],
+    trajs: &[spot_train::Trajectory],
 ) {
     use spot_train::replay::depth0_hits;
     let hits = |scorer: &mut dyn spot_dlm::OrderScorer| {

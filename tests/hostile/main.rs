@@ -21,10 +21,11 @@ use harness::{Outcome, Seed, kind, run};
 use mutate::Format;
 use spot_dlm::sets::SetsDrafter;
 use spot_dlm::sets::net::{SetsNet, SetsNetConfig};
-use spot_drafter::{SpiffyGraph, Trajectory, checkpoint};
+use spot_drafter::{SpiffyGraph, checkpoint};
 use spot_models::chat::ChatTemplate;
 use spot_models::hf::Tokenizer;
 use spot_models::{CausalLm, CpuBackend, DiffusionModel, MaskedDrafter};
+use spot_train::Trajectory;
 use spot_train::TrajectoryDir;
 
 #[global_allocator]
@@ -556,7 +557,7 @@ fn trajectory_dir() -> PathBuf {
         mask_id: 63,
         ..ToyConfig::default()
     });
-    let (_, t) = spot_drafter::record(&mut m, &[3, 4, 5], &cfg, "p").unwrap();
+    let (_, t) = spot_train::record(&mut m, &[3, 4, 5], &cfg, "p").unwrap();
     let dir = scratch();
     let manifest = spot_train::Manifest::for_decode("toy", "p.jsonl", "prompt", &cfg);
     let d = TrajectoryDir::create_or_resume(&dir, manifest).unwrap();

@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use spot_drafter::{
     CalibrationPaths, ModuleTokens, OrderModel, PriorWeight, RankTilt, SpiffyGraph,
-    TokenCalibration, Trajectory,
+    TokenCalibration,
 };
-use spot_train::TrajectoryDir;
+use spot_train::{CalibrateSpiffy, FitCalibration, Trajectory, TrajectoryDir};
 
 /// Arguments of `spot calibrate-spiffy`.
 #[derive(clap::Args)]

@@ -6,8 +6,8 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{BlockDiffusionModel, DecodeConfig, Transition};
-use spot_drafter::examples;
-use spot_drafter::trajectory::{Recorder, record_with};
+use spot_train::examples;
+use spot_train::trajectory::{Recorder, record_with};
 use spot_train::{Manifest, TrajectoryDir};
 
 use crate::{load, model_dir, prompts};

@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use spot_drafter::{LearnedScorer, checkpoint, token_hits};
+use spot_drafter::{LearnedScorer, checkpoint};
+use spot_train::token_hits;
 use spot_train::{TrajectoryDir, evaluate_on, replay};
 
 use crate::{Backend, methods, model_dir};

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use spot_dlm::{OrderScorer, StaleConfidenceScorer, TreeBuilder, TreeConfig};
-use spot_drafter::{Calibrated, LearnedScorer, PriorWeight, RankTilt, SpiffyScorer, Trajectory};
+use spot_drafter::{Calibrated, LearnedScorer, PriorWeight, RankTilt, SpiffyScorer};
+use spot_train::Trajectory;
 use spot_train::{ReplayCount, TrajectoryDir, replay};
 
 use crate::methods::{BlockEndArgs, DrafterFileArgs, Drafters, Method};

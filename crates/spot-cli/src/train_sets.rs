@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use spot_dlm::sets::net::SetsNetConfig;
-use spot_drafter::Trajectory;
+use spot_train::Trajectory;
 use spot_train::TrajectoryDir;
 use spot_train::sets_train::read_output_embeddings;
 use spot_train::sets_train::{SetsTrainConfig, TauGroup, train_sets};

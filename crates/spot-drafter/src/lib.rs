@@ -4,15 +4,14 @@
 //! next, from nothing but the target's stale output statistics (the method and its measured
 //! figures: `docs/drafter.md` in the repository). This crate holds what decoding with a
 //! shipped checkpoint needs (the network is a burn `Module`, so burn's tensor and module
-//! crates come along, but not its optimiser or autodiff), plus the trajectory format and the
-//! table fitting that read trajectories. Training loops, trajectory collection and replay are
-//! in `spot-train`.
+//! crates come along, but not its optimiser or autodiff). Trajectories, their collection,
+//! the tables fitted on them, the training loops and replay are in `spot-train`.
 //!
 //! - [`features`]: the 78 features per block position the order model reads, computed the
 //!   same way at training time (from stored trajectories) and at decode time (from the live
 //!   stale [`BlockStats`](spot_core::BlockStats));
-//! - [`trajectory`]: draft-free decoding trajectories (per step, the stale statistics and the
-//!   commit that followed) in a versioned binary format, recorded by a draft-free decoder;
+//! - [`analysis`]: the token calibration the scorer's token factor reads; [`spiffy`]: the
+//!   Spiffy graph baseline; [`prior`], [`tilt`]: per-temperature adjustments of the order;
 //! - [`network`]: the order network `q_φ(s | y)`, a burn `Module` (0.61M parameters by
 //!   default);
 //! - [`mrp`]: the MRP baseline as an order scorer (`MrpScorer`) and the module's tokens for
@@ -41,11 +40,8 @@ pub mod prior;
 pub mod scorer;
 pub mod spiffy;
 pub mod tilt;
-pub mod trajectory;
 
-pub use analysis::{
-    CalibrationKey, CalibrationPaths, TokenCalibration, TokenHits, nearest_calibration, token_hits,
-};
+pub use analysis::{CalibrationKey, CalibrationPaths, TokenCalibration, nearest_calibration};
 pub use error::DrafterError;
 pub use features::{
     FEATURES_VERSION, LiveStale, N_FEATURES, PositionStale, StaleSource, TOP_K, noised_margin,
@@ -59,4 +55,3 @@ pub use scorer::{Calibrated, LearnedScorer};
 pub use spiffy::{SpiffyGraph, SpiffyScorer, unit_stale_token};
 pub use spot_tree::TableError;
 pub use tilt::RankTilt;
-pub use trajectory::{Trajectory, TrajectoryError, examples, record};

@@ -25,8 +25,6 @@ use spot_core::{BlockStats, Commit, TokenId};
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size};
 
 use crate::error::DrafterError;
-use crate::features::StaleSource;
-use crate::trajectory::{Trajectory, examples};
 
 /// The `format` field of a graph file.
 pub const SPIFFY_FORMAT: &str = "spot-spiffy-graph";
@@ -63,7 +61,7 @@ pub struct SpiffyGraph {
 
 /// Ranks of the positions masked in `state` by stale confidence (0 = most confident, ties by
 /// position); `rank[s]` is `u16::MAX` at committed positions.
-fn ranks(state: &[TokenId], mask: TokenId, conf: impl Fn(usize) -> f32, rank: &mut Vec<u16>) {
+pub fn ranks(state: &[TokenId], mask: TokenId, conf: impl Fn(usize) -> f32, rank: &mut Vec<u16>) {
     let mut masked: Vec<usize> = (0..state.len()).filter(|&s| state[s] == mask).collect();
     masked.sort_by(|&a, &b| conf(b).total_cmp(&conf(a)).then(a.cmp(&b)));
     rank.clear();
@@ -74,69 +72,6 @@ fn ranks(state: &[TokenId], mask: TokenId, conf: impl Fn(usize) -> f32, rank: &m
 }
 
 impl SpiffyGraph {
-    /// Calibrates a graph from trajectories: paths up to `max_depth` commits, the
-    /// `max_paths` most frequent kept (ties: shorter, then lexicographically smaller first, so
-    /// the kept set is closed under prefixes).
-    pub fn calibrate(
-        trajs: &[Trajectory],
-        max_depth: usize,
-        max_paths: usize,
-    ) -> Result<Self, TreeError> {
-        let Some(first) = trajs.first() else {
-            return Err(TreeError::Scorer {
-                scorer: "spiffy".into(),
-                reason: "no trajectories to calibrate on".into(),
-            });
-        };
-        let (block_size, mask) = (first.block_size, first.mask_id);
-        let mut counts: HashMap<Vec<u16>, u64> = HashMap::new();
-        let mut sequences = 0u64;
-        let mut seq: Vec<u16> = Vec::new();
-        let mut rank = Vec::new();
-        for t in trajs {
-            if t.block_size != block_size {
-                return Err(TreeError::Scorer {
-                    scorer: "spiffy".into(),
-                    reason: format!(
-                        "trajectory {} has block size {}, the first has {block_size}",
-                        t.id, t.block_size
-                    ),
-                });
-            }
-            examples(t, max_depth.saturating_sub(1), |ex| {
-                if ex.depth == 0 {
-                    seq.clear();
-                    sequences += 1;
-                } else if ex.depth != seq.len() {
-                    return;
-                }
-                let conf = |s: usize| ex.stale.position(s).map_or(0.0, |p| p.confidence);
-                ranks(ex.state, mask, conf, &mut rank);
-                seq.push(rank[ex.target]);
-                *counts.entry(seq.clone()).or_default() += 1;
-            });
-        }
-        let mut paths: Vec<RankPath> = counts
-            .into_iter()
-            .map(|(ranks, count)| RankPath { ranks, count })
-            .collect();
-        paths.sort_by(|a, b| {
-            b.count
-                .cmp(&a.count)
-                .then(a.ranks.len().cmp(&b.ranks.len()))
-                .then(a.ranks.cmp(&b.ranks))
-        });
-        paths.truncate(max_paths);
-        Ok(Self {
-            format: SPIFFY_FORMAT.into(),
-            version: SPIFFY_VERSION,
-            block_size,
-            max_depth,
-            sequences,
-            paths,
-        })
-    }
-
     /// Writes the graph as pretty JSON.
     pub fn save(&self, path: &Path) -> Result<(), DrafterError> {
         let io = |source| DrafterError::Io {

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use spot_core::{DecodeConfig, TokenId, Transition};
 
-use spot_drafter::trajectory::{FORMAT_VERSION, Trajectory, TrajectoryError};
+use crate::trajectory::{FORMAT_VERSION, Trajectory, TrajectoryError};
 
 /// What a trajectory directory holds: where it came from, and every [`DecodeConfig`] field
 /// that determines the decoded tokens.

@@ -23,7 +23,7 @@ use spot_core::{BlockState, BlockStats, GumbelNoise, TokenId, stats::PositionSta
 use spot_tree::{DraftTree, NodeBatch, OrderScorer, ScoreContext, TreeBuilder, TreeError};
 
 use crate::train::top_position;
-use spot_drafter::trajectory::{StepRecord, Trajectory};
+use crate::trajectory::{StepRecord, Trajectory};
 
 /// Why a trajectory cannot be replayed.
 #[derive(Debug, thiserror::Error)]
@@ -179,7 +179,7 @@ pub fn step_stats(
 /// ```
 /// use spot_core::{DecodeConfig, toy::{ToyConfig, ToyModel}};
 /// use spot_train::replay::replay;
-/// use spot_drafter::trajectory::record;
+/// use spot_train::record;
 /// use spot_tree::{StaleConfidenceScorer, TreeBuilder, TreeConfig};
 /// let mut model = ToyModel::new(ToyConfig { vocab_size: 64, mask_id: 63, ..ToyConfig::default() });
 /// let cfg = DecodeConfig { max_new_tokens: 16, block_size: 8, ..DecodeConfig::default() };
@@ -297,7 +297,7 @@ fn replay_with(
 /// step `c ≥ 1` of a block whose step makes one commit, the round rooted after steps `< c` is
 /// scored with the statistics of step `c - 1` ([`step_stats`]) and its top position (the
 /// highest score among the positions masked at the root, ties to the lower index) is compared
-/// with step `c`'s commit. The examples are [`examples`](spot_drafter::trajectory::examples)' at
+/// with step `c`'s commit. The examples are [`examples`](crate::trajectory::examples)' at
 /// depth 0, so with [`StaleConfidenceScorer`](spot_tree::StaleConfidenceScorer) the hits are
 /// the stale-confidence ones of [`evaluate_on`](crate::evaluate_on); with a
 /// [`LearnedScorer`](spot_drafter::LearnedScorer) they are those of the order SPOT decodes with (the
@@ -306,7 +306,7 @@ fn replay_with(
 ///
 /// ```
 /// use spot_core::{DecodeConfig, toy::{ToyConfig, ToyModel}};
-/// use spot_drafter::{examples, record};
+/// use spot_train::{examples, record};
 /// use spot_train::replay::depth0_hits;
 /// use spot_tree::StaleConfidenceScorer;
 /// let mut m = ToyModel::new(ToyConfig::default());

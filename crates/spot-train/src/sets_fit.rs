@@ -2,9 +2,9 @@
 //! every masked position of every node below every root ([`join_examples`], which the learned
 //! set drafter's training reads too) and the tables it counts ([`fit_join_table`]).
 
+use crate::fit::monotone_rates;
+use crate::trajectory::{StepRecord, Trajectory};
 use spot_core::{Commit, TokenId};
-use spot_drafter::analysis::monotone_rates;
-use spot_drafter::trajectory::{StepRecord, Trajectory};
 use spot_sets::JoinTable;
 use spot_tree::stale::StoredPosition;
 use spot_tree::table::bin;
@@ -172,7 +172,7 @@ pub fn join_examples<'a>(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use spot_drafter::trajectory::BlockRecord;
+    use crate::trajectory::BlockRecord;
 
     fn pos(position: u32, token: TokenId, confidence: f32) -> StoredPosition {
         StoredPosition {

@@ -21,8 +21,8 @@ use burn_tensor::{Int, Tensor, TensorData};
 use crate::train::{
     Schedule, TrainError, adam, check_settings, descend, heldout_by_prompt, no_epochs,
 };
+use crate::trajectory::Trajectory;
 use spot_core::GumbelNoise;
-use spot_drafter::trajectory::Trajectory;
 use spot_sets::JoinTable;
 use spot_sets::SetsError;
 use spot_sets::net::{

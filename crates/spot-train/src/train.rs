@@ -18,7 +18,8 @@ use spot_drafter::features::{StaleSource, write_features};
 use spot_drafter::network::{ConfigError, OrderModel, OrderModelConfig};
 use std::collections::HashMap;
 
-use spot_drafter::trajectory::{StepRecord, Trajectory};
+use crate::fit::FitCalibration;
+use crate::trajectory::{StepRecord, Trajectory};
 use spot_tree::rng::SplitMix;
 
 /// Training settings.

@@ -8,10 +8,8 @@ use burn_flex::Flex;
 use spot_core::DecodeConfig;
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_drafter::checkpoint::{self, config_path};
-use spot_drafter::{
-    DrafterError, FEATURES_VERSION, N_FEATURES, OrderModel, OrderModelConfig, Trajectory, record,
-};
-use spot_train::{TrainConfig, TrainError, train};
+use spot_drafter::{DrafterError, FEATURES_VERSION, N_FEATURES, OrderModel, OrderModelConfig};
+use spot_train::{TrainConfig, TrainError, Trajectory, record, train};
 
 type B = Flex<f32>;
 type AB = Autodiff<Flex<f32>>;

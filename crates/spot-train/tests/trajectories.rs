@@ -5,9 +5,10 @@ use spot_core::toy::{ToyConfig, ToyModel};
 use spot_core::{DecodeConfig, DraftFreeDecoder, TokenId};
 use spot_drafter::features::MARGIN_CAP;
 use spot_drafter::features::StoredPosition;
-use spot_drafter::trajectory::FORMAT_VERSION;
-use spot_drafter::{N_FEATURES, Trajectory, TrajectoryError, examples, record, write_features};
+use spot_drafter::{N_FEATURES, write_features};
+use spot_train::trajectory::FORMAT_VERSION;
 use spot_train::{CollectError, Manifest, TrajectoryDir};
+use spot_train::{Trajectory, TrajectoryError, examples, record};
 
 fn toy(seed: u64) -> ToyModel {
     ToyModel::new(ToyConfig {
@@ -157,7 +158,7 @@ fn hidden_states_are_recorded_and_version_two_still_reads() {
     use spot_core::toy::TOY_HIDDEN_DIM;
     use spot_core::{BlockState, MeteredModel, StatsQuery};
     use spot_drafter::features::bf16_round;
-    use spot_drafter::trajectory::{Recorder, record_with};
+    use spot_train::trajectory::{Recorder, record_with};
     let c = cfg(8, 1.0, 16);
     let prompt: Vec<TokenId> = (2..13).collect();
     let want = DraftFreeDecoder::new()

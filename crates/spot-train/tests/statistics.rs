@@ -5,7 +5,9 @@
 use spot_core::DecodeConfig;
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_drafter::spiffy::SpiffyGraph;
-use spot_drafter::{DrafterError, StaleSource, Trajectory, examples, record, token_hits};
+use spot_drafter::{DrafterError, StaleSource};
+use spot_train::fit::{CalibrateSpiffy, FitCalibration};
+use spot_train::{Trajectory, examples, record, token_hits};
 
 fn toy(seed: u64, stability: f32) -> ToyModel {
     ToyModel::new(ToyConfig {

@@ -42,7 +42,7 @@ use spot_core::{
     StatsQuery, StepStrategy, TokenId, run_decode,
 };
 
-use crate::features::{PositionStale, StaleSource, StoredPosition, bf16_bits};
+use spot_tree::stale::{PositionStale, StaleSource, StoredPosition, bf16_bits};
 
 /// The format version written (version 2 is read too).
 pub const FORMAT_VERSION: u32 = 3;
