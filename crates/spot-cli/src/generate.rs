@@ -46,7 +46,9 @@ pub struct GenerateArgs {
     limit: Option<usize>,
     /// With `--prompts`: decode up to N prompts at a time through one model, their forwards
     /// merged into one (continuous batching: a finished prompt's place goes to the next).
-    /// Outputs are identical to `--batch 1`; lines are printed in file order.
+    /// Outputs are identical to `--batch 1`; lines are printed in file order. On an
+    /// autoregressive model, with `--method specdiff` (every request's round in one target
+    /// forward).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
     batch: u64,
     /// Stop string (repeatable): decoding ends at the first block end whose text contains
@@ -106,10 +108,13 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     }
     let dir = model_dir::resolve(a.model.as_deref())?;
     if !Family::detect(&dir)?.is_diffusion() {
-        if a.batch > 1 || !a.stop.is_empty() || a.decode.sample_top_k.is_some() || a.compare {
+        if !a.stop.is_empty() || a.decode.sample_top_k.is_some() || a.compare {
+            bail!("--stop, --sample-top-k and --compare apply to block-diffusion models only");
+        }
+        if a.batch > 1 && (a.prompts.is_none() || a.decode.method != Method::Specdiff) {
             bail!(
-                "--batch, --stop, --sample-top-k and --compare apply to block-diffusion models \
-                 only"
+                "--batch on an autoregressive model applies to --prompts FILE.jsonl with \
+                 --method specdiff"
             );
         }
         return crate::generate::ar::run(a, &dir);

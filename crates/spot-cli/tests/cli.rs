@@ -288,6 +288,78 @@ fn generate_autoregressive_matches_the_oracle() {
     }
 }
 
+/// `--batch N --method specdiff` on an autoregressive folder decodes a prompt file through one
+/// `SpecDiffBatch`: every line's tokens and forwards equal `--batch 1`'s, in fewer target
+/// forwards in all; `--batch` with `--method df` is refused.
+#[test]
+fn generate_autoregressive_batch_equals_one_at_a_time() {
+    let dir = fixture("llama-tiny");
+    let tmp = tempfile::tempdir().unwrap();
+    let prompts = tmp.path().join("p.jsonl");
+    let lines: Vec<String> = ["a b a b a b", "the cat the cat", "1 2 3 1 2 3", "x y z"]
+        .iter()
+        .map(|p| format!("{{\"prompt\": \"{p}\"}}"))
+        .collect();
+    std::fs::write(&prompts, lines.join("\n")).unwrap();
+    let run = |batch: &str, method: &str| {
+        spot(&[
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--max-new-tokens",
+            "20",
+            "--temperature",
+            "1",
+            "--method",
+            method,
+            "--batch",
+            batch,
+        ])
+    };
+    let parse = |out: &std::process::Output| -> Vec<serde_json::Value> {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let one = parse(&run("1", "specdiff"));
+    let batched = run("3", "specdiff");
+    let many = parse(&batched);
+    assert_eq!(one.len(), 4);
+    let mut rounds = 0;
+    for (a, b) in one.iter().zip(&many) {
+        assert_eq!(
+            (&a["id"], &a["tokens"], &a["nfe"]),
+            (&b["id"], &b["tokens"], &b["nfe"])
+        );
+        rounds += a["nfe"].as_u64().unwrap();
+    }
+    let err = String::from_utf8_lossy(&batched.stderr);
+    let forwards: u64 = err
+        .split("target forwards")
+        .next()
+        .and_then(|s| s.rsplit(' ').nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no forward count in {err}"));
+    assert!(
+        forwards < rounds,
+        "{forwards} shared forwards, {rounds} rounds: {err}"
+    );
+    let out = run("3", "df");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--method specdiff"),
+        "{err}"
+    );
+}
+
 /// `--chat` renders the folder's chat template (here LLaDA's, written into a copy of the
 /// fixture) around the prompt before tokenising; a folder without a template is an error
 /// naming the field.

@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use spot_dlm::{ArConfig, ArOutput, AutoregressiveModel, TokenId, decode_autoregressive};
 use spot_models::{CausalLm, MaskedDrafter};
 use spot_specdiff::{
-    Acceptance, DiffusionDrafter, LookupDrafter, LookupStore, Selection, SpecDiffConfig,
-    SpecDiffDecoder, SpecDiffReport,
+    Acceptance, DiffusionDrafter, LookupDrafter, LookupStore, Selection, SpecDiffBatch,
+    SpecDiffConfig, SpecDiffDecoder, SpecDiffReport, SpecDiffRequest,
 };
 
 use crate::Backend;
@@ -197,6 +197,9 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
         )),
         _ => None,
     };
+    if let (Some((d, drafter)), true) = (specdiff.as_mut(), a.batch > 1) {
+        return run_batched(&mut model, (d, drafter.as_mut()), &prompts, &cfg, a.batch);
+    }
     for (id, ids) in &prompts {
         let start = Instant::now();
         let (out, report) = match specdiff.as_mut() {
@@ -245,6 +248,56 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// `--batch N` with SpecDiff-2: the prompts through one [`SpecDiffBatch`] (`N` in flight,
+/// every request's target work in one forward per step); each output is the one `--batch 1`
+/// gives. Prints one JSON line per prompt in file order (its `wall_s` is the whole run's), then
+/// the target forwards the batch ran against the requests' own.
+fn run_batched(
+    model: &mut CausalLm<Backend>,
+    (decoder, drafter): (&mut SpecDiffDecoder, &mut dyn DiffusionDrafter),
+    prompts: &[(String, Vec<TokenId>)],
+    cfg: &ArConfig,
+    in_flight: u64,
+) -> Result<()> {
+    let info = model.ar_info().clone();
+    let mut batch = SpecDiffBatch::new(in_flight as usize)?;
+    for (id, ids) in prompts {
+        let r = SpecDiffRequest::new(ids, cfg, *decoder.config(), &info, drafter.vocab_size())
+            .with_context(|| format!("prompt {id}"))?;
+        batch.submit(r);
+    }
+    let start = Instant::now();
+    let mut done = batch.run(model, drafter)?;
+    let wall = start.elapsed().as_secs_f64();
+    done.sort_by_key(|f| f.id);
+    let mut own = 0;
+    for (f, (id, ids)) in done.into_iter().zip(prompts) {
+        let o = f.output.with_context(|| format!("prompt {id}"))?;
+        own += o.forwards;
+        let out = ArOutput {
+            tokens: o.tokens,
+            stopped: o.stopped,
+            forwards: o.forwards,
+        };
+        let text = match model.tokenizer() {
+            Some(t) => t.decode(&out.tokens)?,
+            None => format!("{:?}", out.tokens),
+        };
+        println!(
+            "{}",
+            result_json(id, ids, &out, &text, wall, Some(&o.report))
+        );
+    }
+    eprintln!(
+        "[{} prompts (batch {in_flight}): {} target forwards for the requests' {own} rounds \
+         ({:.2} requests per forward), {wall:.2} s]",
+        prompts.len(),
+        batch.forwards(),
+        own as f64 / batch.forwards().max(1) as f64
+    );
     Ok(())
 }
 
