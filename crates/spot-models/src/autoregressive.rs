@@ -178,13 +178,19 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
     /// entry).
     fn forward(&mut self, groups: &[ArGroup<'_>]) -> spot_core::Result<Vec<ArScores>> {
         CacheSlot::check_distinct(groups.iter().map(|g| g.slot))?;
+        if groups.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut ids = Vec::new();
+        let mut segments: Vec<Segment<'_, B>> = Vec::new();
+        let mut at = Vec::with_capacity(groups.len());
         for g in groups {
             g.query.validate()?;
             if g.shared.is_empty() {
                 return Err(ModelError::Request("no tokens to append".to_string()).into());
             }
-            let start = self.slots.get(g.slot)?.prefix.len();
+            let slot = self.slots.get(g.slot)?;
+            let (cache, start) = (&slot.cache[..], slot.prefix.len());
             let longest = g.branches.iter().map(Vec::len).max().unwrap_or(0);
             self.frame
                 .check_end(start + g.shared.len() + longest, "sequence")?;
@@ -192,12 +198,6 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
             for b in g.branches {
                 self.frame.push_ids(b, &mut ids)?;
             }
-        }
-        let mut segments: Vec<Segment<'_, B>> = Vec::new();
-        let mut at = Vec::with_capacity(groups.len());
-        for g in groups {
-            let slot = self.slots.get(g.slot)?;
-            let (cache, start) = (&slot.cache[..], slot.prefix.len());
             let mut push = |n: usize, len: usize, start: usize, after: Option<usize>| {
                 segments.push(Segment {
                     n,
@@ -226,9 +226,6 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
                 branches,
                 together,
             });
-        }
-        if segments.is_empty() {
-            return Ok(Vec::new());
         }
         let (hidden, mut kv) = self.net.run_segments(ids, &segments, Attend::Causal);
         let rows: Vec<usize> = segments.iter().map(|s| s.n * s.len).collect();

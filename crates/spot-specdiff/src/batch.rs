@@ -111,7 +111,7 @@ impl SpecDiffBatch {
         self.forwards
     }
 
-    /// One step: admits queued requests (each gets an empty cache slot), drafts for every
+    /// One step: admits queued requests (each gets a new, empty cache slot), drafts for every
     /// request that needs a draft, runs one target forward over every request that needs
     /// scoring, and returns the requests that finished or failed (their slots closed). A
     /// failed request leaves alone; the outer error is the target's failure on a whole
@@ -126,16 +126,13 @@ impl SpecDiffBatch {
                 break;
             };
             let slot = target.open_slot()?;
-            let mut live = Live {
+            let live = Live {
                 id,
                 slot,
                 request,
                 error: None,
                 times: Default::default(),
             };
-            if let Err(e) = target.truncate(slot, 0) {
-                live.error = Some(e);
-            }
             self.live.push(live);
         }
         for l in self.live.iter_mut().filter(|l| l.error.is_none()) {
@@ -193,31 +190,31 @@ impl SpecDiffBatch {
 
     /// One forward over every request that needs scoring.
     fn score(&mut self, target: &mut dyn AutoregressiveModel) -> Result<()> {
-        let waiting: Vec<usize> = (0..self.live.len())
-            .filter(|&i| {
-                let l = &self.live[i];
-                l.error.is_none() && matches!(l.request.need(), ArNeed::Score { .. })
-            })
-            .collect();
-        if waiting.is_empty() {
-            return Ok(());
-        }
-        let groups: Vec<ArGroup<'_>> = waiting
+        let (waiting, groups): (Vec<usize>, Vec<ArGroup<'_>>) = self
+            .live
             .iter()
-            .filter_map(|&i| match self.live[i].request.need() {
+            .enumerate()
+            .filter(|(_, l)| l.error.is_none())
+            .filter_map(|(i, l)| match l.request.need() {
                 ArNeed::Score {
                     shared,
                     branches,
                     query,
-                } => Some(ArGroup {
-                    slot: self.live[i].slot,
-                    shared,
-                    branches,
-                    query,
-                }),
+                } => Some((
+                    i,
+                    ArGroup {
+                        slot: l.slot,
+                        shared,
+                        branches,
+                        query,
+                    },
+                )),
                 _ => None,
             })
-            .collect();
+            .unzip();
+        if groups.is_empty() {
+            return Ok(());
+        }
         let t0 = Instant::now();
         let answers = MeteredArModel::new(target).forward_each(&groups)?;
         let wall = t0.elapsed();

@@ -130,8 +130,6 @@ pub trait FitCalibration: Sized {
 }
 
 impl FitCalibration for TokenCalibration {
-    /// Measures the hit rates on the examples of `trajs` that `paths` counts, for depths
-    /// `0..=max_depth`, binned by `key`.
     fn fit<'a>(
         trajs: impl IntoIterator<Item = &'a Trajectory>,
         max_depth: usize,
@@ -175,14 +173,10 @@ impl FitCalibration for TokenCalibration {
         }
     }
 
-    /// Fits a table per [`CalibrationKey`] on `trajs` and keeps the one that predicts them
-    /// best ([`TokenCalibration::log_loss`]; the confidence on a tie).
     fn fit_best(trajs: &[&Trajectory], max_depth: usize, paths: CalibrationPaths) -> Self {
         Self::fit_scored(trajs, max_depth, paths).0
     }
 
-    /// [`TokenCalibration::fit_best`] with the log-loss on `trajs` of each key's table
-    /// (confidence, margin).
     fn fit_scored(
         trajs: &[&Trajectory],
         max_depth: usize,
@@ -198,9 +192,6 @@ impl FitCalibration for TokenCalibration {
         (if lm < lc { margin } else { conf }, [lc, lm])
     }
 
-    /// Mean log-loss (nats) of the table's two predictions on the examples of `trajs` up to
-    /// `max_depth` that its [`CalibrationPaths`] counts: the binary cross-entropy of "the stale
-    /// choice is committed" plus that of "the hedge is committed" (NaN without examples).
     fn log_loss(&self, trajs: &[&Trajectory], max_depth: usize) -> f64 {
         let (mut sum, mut count) = (0.0f64, 0usize);
         let bce = |p: f32, hit: bool| {
@@ -227,9 +218,6 @@ impl FitCalibration for TokenCalibration {
         sum / count as f64
     }
 
-    /// One calibration per distinct decoding temperature of `trajs` (each fitted on the
-    /// trajectories decoded at that temperature with the key that predicts them best,
-    /// [`TokenCalibration::fit_best`], and its `temperature` set), by ascending temperature.
     fn fit_per_temperature(
         trajs: &[&Trajectory],
         max_depth: usize,
@@ -241,8 +229,6 @@ impl FitCalibration for TokenCalibration {
             .collect()
     }
 
-    /// [`TokenCalibration::fit_per_temperature`] with each table's trajectory count and the
-    /// log-loss of each key on its trajectories ([`TokenCalibration::fit_scored`]).
     fn fit_per_temperature_scored(
         trajs: &[&Trajectory],
         max_depth: usize,
@@ -284,9 +270,6 @@ pub trait CalibrateSpiffy: Sized {
 }
 
 impl CalibrateSpiffy for SpiffyGraph {
-    /// Calibrates a graph from trajectories: paths up to `max_depth` commits, the
-    /// `max_paths` most frequent kept (ties: shorter, then lexicographically smaller first, so
-    /// the kept set is closed under prefixes).
     fn calibrate(
         trajs: &[Trajectory],
         max_depth: usize,
