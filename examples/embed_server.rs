@@ -22,7 +22,7 @@ use spot_methods::{DraftFiles, Drafters, Method, Settings, request};
 use spot_models::chat::ChatTemplate;
 use spot_models::{CpuBackend, DiffusionModel};
 use spot_serve::load::{LoadConfig, run_blocking};
-use spot_serve::{BoxError, Defaults, Engine, Frontend, JobSpec, ServeConfig, Server};
+use spot_serve::{BoxError, Defaults, DiffusionEngine, Frontend, JobSpec, ServeConfig, Server};
 
 type Model = DiffusionModel<CpuBackend>;
 
@@ -99,7 +99,7 @@ fn start(dir: PathBuf, addr: &str) -> Result<Server, BoxError> {
         let mut drafters = HashMap::new();
         let factory =
             Box::new(move |m: &mut Model, job: &JobSpec| job_request(&dir, &mut drafters, m, job));
-        Ok((frontend, Engine { model, factory }))
+        Ok((frontend, DiffusionEngine::new(model, factory)))
     })?)
 }
 

@@ -123,6 +123,7 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
         max_pending: 1 << 20,
         max_n: 1,
         decode: a.decode.clone(),
+        specdiff: Default::default(),
     })?;
     for &c in &a.concurrency {
         let cfg = LoadConfig {

@@ -6,20 +6,25 @@ use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use spot_dlm::{BlockDiffusionModel, Request, Strategy};
+use spot_dlm::{ArConfig, AutoregressiveModel, BlockDiffusionModel, Request, Strategy};
 use spot_models::chat::ChatTemplate;
-use spot_models::{DiffusionModel, Family};
-use spot_serve::{BoxError, Defaults, Engine, Frontend, JobSpec, ServeConfig, Server};
+use spot_models::{CausalLm, DiffusionModel, Family};
+use spot_serve::{
+    ArEngine, BoxError, Defaults, DiffusionEngine, Frontend, JobSpec, ServeConfig, Server,
+};
+use spot_specdiff::SpecDiffRequest;
 
 use crate::decode_args::DecodeArgs;
+use crate::generate::ar::SpecDiffArgs;
 use crate::methods::{Drafters, Method};
 use crate::{Backend, DtypeArg, load, model_dir};
 
 /// Arguments of `spot serve`.
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    /// Hugging Face model folder (block-diffusion families). Default: `SPOT_MODEL`, else the
-    /// shipped `models/sdar-tiny-code`.
+    /// Hugging Face model folder: a block-diffusion family, or an autoregressive one (Llama,
+    /// Qwen2, Qwen3) served with `--method df` or `--method specdiff`. Default: `SPOT_MODEL`,
+    /// else the shipped `models/sdar-tiny-code`.
     #[arg(long)]
     pub(crate) model: Option<PathBuf>,
     #[command(flatten)]
@@ -51,6 +56,9 @@ pub struct ServeArgs {
     /// `--seed` the defaults of a request that gives none).
     #[command(flatten)]
     pub(crate) decode: DecodeArgs,
+    /// SpecDiff-2's settings (autoregressive folders).
+    #[command(flatten)]
+    pub(crate) specdiff: SpecDiffArgs,
 }
 
 /// Runs `spot serve` until Ctrl-C.
@@ -67,13 +75,6 @@ pub fn run(a: &ServeArgs) -> Result<()> {
 /// Loads the model of `a` and starts its server.
 pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
     let dir = model_dir::resolve(a.model.as_deref())?;
-    if !Family::detect(&dir)?.is_diffusion() {
-        bail!(
-            "spot serve serves block-diffusion model folders; {} is autoregressive (use spot \
-             generate for it)",
-            dir.display()
-        );
-    }
     let model_id = match &a.served_model_name {
         Some(n) => n.clone(),
         None => dir
@@ -91,6 +92,9 @@ pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
         max_batch: a.max_batch as usize,
         max_pending: a.max_pending as usize,
     };
+    if !Family::detect(&dir)?.is_diffusion() {
+        return start_autoregressive(a, dir, config, (model_id, template));
+    }
     let (decode, dtype, max_n) = (a.decode.clone(), a.dtype, a.max_n as usize);
     let server = Server::start(config, move || {
         let mut model = load(&dir, dtype)?;
@@ -128,7 +132,104 @@ pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
                 Ok(job_request(&decode, &dir, &mut drafters, model, job)?)
             },
         );
-        Ok((frontend, Engine { model, factory }))
+        Ok((frontend, DiffusionEngine::new(model, factory)))
+    })?;
+    Ok(server)
+}
+
+/// The server of an autoregressive folder: draft-free (`df`) and SpecDiff-2 (`specdiff`)
+/// requests in shared target forwards, drafted by the drafter `spot generate` would use.
+fn start_autoregressive(
+    a: &ServeArgs,
+    dir: PathBuf,
+    config: ServeConfig,
+    (model_id, template): (String, Option<ChatTemplate>),
+) -> Result<Server> {
+    let method = a.decode.method;
+    if !matches!(method, Method::Df | Method::Specdiff) {
+        bail!(
+            "{} is an autoregressive model: serve it with --method df or --method specdiff \
+             (--method {} needs a block-diffusion model)",
+            dir.display(),
+            method.name()
+        );
+    }
+    let (decode, specdiff, dtype, max_n) = (
+        a.decode.clone(),
+        a.specdiff.clone(),
+        a.dtype,
+        a.max_n as usize,
+    );
+    let server = Server::start(config, move || {
+        let model = CausalLm::<Backend>::load_as(&dir, &crate::backend::device()?, dtype.precision)
+            .with_context(|| format!("loading model folder {}", dir.display()))?;
+        let tokenizer = model
+            .tokenizer()
+            .cloned()
+            .context("spot serve needs tokenizer.json in the model folder")?;
+        let info = model.ar_info().clone();
+        let drafter =
+            crate::generate::ar::drafter(decode.files.drafter.as_deref(), &dir, info.vocab_size)?;
+        let drafter_vocab = drafter.vocab_size();
+        // The server's settings must be valid now, not at the first request.
+        specdiff.config(decode.seed).validate()?;
+        let frontend = Frontend {
+            model_id,
+            tokenizer,
+            template,
+            stop_ids: info.stop_ids.clone(),
+            early_stop: !decode.no_early_stop,
+            max_positions: info.max_positions,
+            vocab_size: info.vocab_size,
+            max_n,
+            defaults: Defaults {
+                max_tokens: decode.max_new_tokens,
+                temperature: decode.temperature,
+                seed: decode.seed,
+                method: method.name().to_string(),
+                budget: decode.budget,
+            },
+        };
+        let factory = move |m: &mut CausalLm<Backend>, job: &JobSpec| -> Result<_, BoxError> {
+            let method = match &job.method {
+                Some(name) => Method::parse(name).map_err(|e| format!("`spot.method`: {e}"))?,
+                None => method,
+            };
+            if job.budget.is_some() {
+                return Err(
+                    "`spot.budget` applies to block-diffusion models; SpecDiff-2's \
+                            drafts are the server's --k and --draft-tokens"
+                        .into(),
+                );
+            }
+            let cfg = ArConfig {
+                max_new_tokens: job.max_tokens,
+                temperature: job.temperature,
+                seed: job.seed,
+                stop_ids: m.ar_info().stop_ids.clone(),
+                early_stop: !decode.no_early_stop,
+            };
+            let r = match method {
+                Method::Df => SpecDiffRequest::plain(&job.prompt, &cfg, m.ar_info())?,
+                Method::Specdiff => SpecDiffRequest::new(
+                    &job.prompt,
+                    &cfg,
+                    specdiff.config(job.seed),
+                    m.ar_info(),
+                    drafter_vocab,
+                )?,
+                other => {
+                    return Err(format!(
+                        "`spot.method` `{}` decodes block-diffusion models; this server's \
+                         model is autoregressive (df or specdiff)",
+                        other.name()
+                    )
+                    .into());
+                }
+            };
+            Ok(r)
+        };
+        Ok((frontend, ArEngine::new(model, drafter, Box::new(factory))))
     })?;
     Ok(server)
 }

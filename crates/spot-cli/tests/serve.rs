@@ -1,6 +1,6 @@
-//! `spot serve` on the shipped model: every response equals `spot generate --json` with the
-//! same prompt, seed, method and budget (the method named per request), plain and streamed;
-//! a method or budget the server cannot use is a 400.
+//! `spot serve` on the shipped model and on an autoregressive folder: every response equals
+//! `spot generate --json` with the same prompt, seed, method and budget (the method named per
+//! request), plain and streamed; a method or budget the server cannot use is a 400.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
@@ -44,6 +44,17 @@ fn serve(args: &[&str]) -> Served {
 
 /// `spot generate --json` over every prompt (one process): text and NFE per prompt.
 fn generate(method: &str, prompts: &[&str], temperature: f32, seed: u64) -> Vec<Value> {
+    generate_with(&["--budget", "6"], method, prompts, temperature, seed)
+}
+
+/// [`generate`] with other arguments (a model folder) instead of `--budget 6`.
+fn generate_with(
+    args: &[&str],
+    method: &str,
+    prompts: &[&str],
+    temperature: f32,
+    seed: u64,
+) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("prompts.jsonl");
     let lines: Vec<String> = prompts
@@ -52,14 +63,8 @@ fn generate(method: &str, prompts: &[&str], temperature: f32, seed: u64) -> Vec<
         .collect();
     std::fs::write(&file, lines.join("\n")).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_spot"))
-        .args([
-            "generate",
-            "--json",
-            "--max-new-tokens",
-            "32",
-            "--budget",
-            "6",
-        ])
+        .args(["generate", "--json", "--max-new-tokens", "32"])
+        .args(args)
         .args(["--method", method, "--prompts", file.to_str().unwrap()])
         .args([
             "--temperature",
@@ -126,6 +131,102 @@ fn responses_equal_spot_generate() {
             prompts: vec!["x".into()],
             spot: Some(spot),
             ..LoadConfig::new(&served.1, "sdar-tiny-code")
+        };
+        match run_blocking(&cfg) {
+            Err(LoadError::Status {
+                status: 400, body, ..
+            }) => {
+                assert!(body.contains(needle), "{body}");
+            }
+            other => panic!("expected a 400, got {other:?}"),
+        }
+    }
+}
+
+/// An autoregressive folder (`llama-tiny`) served with SpecDiff-2: draft-free and SpecDiff-2
+/// requests (named per request, decoded together) answer what `spot generate` prints, plain
+/// and streamed, with its forwards; a stop string ends a choice with the text before it; the
+/// block-diffusion methods and `spot.budget` are 400s.
+#[test]
+fn autoregressive_responses_equal_spot_generate() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../spot-models/tests/fixtures/llama-tiny"
+    );
+    let served = serve(&[
+        "--model",
+        dir,
+        "--method",
+        "specdiff",
+        "--max-new-tokens",
+        "32",
+    ]);
+    let prompts = ["a b a b a b", "the cat the cat", "1 2 3 1 2 3"];
+    let mut stops_checked = 0;
+    for (method, temperature, stream) in [
+        ("specdiff", 1.0f32, false),
+        ("df", 1.0, true),
+        ("specdiff", 0.0, true),
+    ] {
+        let cfg = LoadConfig {
+            prompts: prompts.iter().map(|p| p.to_string()).collect(),
+            concurrency: 3,
+            max_tokens: 32,
+            temperature,
+            seed: 5,
+            stream,
+            spot: Some(json!({"method": method})),
+            ..LoadConfig::new(&served.1, "llama-tiny")
+        };
+        let report = run_blocking(&cfg).unwrap();
+        let want = generate_with(&["--model", dir], method, &prompts, temperature, 5);
+        for (r, w) in report.responses.iter().zip(&want) {
+            let (text, tag) = (
+                w["text"].as_str().unwrap(),
+                format!("{method} T {temperature}"),
+            );
+            assert_eq!(r.text, text, "{tag}");
+            if !stream {
+                assert_eq!(r.nfe, w["nfe"].as_u64(), "{tag}");
+            }
+            // A stop string taken from the middle of the text ends the choice before it.
+            let chars: Vec<char> = text.chars().collect();
+            let Some(stop) = chars
+                .windows(2)
+                .skip(4)
+                .map(|w| w.iter().collect::<String>())
+                .find(|w| !w.contains('\u{FFFD}') && !w.trim().is_empty())
+            else {
+                continue;
+            };
+            let stop = stop.as_str();
+            stops_checked += 1;
+            let cfg = LoadConfig {
+                prompts: vec![prompts[r.index].to_string()],
+                stop: vec![stop.to_string()],
+                ..cfg.clone()
+            };
+            let cut = &run_blocking(&cfg).unwrap().responses[0];
+            assert_eq!(
+                cut.text,
+                text[..text.find(stop).unwrap()],
+                "{tag} stop {stop:?}"
+            );
+            assert_eq!(cut.finish_reason, "stop", "{tag}");
+        }
+    }
+    assert!(
+        stops_checked >= 3,
+        "only {stops_checked} stop strings checked"
+    );
+    for (spot, needle) in [
+        (json!({"method": "spot"}), "autoregressive (df or specdiff)"),
+        (json!({"budget": 4}), "`spot.budget`"),
+    ] {
+        let cfg = LoadConfig {
+            prompts: vec!["x".into()],
+            spot: Some(spot),
+            ..LoadConfig::new(&served.1, "llama-tiny")
         };
         match run_blocking(&cfg) {
             Err(LoadError::Status {

@@ -91,6 +91,20 @@ impl<S: StepStrategy> std::fmt::Debug for BatchDriver<S> {
     }
 }
 
+impl<S: StepStrategy> Default for BatchDriver<S> {
+    /// A driver with one request in flight at a time.
+    fn default() -> Self {
+        Self {
+            max_in_flight: 1,
+            next_id: 0,
+            queue: VecDeque::new(),
+            live: Vec::new(),
+            events: VecDeque::new(),
+            forwards: 0,
+        }
+    }
+}
+
 impl<S: StepStrategy> BatchDriver<S> {
     /// A driver that keeps at most `max_in_flight` requests (at least 1) in the running batch.
     pub fn new(max_in_flight: usize) -> Result<Self> {
@@ -99,11 +113,7 @@ impl<S: StepStrategy> BatchDriver<S> {
         }
         Ok(Self {
             max_in_flight,
-            next_id: 0,
-            queue: VecDeque::new(),
-            live: Vec::new(),
-            events: VecDeque::new(),
-            forwards: 0,
+            ..Self::default()
         })
     }
 

@@ -1,4 +1,5 @@
-//! The error of loading and saving the drafter's files (checkpoints, Spiffy graphs).
+//! The error of loading and saving the drafter's files (checkpoints; a Spiffy graph's
+//! [`GraphError`](spot_tree::GraphError) converts into it).
 
 use std::path::PathBuf;
 
@@ -59,4 +60,15 @@ pub enum DrafterError {
         /// The newest layout version this build reads.
         supported: u32,
     },
+}
+
+impl From<spot_tree::GraphError> for DrafterError {
+    fn from(e: spot_tree::GraphError) -> Self {
+        match e {
+            spot_tree::GraphError::Io { path, source } => DrafterError::Io { path, source },
+            spot_tree::GraphError::Invalid { path, reason } => {
+                DrafterError::Config { path, reason }
+            }
+        }
+    }
 }

@@ -10,8 +10,9 @@
 //! - [`features`]: the 78 features per block position the order model reads, computed the
 //!   same way at training time (from stored trajectories) and at decode time (from the live
 //!   stale [`BlockStats`](spot_core::BlockStats));
-//! - [`analysis`]: the token calibration the scorer's token factor reads; [`spiffy`]: the
-//!   Spiffy graph baseline; [`prior`], [`tilt`]: per-temperature adjustments of the order;
+//! - [`analysis`]: the token calibration the scorer's token factor reads ([`spiffy`], the
+//!   Spiffy graph baseline, is `spot_tree::spiffy`, re-exported here); [`prior`], [`tilt`]:
+//!   per-temperature adjustments of the order;
 //! - [`network`]: the order network `q_φ(s | y)`, a burn `Module` (0.61M parameters by
 //!   default);
 //! - [`mrp`]: the MRP baseline as an order scorer (`MrpScorer`) and the module's tokens for
@@ -38,7 +39,6 @@ pub mod mrp;
 pub mod network;
 pub mod prior;
 pub mod scorer;
-pub mod spiffy;
 pub mod tilt;
 
 pub use analysis::{CalibrationKey, CalibrationPaths, TokenCalibration, nearest_calibration};
@@ -52,6 +52,6 @@ pub use module_tokens::ModuleTokens;
 pub use network::{ConfigError, OrderModel, OrderModelConfig};
 pub use prior::PriorWeight;
 pub use scorer::{Calibrated, LearnedScorer};
-pub use spiffy::{SpiffyGraph, SpiffyScorer, unit_stale_token};
 pub use spot_tree::TableError;
+pub use spot_tree::spiffy::{self, GraphError, SpiffyGraph, SpiffyScorer, unit_stale_token};
 pub use tilt::RankTilt;

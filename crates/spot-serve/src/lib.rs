@@ -3,8 +3,10 @@
 //! `spot serve` (in `spot-cli`) is this crate with the CLI's model loading and decoding
 //! methods; a Rust program can embed it the same way: give [`Server::start`] a closure that
 //! loads the model on the engine thread and returns the [`Frontend`] (what the HTTP side
-//! knows: tokenizer, chat template, limits, defaults) and the [`Engine`] (the model and a
-//! factory that turns a [`JobSpec`] into a [`spot_core::Request`]).
+//! knows: tokenizer, chat template, limits, defaults) and the [`Engine`]: a
+//! [`DiffusionEngine`] (a block-diffusion model and a factory that turns a [`JobSpec`] into a
+//! [`spot_core::Request`]) or an [`ArEngine`] (an autoregressive model, a SpecDiff-2 drafter
+//! and a factory of [`spot_specdiff::SpecDiffRequest`]s).
 //!
 //! - `POST /v1/completions`, `POST /v1/chat/completions`: OpenAI's bodies; `stream: true`
 //!   answers with server-sent events, one chunk per finished block; `n` choices (choice `i`
@@ -17,8 +19,9 @@
 //!   a bad temperature, `n` or budget, a method the server cannot load) are HTTP 400 with
 //!   OpenAI's error body naming the field.
 //!
-//! All requests run through one [`spot_core::BatchDriver`] on one engine thread: requests
-//! join and leave the running batch between forwards, and since a merged forward's
+//! All requests run through one batch on one engine thread ([`spot_core::BatchDriver`], or
+//! [`spot_specdiff::SpecDiffBatch`] for autoregressive models): requests join and leave the
+//! running batch between forwards, and since a merged forward's
 //! statistics are bit-identical to each request's alone, every response equals what `spot
 //! generate` prints for the same prompt, seed, method and budget. A client that disconnects
 //! cancels its decodes; their cache slots close at the engine's next step.
@@ -27,7 +30,7 @@
 //! throughput and latency percentiles), used by the tests and `spot bench-serve`.
 //!
 //! ```no_run
-//! use spot_serve::{Defaults, Engine, Frontend, ServeConfig, Server};
+//! use spot_serve::{Defaults, DiffusionEngine, Frontend, ServeConfig, Server};
 //! use spot_core::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, Request};
 //! use spot_models::{DiffusionModel, hf::Tokenizer};
 //! use burn_flex::Flex;
@@ -53,7 +56,7 @@
 //!             ..DecodeConfig::for_model(m.info()) };
 //!         Ok(Request::new(&job.prompt, &cfg, m.info(), DraftFreeDecoder::new())?)
 //!     });
-//!     Ok((frontend, Engine { model, factory }))
+//!     Ok((frontend, DiffusionEngine::new(model, factory)))
 //! })?;
 //! println!("listening on http://{}", server.addr());
 //! server.wait()?;
@@ -68,14 +71,14 @@ pub mod load;
 mod openai;
 mod routes;
 
-use std::fmt::Display;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use spot_core::{BlockDiffusionModel, StepStrategy};
-
-pub use engine::{BoxError, Engine, EngineStats, Factory, JobSpec};
+pub use engine::{
+    ArEngine, ArFactory, BoxError, Completion, DiffusionEngine, Engine, EngineStats, Factory,
+    JobSpec, Left,
+};
 pub use error::{ApiError, ServeError};
 pub use frontend::{Defaults, Frontend};
 pub use openai::{MAX_STOPS, MAX_TEMPERATURE};
@@ -122,12 +125,10 @@ impl std::fmt::Debug for Server {
 impl Server {
     /// Loads the model with `load` on a new engine thread, binds `config.addr` and starts
     /// serving. Returns once the model is loaded and the socket listens.
-    pub fn start<M, S, F>(config: ServeConfig, load: F) -> Result<Self, ServeError>
+    pub fn start<E, F>(config: ServeConfig, load: F) -> Result<Self, ServeError>
     where
-        M: BlockDiffusionModel + 'static,
-        S: StepStrategy + 'static,
-        S::Error: Display,
-        F: FnOnce() -> Result<(Frontend, Engine<M, S>), BoxError> + Send + 'static,
+        E: Engine + 'static,
+        F: FnOnce() -> Result<(Frontend, E), BoxError> + Send + 'static,
     {
         for (field, v) in [
             ("max_batch", config.max_batch),

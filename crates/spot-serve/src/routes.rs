@@ -17,10 +17,10 @@ use axum::routing::{get, post};
 use futures_util::StreamExt;
 use futures_util::stream::{self, Stream};
 use serde_json::{Value, json};
-use spot_core::{CancelHandle, DecodeOutput};
+use spot_core::CancelHandle;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
-use crate::engine::{EngineStats, Event, Submission};
+use crate::engine::{Completion, EngineStats, Event, Submission};
 use crate::error::ApiError;
 use crate::frontend::Frontend;
 use crate::openai::{self, Parsed};
@@ -263,7 +263,7 @@ impl Head {
 struct ChoiceText {
     tokens: Vec<u32>,
     sent: String,
-    output: Option<DecodeOutput>,
+    output: Option<Completion>,
 }
 
 /// One HTTP request's decodes in progress.
@@ -280,7 +280,7 @@ struct Run {
     head: Head,
 }
 
-fn finish_reason(out: &DecodeOutput) -> &'static str {
+fn finish_reason(out: &Completion) -> &'static str {
     if out.stopped { "stop" } else { "length" }
 }
 
@@ -316,11 +316,7 @@ impl Run {
         Ok(v)
     }
 
-    fn done(
-        &mut self,
-        choice: usize,
-        output: Result<DecodeOutput, String>,
-    ) -> Result<(), ApiError> {
+    fn done(&mut self, choice: usize, output: Result<Completion, String>) -> Result<(), ApiError> {
         let out = output.map_err(internal)?;
         self.completion_tokens += out.tokens.len();
         if let Some(c) = self.choices.get_mut(choice) {
@@ -458,14 +454,8 @@ fn new_text<'a>(sent: &str, now: &'a str) -> Option<&'a str> {
 }
 
 /// A decode's work counters, as responses report them (`spot` field).
-fn work(out: &DecodeOutput) -> Value {
-    json!({
-        "nfe": out.stats.work.nfe,
-        "forwards": out.stats.work.block_forwards,
-        "tokens_per_forward": out.stats.tokens_per_forward(),
-        "draft_nodes": out.stats.draft_nodes,
-        "accepted_nodes": out.stats.accepted_nodes,
-    })
+fn work(out: &Completion) -> Value {
+    out.work.clone()
 }
 
 fn data(v: &Value) -> SseEvent {

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use spot_core::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, Request, run_request};
 use spot_models::{DiffusionModel, StopStrings, hf::Tokenizer};
 use spot_serve::load::{LoadConfig, LoadError, run_blocking};
-use spot_serve::{Defaults, Engine, EngineStats, Frontend, JobSpec, ServeConfig, Server};
+use spot_serve::{Defaults, DiffusionEngine, EngineStats, Frontend, JobSpec, ServeConfig, Server};
 
 const MODEL: &str = "sdar-tiny-code";
 const TEMPLATE: &str = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}\
@@ -77,7 +77,7 @@ fn start(max_batch: usize) -> Server {
                 DraftFreeDecoder::new(),
             )?)
         });
-        Ok((frontend, Engine { model, factory }))
+        Ok((frontend, DiffusionEngine::new(model, factory)))
     })
     .unwrap()
 }

@@ -31,7 +31,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use spot_core::{
-    ArGroup, AutoregressiveModel, CacheSlot, Error, MeteredArModel, RequestId, Result,
+    ArGroup, AutoregressiveModel, CacheSlot, Error, MeteredArModel, RequestId, Result, TokenId,
 };
 
 use crate::decoder::{ArNeed, SpecDiffOutput, SpecDiffRequest};
@@ -64,6 +64,7 @@ pub struct SpecDiffBatch {
     live: Vec<Live>,
     marginals: Marginals,
     forwards: u64,
+    events: VecDeque<(RequestId, Vec<TokenId>)>,
 }
 
 impl std::fmt::Debug for SpecDiffBatch {
@@ -77,6 +78,21 @@ impl std::fmt::Debug for SpecDiffBatch {
     }
 }
 
+impl Default for SpecDiffBatch {
+    /// A driver with one request in flight at a time.
+    fn default() -> Self {
+        Self {
+            max_in_flight: 1,
+            next_id: 0,
+            queue: VecDeque::new(),
+            live: Vec::new(),
+            marginals: Marginals::default(),
+            forwards: 0,
+            events: VecDeque::new(),
+        }
+    }
+}
+
 impl SpecDiffBatch {
     /// A driver that keeps at most `max_in_flight` requests (at least 1) in the running batch.
     pub fn new(max_in_flight: usize) -> Result<Self> {
@@ -85,11 +101,7 @@ impl SpecDiffBatch {
         }
         Ok(Self {
             max_in_flight,
-            next_id: 0,
-            queue: VecDeque::new(),
-            live: Vec::new(),
-            marginals: Marginals::default(),
-            forwards: 0,
+            ..Self::default()
         })
     }
 
@@ -104,6 +116,23 @@ impl SpecDiffBatch {
     /// Requests queued or running.
     pub fn pending(&self) -> usize {
         self.queue.len() + self.live.len()
+    }
+
+    /// Requests in the running batch.
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// Requests waiting to join it.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// The next round's committed tokens of some request (in commit order), for streaming:
+    /// every token of an output arrives in one of these before the request finishes (a stop
+    /// check may cut the last ones from the output).
+    pub fn next_event(&mut self) -> Option<(RequestId, Vec<TokenId>)> {
+        self.events.pop_front()
     }
 
     /// Target forwards run so far (one per step that scored anything).
@@ -223,9 +252,13 @@ impl SpecDiffBatch {
         for (&i, answer) in waiting.iter().zip(answers) {
             let l = &mut self.live[i];
             l.times.1 += wall;
+            let before = l.request.tokens().len();
             l.error = answer
                 .and_then(|s| l.request.scored(s.shared, s.branches))
                 .err();
+            if let Some(new) = l.request.tokens().get(before..).filter(|t| !t.is_empty()) {
+                self.events.push_back((l.id, new.to_vec()));
+            }
         }
         Ok(())
     }

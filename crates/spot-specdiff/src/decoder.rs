@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use spot_core::autoregressive::{check_inputs, check_stats};
 use spot_core::state::mix64;
 use spot_core::{
-    ArConfig, ArInfo, AutoregressiveModel, BlockStats, Error, MeteredArModel, Result, StatsQuery,
-    TokenId,
+    ArConfig, ArInfo, AutoregressiveModel, BlockStats, CancelHandle, Error, MeteredArModel, Result,
+    StatsQuery, StopCheck, TokenId,
 };
 
 use crate::drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts, unit};
@@ -192,8 +192,11 @@ pub struct SpecDiffOutput {
     /// Generated ids, including the stop id that ended them: exactly
     /// [`decode_autoregressive`](spot_core::decode_autoregressive)'s.
     pub tokens: Vec<TokenId>,
-    /// Whether a stop id ended the decode.
+    /// Whether a stop id (or the request's [`StopCheck`]) ended the decode.
     pub stopped: bool,
+    /// Whether the request was cancelled ([`SpecDiffRequest::cancel_handle`]): `tokens` are
+    /// the ones committed before.
+    pub cancelled: bool,
     /// Target forwards (one per round; the prompt rides in the first).
     pub forwards: u64,
     /// Rounds, acceptance and timing.
@@ -232,12 +235,24 @@ enum Phase {
     Draft,
     Score,
     Done,
+    Failed,
+}
+
+/// A request's stop condition (boxed, so that the request stays `Debug`).
+struct Stop(Box<dyn StopCheck>);
+
+impl std::fmt::Debug for Stop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StopCheck")
+    }
 }
 
 /// One SpecDiff-2 decode as a state machine, so that a driver can batch the drafter and
 /// target work of many requests: ask [`need`](Self::need), answer it, repeat until
-/// [`ArNeed::Done`]. [`SpecDiffDecoder::decode`] is the one-request driver.
-#[derive(Clone, Debug)]
+/// [`ArNeed::Done`]. [`SpecDiffDecoder::decode`] is the one-request driver;
+/// [`SpecDiffRequest::plain`] is the draft-free decode in the same shape (so that a server
+/// batches both).
+#[derive(Debug)]
 pub struct SpecDiffRequest {
     cfg: SpecDiffConfig,
     max_new_tokens: usize,
@@ -255,6 +270,8 @@ pub struct SpecDiffRequest {
     classic_seed: Option<u64>,
     phase: Phase,
     stopped: bool,
+    cancel: CancelHandle,
+    stop_check: Option<Stop>,
     report: SpecDiffReport,
 }
 
@@ -277,6 +294,24 @@ impl SpecDiffRequest {
                 actual: drafter_vocab,
             });
         }
+        Ok(Self::build(prompt, ar, cfg, info))
+    }
+
+    /// A draft-free request for `prompt`: every round is one target forward that commits the
+    /// target's own token, so its tokens and forwards are
+    /// [`decode_autoregressive`](spot_core::decode_autoregressive)'s. It never asks for a
+    /// draft.
+    pub fn plain(prompt: &[TokenId], ar: &ArConfig, info: &ArInfo) -> Result<Self> {
+        check_inputs(info, prompt, ar)?;
+        let cfg = SpecDiffConfig {
+            gamma: 0,
+            ..SpecDiffConfig::default()
+        };
+        Ok(Self::build(prompt, ar, cfg, info))
+    }
+
+    /// The request of checked inputs.
+    fn build(prompt: &[TokenId], ar: &ArConfig, cfg: SpecDiffConfig, info: &ArInfo) -> Self {
         let stops = if ar.stop_ids.is_empty() {
             info.stop_ids.clone()
         } else {
@@ -306,10 +341,31 @@ impl SpecDiffRequest {
             classic_seed: classic.then_some(ar.seed),
             phase: Phase::Draft,
             stopped: false,
+            cancel: CancelHandle::default(),
+            stop_check: None,
             report: SpecDiffReport::default(),
         };
         r.start_round();
-        Ok(r)
+        r
+    }
+
+    /// Ends the decode early when `check` says so: it is given the generated tokens after
+    /// every round (e.g. a server's stop strings), and the output keeps the tokens it names.
+    pub fn with_stop_check(mut self, check: impl StopCheck + 'static) -> Self {
+        self.stop_check = Some(Stop(Box::new(check)));
+        self
+    }
+
+    /// A handle that cancels this request from anywhere (another thread): it then needs
+    /// nothing more, and [`output`](Self::output) holds the tokens committed before, with
+    /// [`SpecDiffOutput::cancelled`] set.
+    pub fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
+    }
+
+    /// The tokens generated so far.
+    pub fn tokens(&self) -> &[TokenId] {
+        &self.context[self.context.len() - self.generated..]
     }
 
     /// Drafted positions this round: no more than it can commit (its accepted tokens plus
@@ -329,6 +385,9 @@ impl SpecDiffRequest {
 
     /// What the request needs next.
     pub fn need(&self) -> ArNeed<'_> {
+        if self.cancel.is_cancelled() {
+            return ArNeed::Done;
+        }
         match self.phase {
             Phase::Draft => ArNeed::Draft {
                 context: &self.context,
@@ -339,7 +398,7 @@ impl SpecDiffRequest {
                 branches: &self.drafts,
                 query: &self.query,
             },
-            Phase::Done => ArNeed::Done,
+            Phase::Done | Phase::Failed => ArNeed::Done,
         }
     }
 
@@ -463,6 +522,17 @@ impl SpecDiffRequest {
                 return Ok(());
             }
         }
+        let generated = &self.context[self.context.len() - self.generated..];
+        if let Some(Stop(check)) = self.stop_check.as_mut()
+            && let Some(keep) = check.check(generated)
+        {
+            let cut = self.generated - keep.min(self.generated);
+            self.context.truncate(self.context.len() - cut);
+            self.generated -= cut;
+            self.stopped = true;
+            self.phase = Phase::Done;
+            return Ok(());
+        }
         // The committed tokens ride in the next forward as its shared run.
         self.pending = new.len();
         self.start_round();
@@ -504,6 +574,7 @@ impl SpecDiffRequest {
             Phase::Draft => "drafter marginals",
             Phase::Score => "target statistics",
             Phase::Done => "nothing (finished)",
+            Phase::Failed => "nothing (failed)",
         };
         Err(Error::RequestState {
             expected: name(self.phase),
@@ -512,7 +583,7 @@ impl SpecDiffRequest {
     }
 
     fn fail(&mut self, e: Error) -> Result<()> {
-        self.phase = Phase::Done;
+        self.phase = Phase::Failed;
         Err(e)
     }
 
@@ -521,13 +592,21 @@ impl SpecDiffRequest {
         &self.report
     }
 
-    /// The output, once [`ArNeed::Done`] was reached by finishing (not by an error).
+    /// The output, once [`ArNeed::Done`] was reached by finishing or by a cancellation (not
+    /// by an error).
     pub fn output(&self) -> Option<SpecDiffOutput> {
-        let done =
-            self.phase == Phase::Done && (self.stopped || self.generated == self.max_new_tokens);
-        done.then(|| SpecDiffOutput {
-            tokens: self.context[self.context.len() - self.generated..].to_vec(),
+        let cancelled = match self.phase {
+            Phase::Done => false,
+            Phase::Failed => return None,
+            Phase::Draft | Phase::Score => match self.cancel.is_cancelled() {
+                true => true,
+                false => return None,
+            },
+        };
+        Some(SpecDiffOutput {
+            tokens: self.tokens().to_vec(),
             stopped: self.stopped,
+            cancelled,
             forwards: self.report.rounds,
             report: self.report.clone(),
         })

@@ -58,38 +58,121 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     /// Requests batched into shared target forwards (each in its own slot, joining and leaving
-    /// between steps) decode the tokens and counters of each alone, in fewer forwards in all.
+    /// between steps) decode the tokens and counters of each alone, in fewer forwards in all;
+    /// draft-free requests ([`SpecDiffRequest::plain`]) among them decode
+    /// `decode_autoregressive`'s tokens and forwards, and the streamed rounds add up to each
+    /// output.
     #[test]
     fn batched_requests_equal_each_alone(
         vocab in 6usize..40, model_seed in any::<u64>(), error in 0.0f32..=1.0,
         k in 1usize..=4, gamma in 1usize..=12,
         temperature in prop_oneof![Just(0.0f32), Just(1.0)], seed in any::<u64>(),
-        prompts in prop::collection::vec(prop::collection::vec(0u32..6, 1..6), 1..6),
-        max_new in 1usize..40, in_flight in 1usize..4,
+        prompts in prop::collection::vec((prop::collection::vec(0u32..6, 1..6), any::<bool>()), 1..6),
+        max_new in 1usize..40, in_flight in 1usize..4, stop in prop::option::of(0u32..6),
     ) {
-        let mut target = ToyCausalModel::new(vocab, model_seed);
+        let mut target = ToyCausalModel::new(vocab, model_seed)
+            .with_stop_ids(stop.into_iter().collect());
         let mut drafter = ToyDrafter::new(target.clone(), error, model_seed ^ 1);
         let cfg = ArConfig { max_new_tokens: max_new, temperature, seed, ..ArConfig::default() };
         let sd = SpecDiffConfig { k, gamma, ..SpecDiffConfig::default() };
         let info = spot_core::AutoregressiveModel::ar_info(&target).clone();
         let mut batch = SpecDiffBatch::new(in_flight).unwrap();
-        for p in &prompts {
-            batch.submit(SpecDiffRequest::new(p, &cfg, sd, &info, vocab.max(4)).unwrap());
+        for (p, plain) in &prompts {
+            let r = match plain {
+                true => SpecDiffRequest::plain(p, &cfg, &info).unwrap(),
+                false => SpecDiffRequest::new(p, &cfg, sd, &info, vocab.max(4)).unwrap(),
+            };
+            batch.submit(r);
         }
-        let mut done = batch.run(&mut target, &mut drafter).unwrap();
+        let mut done = Vec::new();
+        let mut streamed = vec![Vec::new(); prompts.len()];
+        while batch.pending() > 0 {
+            done.extend(batch.step(&mut target, &mut drafter).unwrap());
+            while let Some((id, tokens)) = batch.next_event() {
+                streamed[id as usize].extend(tokens);
+            }
+        }
         done.sort_by_key(|f| f.id);
         prop_assert_eq!(done.len(), prompts.len());
         let mut alone_forwards = 0;
-        for (f, p) in done.into_iter().zip(&prompts) {
-            let alone = SpecDiffDecoder::new(sd).unwrap().decode(&mut target, &mut drafter, p, &cfg).unwrap();
+        for ((f, (p, plain)), streamed) in done.into_iter().zip(&prompts).zip(streamed) {
             let got = f.output.unwrap();
-            prop_assert_eq!(&got.tokens, &alone.tokens);
-            prop_assert_eq!(got.forwards, alone.forwards);
-            alone_forwards += alone.forwards;
+            let (tokens, forwards) = match plain {
+                true => {
+                    let o = decode_autoregressive(&mut target, p, &cfg).unwrap();
+                    (o.tokens, o.forwards)
+                }
+                false => {
+                    let o = SpecDiffDecoder::new(sd).unwrap().decode(&mut target, &mut drafter, p, &cfg).unwrap();
+                    (o.tokens, o.forwards)
+                }
+            };
+            prop_assert_eq!(&got.tokens, &tokens);
+            prop_assert_eq!(got.forwards, forwards);
+            prop_assert_eq!(&streamed, &tokens);
+            prop_assert!(!got.cancelled);
+            alone_forwards += forwards;
         }
         prop_assert!(batch.forwards() <= alone_forwards);
         prop_assert_eq!(spot_core::AutoregressiveModel::cache_usage(&target).slots, 1);
     }
+}
+
+/// A cancelled request leaves the batch at the next step with the tokens it had committed
+/// (its slot closed, the others unaffected); a stop check ends a request with the tokens it
+/// keeps.
+#[test]
+fn requests_are_cancelled_and_stopped_in_a_batch() {
+    let mut target = ToyCausalModel::new(24, 5);
+    let mut drafter = ToyDrafter::new(target.clone(), 0.3, 2);
+    let cfg = ArConfig {
+        max_new_tokens: 30,
+        temperature: 1.0,
+        seed: 4,
+        early_stop: false,
+        ..ArConfig::default()
+    };
+    let info = spot_core::AutoregressiveModel::ar_info(&target).clone();
+    let sd = SpecDiffConfig {
+        k: 2,
+        gamma: 4,
+        ..SpecDiffConfig::default()
+    };
+    let full = decode_autoregressive(&mut target, &[1, 2], &cfg)
+        .unwrap()
+        .tokens;
+    let mut batch = SpecDiffBatch::new(3).unwrap();
+    let cancelled = SpecDiffRequest::new(&[1, 2], &cfg, sd, &info, 24).unwrap();
+    let handle = cancelled.cancel_handle();
+    batch.submit(cancelled);
+    // Stops once 5 tokens are out, keeping 3.
+    let stopped = SpecDiffRequest::plain(&[1, 2], &cfg, &info)
+        .unwrap()
+        .with_stop_check(|out: &[TokenId]| (out.len() >= 5).then_some(3));
+    batch.submit(stopped);
+    batch.submit(SpecDiffRequest::plain(&[1, 2], &cfg, &info).unwrap());
+    let mut done = batch.step(&mut target, &mut drafter).unwrap();
+    assert!(done.is_empty());
+    handle.cancel();
+    while batch.pending() > 0 {
+        done.extend(batch.step(&mut target, &mut drafter).unwrap());
+    }
+    done.sort_by_key(|f| f.id);
+    let outs: Vec<_> = done.into_iter().map(|f| f.output.unwrap()).collect();
+    assert!(outs[0].cancelled && !outs[0].stopped);
+    assert!(!outs[0].tokens.is_empty() && outs[0].tokens.len() < full.len());
+    assert_eq!(outs[0].tokens, full[..outs[0].tokens.len()]);
+    assert!(outs[1].stopped && !outs[1].cancelled);
+    assert_eq!(outs[1].tokens, full[..3]);
+    assert_eq!(outs[1].forwards, 5);
+    assert_eq!(
+        (outs[2].tokens.as_slice(), outs[2].cancelled),
+        (full.as_slice(), false)
+    );
+    assert_eq!(
+        spot_core::AutoregressiveModel::cache_usage(&target).slots,
+        1
+    );
 }
 
 /// A lookup store of the target's own greedy continuations of `prompts`.

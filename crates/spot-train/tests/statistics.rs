@@ -5,7 +5,7 @@
 use spot_core::DecodeConfig;
 use spot_core::toy::{ToyConfig, ToyModel};
 use spot_drafter::spiffy::SpiffyGraph;
-use spot_drafter::{DrafterError, StaleSource};
+use spot_drafter::{DrafterError, GraphError, StaleSource};
 use spot_train::fit::{CalibrateSpiffy, FitCalibration};
 use spot_train::{Trajectory, examples, record, token_hits};
 
@@ -136,7 +136,7 @@ fn graph_file_round_trip_and_errors() {
         edit(&mut w);
         std::fs::write(&path, w.to_string()).unwrap();
         match SpiffyGraph::load(&path) {
-            Err(DrafterError::Config { path: p, reason }) => {
+            Err(GraphError::Invalid { path: p, reason }) => {
                 assert_eq!(p, path, "{what}");
                 assert!(!reason.is_empty());
             }
@@ -146,12 +146,12 @@ fn graph_file_round_trip_and_errors() {
     std::fs::write(&path, &text[..text.len() / 2]).unwrap();
     assert!(matches!(
         SpiffyGraph::load(&path),
-        Err(DrafterError::Config { .. })
+        Err(GraphError::Invalid { .. })
     ));
     v["version"] = 1.into();
     assert!(matches!(
         SpiffyGraph::load(&dir.path().join("absent.json")),
-        Err(DrafterError::Io { .. })
+        Err(GraphError::Io { .. })
     ));
 }
 

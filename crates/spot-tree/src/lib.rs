@@ -9,7 +9,8 @@
 //! - the edges of set-valued trees ([`DraftTree::push_set`]); their builder for threshold
 //!   decoding (SPOT-Sets) is the `spot-sets` crate's;
 //! - [`OrderScorer`]: the interface the learned commit-order drafter implements, and the
-//!   baselines [`StaleConfidenceScorer`] (BlockSpec), [`RandomScorer`] and [`OracleScorer`].
+//!   baselines [`StaleConfidenceScorer`] (BlockSpec), [`RandomScorer`], [`OracleScorer`] and
+//!   [`SpiffyScorer`] (Spiffy's static graph of calibrated rank paths, [`spiffy`]);
 //!
 //! - [`stale`]: the stale statistics as every drafter reads them ([`StoredPosition`], the record
 //!   trajectories store and live scorers compute); [`table`]: the error of the drafters' fitted
@@ -45,6 +46,7 @@ mod builder;
 mod error;
 pub mod rng;
 mod scorer;
+pub mod spiffy;
 pub mod stale;
 pub mod table;
 mod tree;
@@ -55,6 +57,7 @@ pub use scorer::{
     NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,
     TokenOracleScorer, check_block_size, fill_normalised, noised_runner_up, stale_runner_up,
 };
+pub use spiffy::{GraphError, SpiffyGraph, SpiffyScorer, unit_stale_token};
 pub use stale::{LiveStale, PositionStale, StaleSource, StoredPosition};
 pub use table::TableError;
 pub use tree::{DraftTree, state_hash, zobrist};

@@ -21,30 +21,47 @@ use crate::methods::Method;
 #[derive(clap::Args, Clone, Debug)]
 pub struct SpecDiffArgs {
     /// `--method specdiff`: drafts per round (K).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=8))]
+    #[arg(long, default_value_t = DEFAULT.k, value_parser = clap::value_parser!(u64).range(1..=8))]
     k: u64,
     /// `--method specdiff`: drafted tokens per round (the paper's γ; `--gamma` is the mass
     /// floor of the SPOT methods).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=32))]
+    #[arg(long, default_value_t = DEFAULT.draft_tokens, value_parser = clap::value_parser!(u64).range(1..=32))]
     draft_tokens: u64,
     /// `--method specdiff`: the drafter's sampling temperature (draft 0 is its argmax).
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = DEFAULT.drafter_temperature)]
     drafter_temperature: f32,
     /// `--method specdiff`: which branch a round commits: `longest` (the longest accepted
     /// streak, exact under coupled verification) or `expected-streak` (self-selection).
-    #[arg(long, value_enum, default_value_t = SelectionArg::Longest)]
+    #[arg(long, value_enum, default_value_t = DEFAULT.selection)]
     selection: SelectionArg,
     /// `--method specdiff`: adaptive draft length: draft only the leading positions whose
     /// running drafter probability stays at least this (0: always `--draft-tokens`); a round
     /// with none is a plain forward.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = DEFAULT.min_draft_prob)]
     min_draft_prob: f32,
     /// `--method specdiff`: how drafted tokens are accepted: `coupled` (a drafted token is
     /// accepted iff it is the target's own choice: the output is `df`'s, token for token) or
     /// `classic` (`min(1, p/q)` with residual resampling, `--k 1` only: each token is
     /// distributed as `df`'s, but the tokens differ from `df`'s with the same seed at T > 0).
-    #[arg(long, value_enum, default_value_t = AcceptanceArg::Coupled)]
+    #[arg(long, value_enum, default_value_t = DEFAULT.acceptance)]
     acceptance: AcceptanceArg,
+}
+
+/// The command line's defaults.
+const DEFAULT: SpecDiffArgs = SpecDiffArgs {
+    k: 8,
+    draft_tokens: 16,
+    drafter_temperature: 1.5,
+    selection: SelectionArg::Longest,
+    min_draft_prob: 0.0,
+    acceptance: AcceptanceArg::Coupled,
+};
+
+impl Default for SpecDiffArgs {
+    /// The settings `spot generate` uses when none is given.
+    fn default() -> Self {
+        DEFAULT
+    }
 }
 
 /// [`Acceptance`] on the command line.
@@ -94,7 +111,8 @@ impl SelectionArg {
 }
 
 impl SpecDiffArgs {
-    fn config(&self, seed: u64) -> SpecDiffConfig {
+    /// The decoder's settings, drafting with `seed`.
+    pub(crate) fn config(&self, seed: u64) -> SpecDiffConfig {
         SpecDiffConfig {
             k: self.k as usize,
             gamma: self.draft_tokens as usize,

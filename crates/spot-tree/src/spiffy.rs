@@ -22,9 +22,29 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use spot_core::{BlockStats, Commit, TokenId};
-use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size};
 
-use crate::error::DrafterError;
+use crate::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_size};
+
+/// Why a Spiffy graph file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum GraphError {
+    /// The file could not be read or written.
+    #[error("cannot access {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a valid graph: its JSON, format, version or a field.
+    #[error("{path}: invalid Spiffy graph: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
 
 /// The `format` field of a graph file.
 pub const SPIFFY_FORMAT: &str = "spot-spiffy-graph";
@@ -73,8 +93,8 @@ pub fn ranks(state: &[TokenId], mask: TokenId, conf: impl Fn(usize) -> f32, rank
 
 impl SpiffyGraph {
     /// Writes the graph as pretty JSON.
-    pub fn save(&self, path: &Path) -> Result<(), DrafterError> {
-        let io = |source| DrafterError::Io {
+    pub fn save(&self, path: &Path) -> Result<(), GraphError> {
+        let io = |source| GraphError::Io {
             path: path.to_path_buf(),
             source,
         };
@@ -113,8 +133,8 @@ impl SpiffyGraph {
     }
 
     /// Reads and validates a graph file.
-    pub fn load(path: &Path) -> Result<Self, DrafterError> {
-        let text = std::fs::read_to_string(path).map_err(|source| DrafterError::Io {
+    pub fn load(path: &Path) -> Result<Self, GraphError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GraphError::Io {
             path: path.to_path_buf(),
             source,
         })?;
@@ -139,8 +159,8 @@ impl SpiffyGraph {
     }
 }
 
-fn config(path: &Path, reason: String) -> DrafterError {
-    DrafterError::Config {
+fn config(path: &Path, reason: String) -> GraphError {
+    GraphError::Invalid {
         path: PathBuf::from(path),
         reason,
     }
