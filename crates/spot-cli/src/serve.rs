@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use spot_dlm::{ArConfig, AutoregressiveModel, BlockDiffusionModel, Request, Strategy};
 use spot_models::chat::ChatTemplate;
+use spot_models::hf::Tokenizer;
 use spot_models::{CausalLm, DiffusionModel, Family};
 use spot_serve::{
     ArEngine, BoxError, Defaults, DiffusionEngine, Frontend, JobSpec, ServeConfig, Server,
@@ -109,24 +110,13 @@ pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
             decode.method,
             crate::methods::load_drafters(&[decode.method], &decode.files.files(&dir))?,
         );
-        let info = model.info().clone();
-        let frontend = Frontend {
-            model_id,
-            tokenizer,
-            template,
-            stop_ids: info.stop_ids.clone(),
-            early_stop: !decode.no_early_stop,
-            max_positions: info.max_positions,
-            vocab_size: info.vocab_size,
+        let info = model.info();
+        let frontend = frontend(
+            (model_id, tokenizer, template),
+            (&info.stop_ids, info.max_positions, info.vocab_size),
+            &decode,
             max_n,
-            defaults: Defaults {
-                max_tokens: decode.max_new_tokens,
-                temperature: decode.temperature,
-                seed: decode.seed,
-                method: decode.method.name().to_string(),
-                budget: decode.budget,
-            },
-        };
+        );
         let factory = Box::new(
             move |model: &mut DiffusionModel<Backend>, job: &JobSpec| -> Result<_, BoxError> {
                 Ok(job_request(&decode, &dir, &mut drafters, model, job)?)
@@ -173,23 +163,12 @@ fn start_autoregressive(
         let drafter_vocab = drafter.vocab_size();
         // The server's settings must be valid now, not at the first request.
         specdiff.config(decode.seed).validate()?;
-        let frontend = Frontend {
-            model_id,
-            tokenizer,
-            template,
-            stop_ids: info.stop_ids.clone(),
-            early_stop: !decode.no_early_stop,
-            max_positions: info.max_positions,
-            vocab_size: info.vocab_size,
+        let frontend = frontend(
+            (model_id, tokenizer, template),
+            (&info.stop_ids, info.max_positions, info.vocab_size),
+            &decode,
             max_n,
-            defaults: Defaults {
-                max_tokens: decode.max_new_tokens,
-                temperature: decode.temperature,
-                seed: decode.seed,
-                method: method.name().to_string(),
-                budget: decode.budget,
-            },
-        };
+        );
         let factory = move |m: &mut CausalLm<Backend>, job: &JobSpec| -> Result<_, BoxError> {
             let method = match &job.method {
                 Some(name) => Method::parse(name).map_err(|e| format!("`spot.method`: {e}"))?,
@@ -232,6 +211,33 @@ fn start_autoregressive(
         Ok((frontend, ArEngine::new(model, drafter, Box::new(factory))))
     })?;
     Ok(server)
+}
+
+/// What the HTTP side knows of a model: its id, tokenizer and template, the model's stop ids
+/// and limits, and the server's decoding defaults.
+fn frontend(
+    (model_id, tokenizer, template): (String, Tokenizer, Option<ChatTemplate>),
+    (stop_ids, max_positions, vocab_size): (&[u32], usize, usize),
+    decode: &DecodeArgs,
+    max_n: usize,
+) -> Frontend {
+    Frontend {
+        model_id,
+        tokenizer,
+        template,
+        stop_ids: stop_ids.to_vec(),
+        early_stop: !decode.no_early_stop,
+        max_positions,
+        vocab_size,
+        max_n,
+        defaults: Defaults {
+            max_tokens: decode.max_new_tokens,
+            temperature: decode.temperature,
+            seed: decode.seed,
+            method: decode.method.name().to_string(),
+            budget: decode.budget,
+        },
+    }
 }
 
 /// The request of one job: the server's options with the job's settings, its method's
