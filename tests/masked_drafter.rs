@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use spot_core::{ArConfig, MeteredArModel, StatsQuery, decode_autoregressive};
-use spot_models::{CausalLm, CpuBackend, DRAFTER_FILE, MaskedDrafter, ModelError};
+use spot_models::{CausalLm, CpuBackend, ModelError};
+use spot_specdiff::{DRAFTER_FILE, MaskedDrafter};
 use spot_specdiff::{DiffusionDrafter, Marginals, SpecDiffConfig, SpecDiffDecoder};
 
 /// A committed fixture of spot-models.

@@ -24,7 +24,8 @@ use spot_dlm::sets::net::{SetsNet, SetsNetConfig};
 use spot_drafter::{SpiffyGraph, checkpoint};
 use spot_models::chat::ChatTemplate;
 use spot_models::hf::Tokenizer;
-use spot_models::{CausalLm, CpuBackend, DiffusionModel, MaskedDrafter};
+use spot_models::{CausalLm, CpuBackend, DiffusionModel};
+use spot_specdiff::MaskedDrafter;
 use spot_train::Trajectory;
 use spot_train::TrajectoryDir;
 
@@ -402,7 +403,7 @@ fn sets_network() {
 fn specdiff_drafter() {
     let dir = workdir(&fixture("llama-tiny"), FOLDER);
     std::fs::write(
-        dir.join(spot_models::DRAFTER_FILE),
+        dir.join(spot_specdiff::DRAFTER_FILE),
         r#"{"format": "spot-specdiff-drafter", "version": 1, "mask_token_id": 3, "description": "tiny"}"#,
     )
     .unwrap();
@@ -410,7 +411,7 @@ fn specdiff_drafter() {
         "SpecDiff-2 drafter file",
         vec![Seed {
             dir,
-            file: spot_models::DRAFTER_FILE.into(),
+            file: spot_specdiff::DRAFTER_FILE.into(),
             format: Format::Json,
             load: |d| {
                 MaskedDrafter::<CpuBackend>::load(d, &Default::default())

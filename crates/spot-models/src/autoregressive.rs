@@ -15,7 +15,8 @@ use std::path::Path;
 use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
 use spot_core::{
-    ArGroup, ArInfo, ArScores, AutoregressiveModel, BlockStats, CacheSlot, Slots, TokenId,
+    ArGroup, ArInfo, ArScores, AutoregressiveModel, BlockStats, CacheSlot, Slots, StatsQuery,
+    TokenId,
 };
 
 use crate::attention::Attend;
@@ -46,7 +47,7 @@ pub struct CausalLm<B: Backend> {
     pub(crate) slots: Slots<PrefixSlot<B>>,
 }
 
-/// The slot of single-sequence use (tests, tools, the masked drafter).
+/// The slot of single-sequence use (tests, tools, the masked continuation).
 pub(crate) const SLOT0: CacheSlot = CacheSlot(0);
 
 impl<B: Backend> std::fmt::Debug for CausalLm<B> {
@@ -103,6 +104,71 @@ impl<B: Backend> CausalLm<B> {
     pub fn extend_logits(&mut self, tokens: &[TokenId]) -> Result<Logits> {
         let hidden = self.append(SLOT0, tokens)?;
         self.net.head.logits_host(hidden)
+    }
+
+    /// The statistics of the `gamma` positions after `context` read as a masked-diffusion
+    /// continuation in slot 0 (the layout of SpecDiff-2's masked drafter,
+    /// `spot_specdiff::MaskedDrafter`): position `i` comes from the row at `context.len() + i
+    /// - 1`, the last context token's for `i = 0` and for `i > 0` the `i`-th of `gamma - 1`
+    /// `mask` tokens placed after the context, which attend to the whole context and to each
+    /// other (the context never attends to them). One [`BlockStats`] of `gamma` positions
+    /// under `query`.
+    ///
+    /// The slot keeps its cache for the longest common prefix of its text and `context`
+    /// (at least one token short of it) and appends the rest, so a caller whose context
+    /// grows by a few tokens per call pays for those alone; the masks are never cached.
+    pub fn masked_continuation(
+        &mut self,
+        context: &[TokenId],
+        mask: TokenId,
+        gamma: usize,
+        query: &StatsQuery,
+    ) -> Result<BlockStats> {
+        if context.is_empty() || gamma == 0 {
+            return Err(ModelError::Request(format!(
+                "a masked continuation needs a context and at least one position (got {} \
+                 tokens, gamma {gamma})",
+                context.len()
+            )));
+        }
+        let keep = self.slots.get(SLOT0)?.prefix.iter();
+        let keep = keep
+            .zip(context)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(context.len() - 1);
+        self.truncate(SLOT0, keep)?;
+        let new = &context[keep..];
+        self.frame.check_end(context.len() + gamma, "sequence")?;
+        let hidden = self.append(SLOT0, new)?;
+        let last = hidden.narrow(0, new.len() - 1, 1);
+        let slot = self.slots.get_mut(SLOT0)?;
+        let rows = if gamma > 1 {
+            let masks = vec![mask; gamma - 1];
+            let mut ids = Vec::with_capacity(gamma - 1);
+            self.frame.push_ids(&masks, &mut ids)?;
+            let seg = Segment {
+                n: 1,
+                len: gamma - 1,
+                start: slot.prefix.len(),
+                cache: &slot.cache,
+                after: None,
+            };
+            let (h, _) = self.net.run_segments(ids, &[seg], Attend::Bidirectional);
+            Tensor::cat(vec![last, h], 0)
+        } else {
+            last
+        };
+        let mut stats = self.frame.stats(
+            &self.net.head,
+            rows,
+            &RowPlan::all(gamma),
+            (context.len(), &mut slot.noise),
+            query,
+        )?;
+        stats.pop().ok_or_else(|| {
+            ModelError::Request("the head returned no statistics for the continuation".into())
+        })
     }
 
     /// Appends `tokens` to `slot`'s cache in one run; their final hidden states.

@@ -57,7 +57,6 @@ mod linear;
 mod llada;
 mod llada2;
 mod loader;
-mod masked_drafter;
 mod moe;
 mod mrp;
 mod precision;
@@ -82,7 +81,6 @@ pub use head::HeadPlacement;
 pub use kernel_cache::enable_kernel_cache;
 pub use llada::{Llada, LladaConfig};
 pub use llada2::{Llada2Config, Llada2Moe};
-pub use masked_drafter::{DRAFTER_FILE, DRAFTER_FORMAT, DrafterFile, MaskedDrafter};
 pub use mrp::{
     DEFAULT_MRP, MRP_FORMAT, Mrp, MrpChoice, MrpFile, MrpReducer, MrpReference, ReferencePosition,
     mrp_weights_path,

@@ -19,7 +19,9 @@
 //! - [`lookup`]: a training-free drafter (prompt lookup) that needs no weights;
 //! - [`store`]: retrieval for it: the target's own continuations of training-side prompts,
 //!   indexed by n-gram, with acceptance rates measured on them (calibrated probabilities);
-//! - [`toy`]: a toy target and drafter for tests and examples.
+//! - [`toy`]: a toy target and drafter for tests and examples;
+//! - `masked` (the `models` feature): `MaskedDrafter`, the masked-diffusion drafter on burn (a
+//!   drafter folder next to an autoregressive target, over `spot_models::CausalLm`).
 //!
 //! ```
 //! use spot_core::{decode_autoregressive, ArConfig};
@@ -54,5 +56,7 @@ pub use decoder::{
 };
 pub use drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts};
 pub use lookup::LookupDrafter;
+#[cfg(feature = "models")]
+pub use masked::{DRAFTER_FILE, DRAFTER_FORMAT, DrafterFile, MaskedDrafter};
 pub use select::{Scored, Selection};
 pub use store::{Continuation, LookupStore, StoreError};

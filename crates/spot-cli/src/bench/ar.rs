@@ -172,7 +172,10 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
     let vocab = model.ar_info().vocab_size;
     let choices: Vec<PathBuf> = if g.specdiff_drafters.is_empty() {
         let own = dir.join(DEFAULT_SPECDIFF_DRAFTER);
-        let own = own.join(spot_models::DRAFTER_FILE).is_file().then_some(own);
+        let own = own
+            .join(spot_specdiff::DRAFTER_FILE)
+            .is_file()
+            .then_some(own);
         let store = dir.join(DEFAULT_LOOKUP_STORE);
         let store = store.is_file().then_some(store);
         own.into_iter()

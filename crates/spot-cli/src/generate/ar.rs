@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use spot_dlm::{ArConfig, ArOutput, AutoregressiveModel, TokenId, decode_autoregressive};
-use spot_models::{CausalLm, MaskedDrafter};
+use spot_models::CausalLm;
 use spot_specdiff::{
-    Acceptance, DiffusionDrafter, LookupDrafter, LookupStore, Selection, SpecDiffBatch,
-    SpecDiffConfig, SpecDiffDecoder, SpecDiffReport, SpecDiffRequest,
+    Acceptance, DiffusionDrafter, LookupDrafter, LookupStore, MaskedDrafter, Selection,
+    SpecDiffBatch, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport, SpecDiffRequest,
 };
 
 use crate::Backend;
@@ -135,7 +135,7 @@ pub const DEFAULT_LOOKUP_STORE: &str = "specdiff-lookup.jsonl";
 
 /// The drafter of `--method specdiff`: `lookup` (prompt lookup, training-free), a lookup
 /// store file (`spot_specdiff::LookupStore`: prompt lookup plus retrieval from the target's
-/// own continuations, calibrated), a drafter folder (`spot_models::MaskedDrafter`), or by
+/// own continuations, calibrated), a drafter folder (`spot_specdiff::MaskedDrafter`), or by
 /// default (`None`) `DIR/specdiff-drafter/` when it exists, else `DIR/specdiff-lookup.jsonl`
 /// when it exists, else the lookup drafter.
 pub(crate) fn drafter(
@@ -150,7 +150,7 @@ pub(crate) fn drafter(
         Some(p) => p.to_path_buf(),
         None => {
             let d = dir.join(DEFAULT_SPECDIFF_DRAFTER);
-            if !d.join(spot_models::DRAFTER_FILE).is_file() {
+            if !d.join(spot_specdiff::DRAFTER_FILE).is_file() {
                 let store = dir.join(DEFAULT_LOOKUP_STORE);
                 if store.is_file() {
                     eprintln!("drafter: lookup store {}", store.display());
