@@ -505,14 +505,14 @@ fn mrp_seed(file: &str, format: Format) -> Vec<Seed> {
     )
     .unwrap();
     std::fs::write(
-        dir.join(spot_models::DEFAULT_MRP),
+        dir.join(spot_drafter::mrp::DEFAULT_MRP),
         r#"{"format": "spot-mrp", "version": 1, "layers": 1, "parameters": 57536, "description": "tiny"}"#,
     )
     .unwrap();
     let load: harness::LoadFn = |d| {
-        spot_models::Mrp::<CpuBackend>::load(
+        spot_drafter::mrp::Mrp::<CpuBackend>::load(
             d,
-            &d.join(spot_models::DEFAULT_MRP),
+            &d.join(spot_drafter::mrp::DEFAULT_MRP),
             &Default::default(),
         )
         .map(drop)
@@ -531,7 +531,7 @@ fn mrp_seed(file: &str, format: Format) -> Vec<Seed> {
 fn mrp_module_file() {
     run(
         "MRP module file",
-        mrp_seed(spot_models::DEFAULT_MRP, Format::Json),
+        mrp_seed(spot_drafter::mrp::DEFAULT_MRP, Format::Json),
     );
 }
 

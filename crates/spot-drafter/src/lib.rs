@@ -15,8 +15,9 @@
 //!   per-temperature adjustments of the order;
 //! - [`network`]: the order network `q_φ(s | y)`, a burn `Module` (0.61M parameters by
 //!   default);
-//! - [`mrp`]: the MRP baseline as an order scorer (`MrpScorer`) and the module's tokens for
-//!   any order (`MrpTokens`, SPOT's T = 0 default), over `spot_models::Mrp`;
+//! - [`mrp`]: the MRP baseline: its module (`Mrp`, on the target's layers through
+//!   `spot_models::stack`), as an order scorer (`MrpScorer`) and the module's tokens for any
+//!   order (`MrpTokens`, SPOT's T = 0 default);
 //! - [`module_tokens`]: per temperature, whether SPOT drafts the target's token module's
 //!   tokens instead of the stale ones;
 //! - [`scorer`]: the network as the tree builder's [`OrderScorer`](spot_tree::OrderScorer),

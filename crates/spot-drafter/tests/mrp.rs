@@ -10,8 +10,8 @@ use spot_core::{
     BlockDiffusionModel, BlockState, ConfidenceRule, MeteredModel, StatsQuery, TokenId,
 };
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
-use spot_drafter::mrp::{MrpScorer, MrpTokens};
-use spot_models::{CpuBackend, DEFAULT_MRP, ModelError, Mrp, MrpFile, Sdar};
+use spot_drafter::mrp::{DEFAULT_MRP, Mrp, MrpFile, MrpScorer, MrpTokens};
+use spot_models::{CpuBackend, ModelError, Sdar};
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
 
 fn model_dir() -> PathBuf {

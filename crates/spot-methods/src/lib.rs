@@ -39,11 +39,10 @@ use spot_dlm::{
     DraftFreeDecoder, MatchRule, OracleScorer, Request, SetTreeConfig, SpotDecoder, SpotReport,
     StaleConfidenceScorer, StaleThresholdJoin, Strategy, TokenOracleScorer, run_request,
 };
-use spot_drafter::mrp::{MrpScorer, MrpTokens};
+use spot_drafter::mrp::{DEFAULT_MRP, Mrp, MrpScorer, MrpTokens};
 use spot_drafter::{
     Calibrated, LearnedScorer, OrderModel, SpiffyGraph, SpiffyScorer, TokenCalibration,
 };
-use spot_models::{DEFAULT_MRP, Mrp};
 
 mod error;
 pub use error::MethodError;
@@ -344,7 +343,7 @@ impl<'a> DraftFiles<'a> {
             }
             Method::Mrp | Method::MrpTree | Method::SpotMrp => {
                 let file = path(self.mrp, DEFAULT_MRP);
-                let weights = spot_models::mrp_weights_path(&file);
+                let weights = spot_drafter::mrp::mrp_weights_path(&file);
                 let mut v = vec![file, weights];
                 if method == Method::SpotMrp {
                     let drafter = path(self.drafter, DEFAULT_DRAFTER);

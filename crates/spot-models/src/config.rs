@@ -81,16 +81,18 @@ impl DecoderConfig {
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
-    /// Reads `dir/config.json` and checks it with `check`, returning the file's path too.
-    pub(crate) fn read(dir: &Path) -> Result<(Self, std::path::PathBuf)> {
+    /// Reads `dir/config.json` (unchecked: see [`DecoderConfig::check`]), returning the
+    /// file's path too.
+    pub fn read(dir: &Path) -> Result<(Self, std::path::PathBuf)> {
         let path = dir.join("config.json");
         let cfg: Self = read_json(&path)?;
         Ok((cfg, path))
     }
 
-    /// The checks shared by the families with these names: model type, positive shapes, head
-    /// counts, activation, RoPE scaling, epsilon and theta.
-    pub(crate) fn check(&self, path: &Path, model_types: &[&str]) -> Result<()> {
+    /// The checks shared by the families: `model_type` is one of `model_types`, and the
+    /// shapes, head counts, activation, RoPE scaling, epsilon and theta are usable (errors
+    /// name `path` and the field).
+    pub fn check(&self, path: &Path, model_types: &[&str]) -> Result<()> {
         let c = Checker { path };
         c.model_type(&self.model_type, model_types)?;
         c.shape(&[

@@ -17,7 +17,10 @@
 //! - [`chat`]: the folder's Jinja chat template rendered as transformers renders it;
 //! - [`hf`]: `config.json`, (sharded) safetensors with f32/bf16/f16 weights, `tokenizer.json`;
 //! - [`FolderSummary`]: a folder's family, vocabulary, mask and stop ids and parameter count
-//!   from its small files and safetensors headers, without loading a weight.
+//!   from its small files and safetensors headers, without loading a weight;
+//! - [`stack`]: decoder layers of a target's shape over its embedding and head, the body of a
+//!   network that reads the target's hidden states (the MRP baseline's module in
+//!   `spot-drafter`).
 //!
 //! Backends are Cargo features of the same generic code: `flex` (default, CPU), `ndarray`
 //! (CPU), `wgpu`, `cuda`. [`CpuBackend`] is flex when enabled, else ndarray. The items that a
@@ -58,11 +61,11 @@ mod llada;
 mod llada2;
 mod loader;
 mod moe;
-mod mrp;
 mod precision;
 mod reduce;
 mod rope;
 mod sdar;
+pub mod stack;
 mod summary;
 mod swiglu;
 mod transformer;
@@ -81,10 +84,6 @@ pub use head::HeadPlacement;
 pub use kernel_cache::enable_kernel_cache;
 pub use llada::{Llada, LladaConfig};
 pub use llada2::{Llada2Config, Llada2Moe};
-pub use mrp::{
-    DEFAULT_MRP, MRP_FORMAT, Mrp, MrpChoice, MrpFile, MrpReducer, MrpReference, ReferencePosition,
-    mrp_weights_path,
-};
 pub use precision::Precision;
 pub use sdar::{Sdar, SdarConfig};
 pub use spot_hf::StopStrings;

@@ -1,6 +1,6 @@
 //! The MRP baseline as an order scorer (multi-token residual prediction, arXiv 2605.18817):
-//! the module ([`spot_models::Mrp`]) corrects the stale hidden states along a chain of
-//! hypothesised commits, and the target's own rule ([`spot_models::MrpReducer`]) picks each
+//! the module ([`Mrp`], in [`module`]) corrects the stale hidden states along a chain of
+//! hypothesised commits, and the target's own rule ([`MrpReducer`]) picks each
 //! node's position and token from the corrected logits. [`MrpScorer`] is MRP's chain (or,
 //! with [`MrpScorer::tree`], a tree over the corrected confidences); [`MrpTokens`] gives any
 //! order scorer (SPOT's) the module's tokens.
@@ -9,8 +9,14 @@ use std::collections::HashMap;
 
 use burn_tensor::backend::Backend;
 use spot_core::{BlockStats, ConfidenceRule, StatsQuery, TokenId};
-use spot_models::{Mrp, MrpChoice, MrpReducer};
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, fill_normalised};
+
+pub mod module;
+
+pub use module::{
+    DEFAULT_MRP, MRP_FORMAT, Mrp, MrpChoice, MrpFile, MrpReducer, MrpReference, ReferencePosition,
+    mrp_weights_path,
+};
 
 /// One scored node: the residual it accumulated and its choice per block position with its
 /// probability (`None` where committed).

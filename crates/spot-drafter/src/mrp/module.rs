@@ -12,9 +12,10 @@
 //! block, and the target's embedding and head (frozen in training). Applied recursively along
 //! a chain: the step at a node reads `h_A + Σ h_C` of its ancestors and the node's tokens.
 //! [`MrpReducer`] applies the target's own rule to the corrected hidden states (its head and
-//! reduction, under the coupled noise at `T > 0`); `spot_drafter::mrp::MrpScorer` drafts with
+//! reduction, under the coupled noise at `T > 0`); [`MrpScorer`](super::MrpScorer) drafts with
 //! the module under the shared verifier: at every node the most confident masked position with
-//! its choice, one child per node, so the tree is MRP's chain.
+//! its choice, one child per node, so the tree is MRP's chain. The module's layers, the
+//! target's embedding and head are a [`LayerStack`] of spot-models.
 //!
 //! Files: `mrp.safetensors` (the module's tensors: `mrp.enorm`, `mrp.hnorm`, `mrp.eh_proj`,
 //! `mrp.layers.N.*` with the Qwen3 layer names, `mrp.norm`) and `mrp.json` ([`MrpFile`]) next
@@ -22,23 +23,14 @@
 
 use std::path::{Path, PathBuf};
 
+use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
-use burn_tensor::{Int, Tensor, TensorData};
 use serde::Deserialize;
 use spot_core::{StatsQuery, TokenId};
-
-use crate::attention::Attend;
-use crate::config::DecoderConfig;
-use crate::dense::{DenseNames, QWEN_NAMES, dense_net};
-use crate::head::{MaskTerms, NoiseRows, mask_bias};
-use crate::loader::Loader;
-use crate::precision::Precision;
-use crate::transformer::{Net, Segment, rms_norm};
-use crate::values::host_values;
-use spot_hf::hf::{Weights, read_json};
-use spot_hf::{ModelError, Result};
-use spot_reduce::noise_table;
-use spot_reduce::{RowJob, RowStats};
+use spot_models::hf::{Weights, read_json};
+use spot_models::stack::{LayerStack, StackNames};
+use spot_models::{DecoderConfig, ModelError, Result};
+use spot_reduce::{RowJob, noise_table};
 
 /// File name of a model folder's default MRP module description (`mrp.safetensors` next to
 /// it holds the weights).
@@ -51,10 +43,9 @@ pub const MRP_FORMAT: &str = "spot-mrp";
 const MAX_LAYERS: usize = 64;
 
 /// The tensor names of the module's layers (the embedding and head are the target's).
-const MRP_NAMES: DenseNames = DenseNames {
+const MRP_NAMES: StackNames = StackNames {
+    layers: "mrp.layers.{n}.",
     norm: "mrp.norm.weight",
-    layer: "mrp.layers.{n}.",
-    ..QWEN_NAMES
 };
 
 /// What `mrp.json` holds.
@@ -107,14 +98,15 @@ pub struct ReferencePosition {
 /// The MRP module on backend `B`, with the target's embedding and head.
 ///
 /// ```no_run
-/// use spot_models::{CpuBackend, Mrp};
+/// use spot_drafter::mrp::Mrp;
+/// use spot_models::CpuBackend;
 /// let dir = std::path::Path::new("models/sdar-tiny-code");
 /// let mrp = Mrp::<CpuBackend>::load(dir, &dir.join("mrp.json"), &Default::default())?;
 /// println!("{} layers", mrp.file().layers);
 /// # Ok::<(), spot_models::ModelError>(())
 /// ```
 pub struct Mrp<B: Backend> {
-    net: Net<B>,
+    stack: LayerStack<B>,
     enorm: Tensor<B, 2>,
     hnorm: Tensor<B, 2>,
     eh_proj: Tensor<B, 2>,
@@ -164,20 +156,13 @@ impl<B: Backend> Mrp<B> {
         let (cfg, path) = DecoderConfig::read(target)?;
         cfg.check(&path, &["sdar", "qwen3"])?;
         let weights = Weights::open(target)?.with_file(&mrp_weights_path(file))?;
-        let mut spec = cfg.dense_spec(false, true);
-        spec.layers = meta.layers;
-        let net = dense_net(&spec, &MRP_NAMES, &weights, (device, Precision::F32))?;
-        let ld = Loader::<B> {
-            weights: &weights,
-            device: device.clone(),
-            dtype: Precision::F32.resolve::<B>(&weights, device)?,
-        };
+        let stack = LayerStack::load(&cfg, meta.layers, MRP_NAMES, &weights, device)?;
         let h = cfg.hidden_size;
         Ok(Self {
-            enorm: ld.row("mrp.enorm.weight", h)?,
-            hnorm: ld.row("mrp.hnorm.weight", h)?,
-            eh_proj: ld.linear("mrp.eh_proj.weight", h, 2 * h)?,
-            net,
+            enorm: stack.row(&weights, "mrp.enorm.weight", h)?,
+            hnorm: stack.row(&weights, "mrp.hnorm.weight", h)?,
+            eh_proj: stack.linear(&weights, "mrp.eh_proj.weight", (h, 2 * h))?,
+            stack,
             file: meta,
             hidden: h,
             vocab: cfg.vocab_size,
@@ -218,57 +203,23 @@ impl<B: Backend> Mrp<B> {
                 self.vocab
             )));
         }
-        let device = &self.net.device;
-        let dtype = self.net.dtype;
-        let ids: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [rows]), device);
-        let e = self.net.embed.clone().select(0, ids);
-        let x = Tensor::<B, 2>::from_data(TensorData::new(hidden.to_vec(), [rows, h]), device)
-            .cast(dtype);
-        let eps = self.net.geo.eps;
+        let e = self.stack.embed(ids);
+        let x = self.stack.rows(hidden.to_vec(), rows);
         let x = Tensor::cat(
-            vec![rms_norm(e, &self.enorm, eps), rms_norm(x, &self.hnorm, eps)],
+            vec![
+                self.stack.rms_norm(e, &self.enorm),
+                self.stack.rms_norm(x, &self.hnorm),
+            ],
             1,
         )
         .matmul(self.eh_proj.clone());
-        let segment = Segment {
-            n,
-            len,
-            start: 0,
-            cache: &[],
-            after: None,
-        };
-        let (out, _) = self.net.run_embedded(x, &[segment], Attend::Bidirectional);
-        Ok(host_values(out))
+        Ok(self.stack.run_bidirectional(x, n, len))
     }
 
     /// The head's logits of `rows` hidden states (`rows * hidden_size` values), row-major.
     pub fn logits(&self, hidden: &[f32], rows: usize) -> Result<Vec<f32>> {
-        let t = Tensor::<B, 2>::from_data(
-            TensorData::new(hidden.to_vec(), [rows, self.hidden]),
-            &self.net.device,
-        )
-        .cast(self.net.dtype);
-        Ok(self.net.head.logits_host(t)?.into_vec())
-    }
-
-    /// The target's reduction (its choice rule under `query`, as a forward applies it) of
-    /// corrected hidden `rows` (`jobs.len() * hidden_size` values, one row per job).
-    fn reduce(
-        &self,
-        rows: Vec<f32>,
-        jobs: &[RowJob],
-        positions: &[usize],
-        query: &StatsQuery,
-        (mask, noise): (MaskTerms<'_, B>, Option<NoiseRows<'_, B>>),
-    ) -> Result<Vec<RowStats>> {
-        let tensor = || {
-            let data = TensorData::new(rows.clone(), [jobs.len(), self.hidden]);
-            Tensor::<B, 2>::from_data(data, &self.net.device).cast(self.net.dtype)
-        };
-        self.net
-            .head
-            .reduce_rows(tensor, Some(&rows), jobs, positions, query, mask, noise)
+        let t = self.stack.rows(hidden.to_vec(), rows);
+        Ok(self.stack.logits(t)?.into_vec())
     }
 }
 
@@ -362,21 +313,17 @@ impl<B: Backend> MrpReducer<B> {
             .collect();
         let absolute: Vec<usize> = positions.iter().map(|&s| block_start + s).collect();
         if self.bias.as_ref().is_none_or(|(m, _)| *m != mask) {
-            let bias = mask_bias(mask, self.mrp.vocab, &self.mrp.net.device);
-            self.bias = Some((mask, bias));
+            self.bias = Some((mask, self.mrp.stack.mask_bias(mask)));
         }
-        let terms = MaskTerms {
-            id: Some(mask),
-            bias: self.bias.as_ref().map(|(_, b)| b),
+        let Some((_, bias)) = self.bias.as_ref() else {
+            return Err(ModelError::Request("the mask bias was not made".into()));
         };
         // The block's rows as last made (a decode at T = 0 reads none of them).
-        let noise_rows = self.noise.as_mut().map(|n| NoiseRows {
-            host: &n.host,
-            device: &mut n.device,
-        });
-        let reduced = self
-            .mrp
-            .reduce(rows, &jobs, &absolute, query, (terms, noise_rows))?;
+        let noise_rows = self.noise.as_mut().map(|n| (&n.host[..], &mut n.device));
+        let reduced =
+            self.mrp
+                .stack
+                .reduce_rows(&rows, &jobs, &absolute, query, (mask, bias), noise_rows)?;
         Ok(reduced
             .iter()
             .map(|r| MrpChoice {
