@@ -86,6 +86,21 @@ fn generate_with(
         .collect()
 }
 
+/// A request with the `spot` field `spot` is a 400 whose body contains `needle`.
+fn assert_400(url: &str, model: &str, spot: Value, needle: &str) {
+    let cfg = LoadConfig {
+        prompts: vec!["x".into()],
+        spot: Some(spot),
+        ..LoadConfig::new(url, model)
+    };
+    match run_blocking(&cfg) {
+        Err(LoadError::Status {
+            status: 400, body, ..
+        }) => assert!(body.contains(needle), "{body}"),
+        other => panic!("expected a 400, got {other:?}"),
+    }
+}
+
 #[test]
 fn responses_equal_spot_generate() {
     let served = serve(&["--max-new-tokens", "32", "--budget", "6"]);
@@ -127,19 +142,7 @@ fn responses_equal_spot_generate() {
         (json!({"budget": 0}), "`spot.budget`"),
         (json!({"method": "specdiff"}), "autoregressive"),
     ] {
-        let cfg = LoadConfig {
-            prompts: vec!["x".into()],
-            spot: Some(spot),
-            ..LoadConfig::new(&served.1, "sdar-tiny-code")
-        };
-        match run_blocking(&cfg) {
-            Err(LoadError::Status {
-                status: 400, body, ..
-            }) => {
-                assert!(body.contains(needle), "{body}");
-            }
-            other => panic!("expected a 400, got {other:?}"),
-        }
+        assert_400(&served.1, "sdar-tiny-code", spot, needle);
     }
 }
 
@@ -223,18 +226,6 @@ fn autoregressive_responses_equal_spot_generate() {
         (json!({"method": "spot"}), "autoregressive (df or specdiff)"),
         (json!({"budget": 4}), "`spot.budget`"),
     ] {
-        let cfg = LoadConfig {
-            prompts: vec!["x".into()],
-            spot: Some(spot),
-            ..LoadConfig::new(&served.1, "llama-tiny")
-        };
-        match run_blocking(&cfg) {
-            Err(LoadError::Status {
-                status: 400, body, ..
-            }) => {
-                assert!(body.contains(needle), "{body}");
-            }
-            other => panic!("expected a 400, got {other:?}"),
-        }
+        assert_400(&served.1, "llama-tiny", spot, needle);
     }
 }
