@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use serde::Serialize;
 use serde_json::{Value, json};
 use spot_core::{
-    AutoregressiveModel, BatchDriver, BlockDiffusionModel, CancelHandle, DecodeOutput, Request,
-    RequestId, StepStrategy, TokenId,
+    AutoregressiveModel, BatchDriver, BlockDiffusionModel, CacheUsage, CancelHandle, DecodeOutput,
+    Request, RequestId, StepStrategy, TokenId,
 };
 use spot_hf::StopStrings;
 use spot_specdiff::{DiffusionDrafter, SpecDiffBatch, SpecDiffOutput, SpecDiffRequest};
@@ -185,22 +185,21 @@ where
                 return Err(e.to_string());
             }
         };
-        let completion = |o: DecodeOutput| Completion {
-            work: json!({
-                "nfe": o.stats.work.nfe,
-                "forwards": o.stats.work.block_forwards,
-                "tokens_per_forward": o.stats.tokens_per_forward(),
-                "draft_nodes": o.stats.draft_nodes,
-                "accepted_nodes": o.stats.accepted_nodes,
-            }),
-            tokens: o.tokens,
-            stopped: o.stopped,
-            cancelled: o.cancelled,
-        };
-        Ok(finished
-            .into_iter()
-            .map(|f| (f.id, f.output.map(completion).map_err(|e| e.to_string())))
-            .collect())
+        Ok(left(
+            finished.into_iter().map(|f| (f.id, f.output)),
+            |o: DecodeOutput| Completion {
+                work: json!({
+                    "nfe": o.stats.work.nfe,
+                    "forwards": o.stats.work.block_forwards,
+                    "tokens_per_forward": o.stats.tokens_per_forward(),
+                    "draft_nodes": o.stats.draft_nodes,
+                    "accepted_nodes": o.stats.accepted_nodes,
+                }),
+                tokens: o.tokens,
+                stopped: o.stopped,
+                cancelled: o.cancelled,
+            },
+        ))
     }
 
     fn next_event(&mut self) -> Option<(RequestId, Vec<TokenId>)> {
@@ -208,15 +207,12 @@ where
     }
 
     fn usage(&self) -> EngineStats {
-        let cache = self.model.cache_usage();
-        EngineStats {
-            live: self.driver.live(),
-            queued: self.driver.queued(),
-            open_slots: cache.slots,
-            cache_bytes: cache.bytes,
-            forwards: self.forwards + self.driver.forwards(),
-            ..EngineStats::default()
-        }
+        let forwards = self.forwards + self.driver.forwards();
+        usage(
+            (self.driver.live(), self.driver.queued()),
+            self.model.cache_usage(),
+            forwards,
+        )
     }
 }
 
@@ -288,22 +284,21 @@ impl<M: AutoregressiveModel> Engine for ArEngine<M> {
                 return Err(e.to_string());
             }
         };
-        let completion = |o: SpecDiffOutput| Completion {
-            work: json!({
-                "nfe": o.forwards,
-                "forwards": o.forwards,
-                "tokens_per_forward": o.tokens.len() as f64 / o.forwards.max(1) as f64,
-                "positions": o.report.positions,
-                "other_branch": o.report.other_branch,
-            }),
-            tokens: o.tokens,
-            stopped: o.stopped,
-            cancelled: o.cancelled,
-        };
-        Ok(finished
-            .into_iter()
-            .map(|f| (f.id, f.output.map(completion).map_err(|e| e.to_string())))
-            .collect())
+        Ok(left(
+            finished.into_iter().map(|f| (f.id, f.output)),
+            |o: SpecDiffOutput| Completion {
+                work: json!({
+                    "nfe": o.forwards,
+                    "forwards": o.forwards,
+                    "tokens_per_forward": o.tokens.len() as f64 / o.forwards.max(1) as f64,
+                    "positions": o.report.positions,
+                    "other_branch": o.report.other_branch,
+                }),
+                tokens: o.tokens,
+                stopped: o.stopped,
+                cancelled: o.cancelled,
+            },
+        ))
     }
 
     fn next_event(&mut self) -> Option<(RequestId, Vec<TokenId>)> {
@@ -311,15 +306,12 @@ impl<M: AutoregressiveModel> Engine for ArEngine<M> {
     }
 
     fn usage(&self) -> EngineStats {
-        let cache = self.target.cache_usage();
-        EngineStats {
-            live: self.batch.live(),
-            queued: self.batch.queued(),
-            open_slots: cache.slots,
-            cache_bytes: cache.bytes,
-            forwards: self.forwards + self.batch.forwards(),
-            ..EngineStats::default()
-        }
+        let forwards = self.forwards + self.batch.forwards();
+        usage(
+            (self.batch.live(), self.batch.queued()),
+            self.target.cache_usage(),
+            forwards,
+        )
     }
 }
 
@@ -380,6 +372,28 @@ struct Route {
     choice: usize,
     events: UnboundedSender<Event>,
     cancel: CancelHandle,
+}
+
+/// The counters of an engine with `live` running and `queued` waiting requests.
+fn usage((live, queued): (usize, usize), cache: CacheUsage, forwards: u64) -> EngineStats {
+    EngineStats {
+        live,
+        queued,
+        open_slots: cache.slots,
+        cache_bytes: cache.bytes,
+        forwards,
+        ..EngineStats::default()
+    }
+}
+
+/// The requests that left a batch, their outputs made [`Completion`]s by `completion`.
+fn left<O, E: Display>(
+    finished: impl Iterator<Item = (RequestId, Result<O, E>)>,
+    completion: impl Fn(O) -> Completion,
+) -> Vec<Left> {
+    finished
+        .map(|(id, output)| (id, output.map(&completion).map_err(|e| e.to_string())))
+        .collect()
 }
 
 /// Runs the engine until the submission channel closes. Counters go to `stats` after every
