@@ -4,17 +4,22 @@
 //! flight (what `spot generate --prompts FILE --batch N` does); then `spot serve` starts on
 //! the same folder and options, and a load generator sends the same prompts at each
 //! `--concurrency`. Every response must equal the driver's text; the report gives tokens per
-//! second, the ratio to the driver, and latency percentiles.
+//! second, the ratio to the driver, and latency percentiles. On an autoregressive folder the
+//! driver is a [`SpecDiffBatch`] (`--method df` or `specdiff`), as `spot serve` runs it.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use spot_dlm::BatchDriver;
+use spot_dlm::{ArConfig, AutoregressiveModel, BatchDriver};
+use spot_models::{CausalLm, Family};
 use spot_serve::load::{LoadConfig, run_blocking};
+use spot_specdiff::{SpecDiffBatch, SpecDiffRequest};
 
 use crate::decode_args::DecodeArgs;
-use crate::prompts::{self, ChatArgs};
+use crate::generate::ar::SpecDiffArgs;
+use crate::methods::Method;
+use crate::prompts::{self, ChatArgs, Prompt};
 use crate::serve::{self, ServeArgs};
 use crate::{DtypeArg, load, model_dir};
 
@@ -52,6 +57,9 @@ pub struct BenchServeArgs {
     chat: ChatArgs,
     #[command(flatten)]
     decode: DecodeArgs,
+    /// SpecDiff-2's settings (autoregressive folders).
+    #[command(flatten)]
+    specdiff: SpecDiffArgs,
 }
 
 /// One measured configuration.
@@ -74,39 +82,18 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
     let dir = model_dir::resolve(a.model.as_deref())?;
     let set = prompts::load_prompts(&a.prompts, a.field.as_deref(), a.limit)?;
     // The driver run (then the model is dropped: the server loads its own).
-    let (texts, tokens, driver_wall) = {
-        let mut model = load(&dir, a.dtype)?;
-        model.set_approximate_prefix_cache(a.decode.approx_prefix_cache)?;
-        let drafters = crate::methods::load_drafters_at(
-            &[a.decode.method],
-            &a.decode.files.files(&dir),
-            &[a.decode.temperature],
-        )?;
-        let encoded = a.chat.encode_all(&dir, model.tokenizer(), &set)?;
-        let cfg = a.decode.config(&model);
-        let tokenizer = model
-            .tokenizer()
-            .cloned()
-            .context("bench-serve needs tokenizer.json")?;
-        let mut driver = BatchDriver::new(a.batch as usize)?;
-        for (_, ids) in &encoded {
-            driver.submit(a.decode.request(&drafters, &mut model, (ids, &cfg), None)?);
-        }
-        let t0 = Instant::now();
-        let mut done = driver.run(&mut model)?;
-        let wall = t0.elapsed().as_secs_f64();
-        done.sort_by_key(|f| f.id);
-        let mut texts = Vec::with_capacity(done.len());
-        let mut tokens = 0usize;
-        for f in done {
-            let out = f.output?;
-            tokens += out.tokens.len();
-            texts.push(tokenizer.decode(&out.tokens)?);
-        }
-        (texts, tokens, wall)
+    let diffusion = Family::detect(&dir)?.is_diffusion();
+    let (texts, tokens, driver_wall) = match diffusion {
+        true => diffusion_driver(a, &dir, &set)?,
+        false => autoregressive_driver(a, &dir, &set)?,
+    };
+    let driver = if diffusion {
+        "BatchDriver"
+    } else {
+        "SpecDiffBatch"
     };
     let mut rows = vec![Row {
-        what: format!("BatchDriver, batch {}", a.batch),
+        what: format!("{driver}, batch {}", a.batch),
         wall: driver_wall,
         tokens_per_s: tokens as f64 / driver_wall,
         p50: f64::NAN,
@@ -123,7 +110,7 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
         max_pending: 1 << 20,
         max_n: 1,
         decode: a.decode.clone(),
-        specdiff: Default::default(),
+        specdiff: a.specdiff.clone(),
     })?;
     for &c in &a.concurrency {
         let cfg = LoadConfig {
@@ -158,6 +145,99 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
     }
     server.stop()?;
     report(a, set.len(), tokens, &rows)
+}
+
+/// Decoded texts, tokens in all, and wall seconds of the prompts through a block-diffusion
+/// model's [`BatchDriver`].
+fn diffusion_driver(
+    a: &BenchServeArgs,
+    dir: &std::path::Path,
+    set: &[Prompt],
+) -> Result<(Vec<String>, usize, f64)> {
+    let mut model = load(dir, a.dtype)?;
+    model.set_approximate_prefix_cache(a.decode.approx_prefix_cache)?;
+    let drafters = crate::methods::load_drafters_at(
+        &[a.decode.method],
+        &a.decode.files.files(dir),
+        &[a.decode.temperature],
+    )?;
+    let encoded = a.chat.encode_all(dir, model.tokenizer(), set)?;
+    let cfg = a.decode.config(&model);
+    let tokenizer = model
+        .tokenizer()
+        .cloned()
+        .context("bench-serve needs tokenizer.json")?;
+    let mut driver = BatchDriver::new(a.batch as usize)?;
+    for (_, ids) in &encoded {
+        driver.submit(a.decode.request(&drafters, &mut model, (ids, &cfg), None)?);
+    }
+    let t0 = Instant::now();
+    let mut done = driver.run(&mut model)?;
+    let wall = t0.elapsed().as_secs_f64();
+    done.sort_by_key(|f| f.id);
+    let mut texts = Vec::with_capacity(done.len());
+    let mut tokens = 0usize;
+    for f in done {
+        let out = f.output?;
+        tokens += out.tokens.len();
+        texts.push(tokenizer.decode(&out.tokens)?);
+    }
+    Ok((texts, tokens, wall))
+}
+
+/// [`diffusion_driver`] for an autoregressive folder: one [`SpecDiffBatch`] with the server's
+/// drafter, draft-free or SpecDiff-2 requests as `--method` says.
+fn autoregressive_driver(
+    a: &BenchServeArgs,
+    dir: &std::path::Path,
+    set: &[Prompt],
+) -> Result<(Vec<String>, usize, f64)> {
+    if !matches!(a.decode.method, Method::Df | Method::Specdiff) {
+        bail!("an autoregressive folder is measured with --method df or --method specdiff");
+    }
+    let mut model =
+        CausalLm::<crate::Backend>::load_as(dir, &crate::backend::device()?, a.dtype.precision)
+            .with_context(|| format!("loading model folder {}", dir.display()))?;
+    let tokenizer = model
+        .tokenizer()
+        .cloned()
+        .context("bench-serve needs tokenizer.json")?;
+    let info = model.ar_info().clone();
+    let mut drafter =
+        crate::generate::ar::drafter(a.decode.files.drafter.as_deref(), dir, info.vocab_size)?;
+    let encoded = a.chat.encode_all(dir, Some(&tokenizer), set)?;
+    let cfg = ArConfig {
+        max_new_tokens: a.decode.max_new_tokens,
+        temperature: a.decode.temperature,
+        seed: a.decode.seed,
+        stop_ids: info.stop_ids.clone(),
+        early_stop: !a.decode.no_early_stop,
+    };
+    let mut batch = SpecDiffBatch::new(a.batch as usize)?;
+    for (_, ids) in &encoded {
+        batch.submit(match a.decode.method {
+            Method::Specdiff => SpecDiffRequest::new(
+                ids,
+                &cfg,
+                a.specdiff.config(a.decode.seed),
+                &info,
+                drafter.vocab_size(),
+            )?,
+            _ => SpecDiffRequest::plain(ids, &cfg, &info)?,
+        });
+    }
+    let t0 = Instant::now();
+    let mut done = batch.run(&mut model, drafter.as_mut())?;
+    let wall = t0.elapsed().as_secs_f64();
+    done.sort_by_key(|f| f.id);
+    let mut texts = Vec::with_capacity(done.len());
+    let mut tokens = 0usize;
+    for f in done {
+        let out = f.output?;
+        tokens += out.tokens.len();
+        texts.push(tokenizer.decode(&out.tokens)?);
+    }
+    Ok((texts, tokens, wall))
 }
 
 fn report(a: &BenchServeArgs, prompts: usize, tokens: usize, rows: &[Row]) -> Result<()> {
