@@ -109,6 +109,7 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
         max_batch: a.batch,
         max_pending: 1 << 20,
         max_n: 1,
+        max_budget: a.decode.budget.max(1) as u64,
         decode: a.decode.clone(),
         specdiff: a.specdiff.clone(),
     })?;

@@ -50,6 +50,10 @@ pub struct ServeArgs {
     /// Requests held at most, running and queued (more are answered 503).
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_pending: u64,
+    /// The largest draft budget a request may name (`spot.budget`; each drafted node is a
+    /// block state in the verification forward, so this bounds a request's memory).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub(crate) max_budget: u64,
     /// Choices per request at most (`n`).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub(crate) max_n: u64,
@@ -97,6 +101,7 @@ pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
         return start_autoregressive(a, dir, config, (model_id, template));
     }
     let (decode, dtype, max_n) = (a.decode.clone(), a.dtype, a.max_n as usize);
+    let max_budget = a.max_budget as usize;
     let server = Server::start(config, move || {
         let mut model = load(&dir, dtype)?;
         model.set_approximate_prefix_cache(decode.approx_prefix_cache)?;
@@ -119,7 +124,13 @@ pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
         );
         let factory = Box::new(
             move |model: &mut DiffusionModel<Backend>, job: &JobSpec| -> Result<_, BoxError> {
-                Ok(job_request(&decode, &dir, &mut drafters, model, job)?)
+                Ok(job_request(
+                    (&decode, max_budget),
+                    &dir,
+                    &mut drafters,
+                    model,
+                    job,
+                )?)
             },
         );
         Ok((frontend, DiffusionEngine::new(model, factory)))
@@ -243,7 +254,7 @@ fn frontend(
 /// The request of one job: the server's options with the job's settings, its method's
 /// drafters loaded once.
 fn job_request(
-    base: &DecodeArgs,
+    (base, max_budget): (&DecodeArgs, usize),
     dir: &Path,
     drafters: &mut HashMap<Method, Drafters>,
     model: &mut DiffusionModel<Backend>,
@@ -262,6 +273,9 @@ fn job_request(
     if let Some(b) = job.budget {
         if b == 0 {
             bail!("`spot.budget` must be at least 1");
+        }
+        if b > max_budget {
+            bail!("`spot.budget` {b} is over this server's limit of {max_budget} (--max-budget)");
         }
         d.budget = b;
     }

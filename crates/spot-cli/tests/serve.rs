@@ -140,6 +140,10 @@ fn responses_equal_spot_generate() {
             "`spot.method`: unknown method `nope`",
         ),
         (json!({"budget": 0}), "`spot.budget`"),
+        (
+            json!({"budget": 1_000_000}),
+            "over this server's limit of 64",
+        ),
         (json!({"method": "specdiff"}), "autoregressive"),
     ] {
         assert_400(&served.1, "sdar-tiny-code", spot, needle);
