@@ -7,7 +7,8 @@
 #
 #   tools/serve/ar_forwards.sh SPOT_BINARY OUT_DIR   (SmolLM2 folder: tools/setup_smollm2.sh)
 set -u
-BIN=$1; OUT=$2; PORT=18555
+BIN=$(realpath "$1"); OUT=$(realpath -m "$2"); PORT=${PORT:-18555}
+cd "$(dirname "$0")/../.."  # the repository root (the prompts are ../shared/data)
 mkdir -p $OUT
 $BIN serve --model ${MODEL:-$HOME/.cache/spot-smollm2} --method specdiff --max-new-tokens 128 --port $PORT --max-batch 8 ${EXTRA:-} 2> $OUT/serve.err &
 PID=$!
