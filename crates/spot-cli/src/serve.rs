@@ -44,6 +44,17 @@ pub struct ServeArgs {
     /// refused).
     #[arg(long)]
     pub(crate) chat_template: Option<PathBuf>,
+    /// An API key clients must send (`Authorization: Bearer KEY`); repeat for several. Also
+    /// read from `SPOT_API_KEY`. With none, anyone who reaches the port may use the server,
+    /// so a `--host` other than loopback then needs `--allow-unauthenticated`.
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub(crate) api_keys: Vec<String>,
+    /// Serve on an address other than loopback without an API key.
+    #[arg(long)]
+    pub(crate) allow_unauthenticated: bool,
+    /// The largest request body in bytes (larger ones are answered 413).
+    #[arg(long, default_value_t = 2 << 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_body_bytes: u64,
     /// Requests decoded together at most (continuous batching).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub(crate) max_batch: u64,
@@ -92,10 +103,28 @@ pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
         Some(path) => Some(read_template(path)?),
         None => ChatTemplate::from_dir(&dir).ok(),
     };
+    let mut api_keys = a.api_keys.clone();
+    if let Ok(key) = std::env::var("SPOT_API_KEY") {
+        api_keys.push(key);
+    }
+    let loopback = a.host == "localhost"
+        || a.host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !loopback && api_keys.is_empty() && !a.allow_unauthenticated {
+        bail!(
+            "--host {} is reachable from other machines: give an API key (--api-key KEY or \
+             SPOT_API_KEY), or pass --allow-unauthenticated",
+            a.host
+        );
+    }
     let config = ServeConfig {
         addr: format!("{}:{}", a.host, a.port),
         max_batch: a.max_batch as usize,
         max_pending: a.max_pending as usize,
+        api_keys,
+        allow_unauthenticated: a.allow_unauthenticated,
+        max_body_bytes: usize::try_from(a.max_body_bytes).unwrap_or(usize::MAX),
     };
     if !Family::detect(&dir)?.is_diffusion() {
         return start_autoregressive(a, dir, config, (model_id, template));

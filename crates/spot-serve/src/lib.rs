@@ -83,15 +83,38 @@ pub use error::{ApiError, ServeError};
 pub use frontend::{Defaults, Frontend};
 pub use openai::{MAX_STOPS, MAX_TEMPERATURE};
 
-/// Where and how much a server serves.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where and how much a server serves, and who may use it.
+#[derive(Clone, PartialEq, Eq)]
 pub struct ServeConfig {
     /// Address to listen on (`host:port`; port 0 picks a free one, see [`Server::addr`]).
     pub addr: String,
     /// Requests decoded together at most (the batch driver's in-flight limit).
     pub max_batch: usize,
-    /// Requests held at most (running and queued); more are answered 503.
+    /// Requests held at most (running and queued); more are answered 503 with `Retry-After`.
     pub max_pending: usize,
+    /// API keys: when any is set, every route but `/health` needs `Authorization: Bearer
+    /// KEY` with one of them (else 401). Compared in constant time, never printed.
+    pub api_keys: Vec<String>,
+    /// Serve on an address other than loopback without keys (refused at start otherwise).
+    pub allow_unauthenticated: bool,
+    /// The largest request body in bytes (larger: 413 naming the limit).
+    pub max_body_bytes: usize,
+}
+
+impl std::fmt::Debug for ServeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeConfig")
+            .field("addr", &self.addr)
+            .field("max_batch", &self.max_batch)
+            .field("max_pending", &self.max_pending)
+            .field(
+                "api_keys",
+                &format_args!("[{} hidden]", self.api_keys.len()),
+            )
+            .field("allow_unauthenticated", &self.allow_unauthenticated)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish()
+    }
 }
 
 impl Default for ServeConfig {
@@ -100,6 +123,9 @@ impl Default for ServeConfig {
             addr: "127.0.0.1:8000".into(),
             max_batch: 16,
             max_pending: 1024,
+            api_keys: Vec::new(),
+            allow_unauthenticated: false,
+            max_body_bytes: 2 << 20,
         }
     }
 }
@@ -133,6 +159,7 @@ impl Server {
         for (field, v) in [
             ("max_batch", config.max_batch),
             ("max_pending", config.max_pending),
+            ("max_body_bytes", config.max_body_bytes),
         ] {
             if v == 0 {
                 return Err(ServeError::Setting {
@@ -181,6 +208,21 @@ impl Server {
                 source,
             })?;
         let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() && config.api_keys.is_empty() && !config.allow_unauthenticated {
+            return Err(ServeError::Setting {
+                field: "api_keys",
+                reason: format!(
+                    "{addr} is reachable from other machines: give an API key, or allow \
+                     unauthenticated use explicitly"
+                ),
+            });
+        }
+        if config.api_keys.iter().any(String::is_empty) {
+            return Err(ServeError::Setting {
+                field: "api_keys",
+                reason: "an API key is empty".into(),
+            });
+        }
         let shared = Arc::new(routes::Shared {
             frontend,
             submit: Mutex::new(submit),
@@ -189,7 +231,7 @@ impl Server {
             next_id: AtomicU64::new(0),
         });
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
-        let app = routes::router(shared);
+        let app = routes::router(shared, config.api_keys.clone(), config.max_body_bytes);
         let http = runtime.spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async {

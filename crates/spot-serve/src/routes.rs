@@ -8,9 +8,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -34,8 +36,10 @@ pub(crate) struct Shared {
     pub next_id: AtomicU64,
 }
 
-/// The router of a server.
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
+/// The router of a server: the routes behind the key check (when `keys` is not empty) and the
+/// body limit.
+pub(crate) fn router(shared: Arc<Shared>, keys: Vec<String>, max_body: usize) -> Router {
+    let limit = max_body;
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -50,6 +54,53 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             .with_status(StatusCode::NOT_FOUND)
         })
         .with_state(shared)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(
+            (Arc::new(keys), limit),
+            authorize,
+        ))
+}
+
+/// Every route but `/health` needs one of `keys` as a bearer token (when there are keys); a
+/// body over the limit is a 413 naming it.
+async fn authorize(
+    State((keys, limit)): State<(Arc<Vec<String>>, usize)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if !keys.is_empty() && req.uri().path() != "/health" {
+        let given = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        // Every key is compared, each in time independent of where it differs.
+        let known = keys
+            .iter()
+            .fold(false, |ok, k| ok | same(k.as_bytes(), given.as_bytes()));
+        if !known {
+            return ApiError::bad_request("a valid API key is needed: `Authorization: Bearer KEY`")
+                .with_status(StatusCode::UNAUTHORIZED)
+                .with_code("invalid_api_key")
+                .into_response();
+        }
+    }
+    let response = next.run(req).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::bad_request(format!(
+            "the body is over this server's limit of {limit} bytes"
+        ))
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+        .with_code("body_too_large")
+        .into_response();
+    }
+    response
+}
+
+/// Whether `a == b`, in time that depends on their lengths only.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 /// Which endpoint an answer is for.

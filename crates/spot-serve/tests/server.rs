@@ -40,11 +40,17 @@ fn config(m: &DiffusionModel<Flex>, job: &JobSpec) -> DecodeConfig {
 /// A server of the shipped model with draft-free decoding in blocks of 8, a toy chat
 /// template, and at most `max_batch` requests decoded together.
 fn start(max_batch: usize) -> Server {
-    let cfg = ServeConfig {
+    start_with(ServeConfig {
         addr: "127.0.0.1:0".into(),
         max_batch,
         max_pending: 256,
-    };
+        ..ServeConfig::default()
+    })
+    .unwrap()
+}
+
+/// [`start`] with any settings.
+fn start_with(cfg: ServeConfig) -> Result<Server, spot_serve::ServeError> {
     Server::start(cfg, || {
         let model = model();
         let info = model.info().clone();
@@ -79,7 +85,6 @@ fn start(max_batch: usize) -> Server {
         });
         Ok((frontend, DiffusionEngine::new(model, factory)))
     })
-    .unwrap()
 }
 
 /// What decoding `prompt` alone gives: the text (cut at a stop string) and finish reason.
@@ -493,4 +498,93 @@ fn sixty_four_concurrent_streams_lose_and_cross_nothing() {
         st.forwards
     );
     server.stop().unwrap();
+}
+
+/// With API keys every route but `/health` needs one (401 with OpenAI's body otherwise, any of
+/// the keys works); a body over the limit is a 413 naming it; a full queue is a 503 with
+/// `Retry-After`; an address other than loopback without a key is refused at start.
+#[test]
+fn keys_limits_and_exposure() {
+    let server = start_with(ServeConfig {
+        addr: "127.0.0.1:0".into(),
+        max_pending: 1,
+        api_keys: vec!["first-key".into(), "second-key".into()],
+        max_body_bytes: 4096,
+        ..ServeConfig::default()
+    })
+    .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let send = |path: &str, key: Option<&str>, body: String| {
+        rt.block_on(async {
+            let mut r = reqwest::Client::new()
+                .post(format!("{}{path}", url(&server)))
+                .header("content-type", "application/json")
+                .body(body);
+            if let Some(k) = key {
+                r = r.bearer_auth(k);
+            }
+            let r = r.send().await.unwrap();
+            let retry = r.headers().get("retry-after").cloned();
+            (
+                r.status().as_u16(),
+                retry,
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        })
+    };
+    let body = json!({"model": MODEL, "prompt": "def f(x):", "max_tokens": 4}).to_string();
+    for key in [None, Some("wrong"), Some("first-key!"), Some("")] {
+        let (status, _, v) = send("/v1/completions", key, body.clone());
+        assert_eq!(status, 401, "{key:?}: {v}");
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+    }
+    for key in ["first-key", "second-key"] {
+        let (status, _, v) = send("/v1/completions", Some(key), body.clone());
+        assert_eq!(status, 200, "{v}");
+    }
+    let (status, _, _) = send("/v1/models", None, String::new());
+    assert_eq!(status, 401);
+    let health = rt.block_on(async {
+        reqwest::get(format!("{}/health", url(&server)))
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(health, 200);
+    // Over the body limit: 413 naming it, before any parsing.
+    let big = json!({"model": MODEL, "prompt": "x".repeat(5000)}).to_string();
+    let (status, _, v) = send("/v1/completions", Some("first-key"), big);
+    assert_eq!(status, 413, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 4096 bytes"),
+        "{v}"
+    );
+    // max_pending 1: a request with n = 2 choices is refused with Retry-After.
+    let two = json!({"model": MODEL, "prompt": "x", "n": 2, "max_tokens": 4}).to_string();
+    let (status, retry, v) = send("/v1/completions", Some("second-key"), two);
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(retry.as_ref().and_then(|h| h.to_str().ok()), Some("1"));
+    server.stop().unwrap();
+    // Reachable from other machines without a key: refused, unless allowed explicitly.
+    let open = ServeConfig {
+        addr: "0.0.0.0:0".into(),
+        ..ServeConfig::default()
+    };
+    match start_with(open.clone()) {
+        Err(spot_serve::ServeError::Setting { field, .. }) => assert_eq!(field, "api_keys"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let allowed = start_with(ServeConfig {
+        allow_unauthenticated: true,
+        ..open
+    })
+    .unwrap();
+    allowed.stop().unwrap();
 }
