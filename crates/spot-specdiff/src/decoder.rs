@@ -519,11 +519,14 @@ impl SpecDiffRequest {
             self.stopped = self.early_stop && self.stops.contains(&t);
             if self.stopped || self.generated == self.max_new_tokens {
                 self.phase = Phase::Done;
-                return Ok(());
+                break;
             }
         }
+        // The stop check sees every round's output, the last one's too (unless a stop id
+        // ended it), as a block-diffusion request's does.
         let generated = &self.context[self.context.len() - self.generated..];
-        if let Some(Stop(check)) = self.stop_check.as_mut()
+        if !self.stopped
+            && let Some(Stop(check)) = self.stop_check.as_mut()
             && let Some(keep) = check.check(generated)
         {
             let cut = self.generated - keep.min(self.generated);
@@ -531,6 +534,8 @@ impl SpecDiffRequest {
             self.generated -= cut;
             self.stopped = true;
             self.phase = Phase::Done;
+        }
+        if self.phase == Phase::Done {
             return Ok(());
         }
         // The committed tokens ride in the next forward as its shared run.

@@ -141,7 +141,7 @@ fn requests_are_cancelled_and_stopped_in_a_batch() {
     let full = decode_autoregressive(&mut target, &[1, 2], &cfg)
         .unwrap()
         .tokens;
-    let mut batch = SpecDiffBatch::new(3).unwrap();
+    let mut batch = SpecDiffBatch::new(4).unwrap();
     let cancelled = SpecDiffRequest::new(&[1, 2], &cfg, sd, &info, 24).unwrap();
     let handle = cancelled.cancel_handle();
     batch.submit(cancelled);
@@ -151,6 +151,15 @@ fn requests_are_cancelled_and_stopped_in_a_batch() {
         .with_stop_check(|out: &[TokenId]| (out.len() >= 5).then_some(3));
     batch.submit(stopped);
     batch.submit(SpecDiffRequest::plain(&[1, 2], &cfg, &info).unwrap());
+    // The check sees the last round too: here 5 tokens is also the length limit.
+    let short = ArConfig {
+        max_new_tokens: 5,
+        ..cfg.clone()
+    };
+    let last = SpecDiffRequest::plain(&[1, 2], &short, &info)
+        .unwrap()
+        .with_stop_check(|out: &[TokenId]| (out.len() >= 5).then_some(3));
+    batch.submit(last);
     let mut done = batch.step(&mut target, &mut drafter).unwrap();
     assert!(done.is_empty());
     handle.cancel();
@@ -169,6 +178,8 @@ fn requests_are_cancelled_and_stopped_in_a_batch() {
         (outs[2].tokens.as_slice(), outs[2].cancelled),
         (full.as_slice(), false)
     );
+    assert!(outs[3].stopped);
+    assert_eq!(outs[3].tokens, full[..3]);
     assert_eq!(
         spot_core::AutoregressiveModel::cache_usage(&target).slots,
         1
