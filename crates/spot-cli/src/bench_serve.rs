@@ -11,13 +11,13 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use spot_dlm::{ArConfig, AutoregressiveModel, BatchDriver};
-use spot_models::{CausalLm, Family};
+use spot_dlm::{AutoregressiveModel, BatchDriver};
+use spot_models::Family;
 use spot_serve::load::{LoadConfig, run_blocking};
-use spot_specdiff::{SpecDiffBatch, SpecDiffRequest};
+use spot_specdiff::SpecDiffBatch;
 
 use crate::decode_args::DecodeArgs;
-use crate::generate::ar::SpecDiffArgs;
+use crate::generate::ar::{self, SpecDiffArgs};
 use crate::methods::Method;
 use crate::prompts::{self, ChatArgs, Prompt};
 use crate::serve::{self, ServeArgs};
@@ -199,36 +199,21 @@ fn autoregressive_driver(
     if !matches!(a.decode.method, Method::Df | Method::Specdiff) {
         bail!("an autoregressive folder is measured with --method df or --method specdiff");
     }
-    let mut model =
-        CausalLm::<crate::Backend>::load_as(dir, &crate::backend::device()?, a.dtype.precision)
-            .with_context(|| format!("loading model folder {}", dir.display()))?;
+    let mut model = ar::load_target(dir, a.dtype)?;
     let tokenizer = model
         .tokenizer()
         .cloned()
         .context("bench-serve needs tokenizer.json")?;
     let info = model.ar_info().clone();
-    let mut drafter =
-        crate::generate::ar::drafter(a.decode.files.drafter.as_deref(), dir, info.vocab_size)?;
+    let mut drafter = ar::drafter(a.decode.files.drafter.as_deref(), dir, info.vocab_size)?;
     let encoded = a.chat.encode_all(dir, Some(&tokenizer), set)?;
-    let cfg = ArConfig {
-        max_new_tokens: a.decode.max_new_tokens,
-        temperature: a.decode.temperature,
-        seed: a.decode.seed,
-        stop_ids: info.stop_ids.clone(),
-        early_stop: !a.decode.no_early_stop,
-    };
+    let cfg = ar::ar_config(&a.decode, &info);
+    let sd = (a.specdiff.config(a.decode.seed), drafter.vocab_size());
     let mut batch = SpecDiffBatch::new(a.batch as usize)?;
     for (_, ids) in &encoded {
-        batch.submit(match a.decode.method {
-            Method::Specdiff => SpecDiffRequest::new(
-                ids,
-                &cfg,
-                a.specdiff.config(a.decode.seed),
-                &info,
-                drafter.vocab_size(),
-            )?,
-            _ => SpecDiffRequest::plain(ids, &cfg, &info)?,
-        });
+        let r = ar::request(a.decode.method, ids, (&cfg, &info), sd)
+            .context("an autoregressive folder is measured with --method df or specdiff")?;
+        batch.submit(r?);
     }
     let t0 = Instant::now();
     let mut done = batch.run(&mut model, drafter.as_mut())?;

@@ -13,7 +13,6 @@ use spot_models::{CausalLm, DiffusionModel, Family};
 use spot_serve::{
     ArEngine, BoxError, Defaults, DiffusionEngine, Frontend, JobSpec, ServeConfig, Server,
 };
-use spot_specdiff::SpecDiffRequest;
 
 use crate::decode_args::DecodeArgs;
 use crate::generate::ar::SpecDiffArgs;
@@ -191,8 +190,7 @@ fn start_autoregressive(
         a.max_n as usize,
     );
     let server = Server::start(config, move || {
-        let model = CausalLm::<Backend>::load_as(&dir, &crate::backend::device()?, dtype.precision)
-            .with_context(|| format!("loading model folder {}", dir.display()))?;
+        let model = crate::generate::ar::load_target(&dir, dtype)?;
         let tokenizer = model
             .tokenizer()
             .cloned()
@@ -228,25 +226,18 @@ fn start_autoregressive(
                 stop_ids: m.ar_info().stop_ids.clone(),
                 early_stop: !decode.no_early_stop,
             };
-            let r = match method {
-                Method::Df => SpecDiffRequest::plain(&job.prompt, &cfg, m.ar_info())?,
-                Method::Specdiff => SpecDiffRequest::new(
-                    &job.prompt,
-                    &cfg,
-                    specdiff.config(job.seed),
-                    m.ar_info(),
-                    drafter_vocab,
-                )?,
-                other => {
-                    return Err(format!(
-                        "`spot.method` `{}` decodes block-diffusion models; this server's \
-                         model is autoregressive (df or specdiff)",
-                        other.name()
-                    )
-                    .into());
-                }
+            let sd = (specdiff.config(job.seed), drafter_vocab);
+            let Some(r) =
+                crate::generate::ar::request(method, &job.prompt, (&cfg, m.ar_info()), sd)
+            else {
+                return Err(format!(
+                    "`spot.method` `{}` decodes block-diffusion models; this server's model \
+                     is autoregressive (df or specdiff)",
+                    method.name()
+                )
+                .into());
             };
-            Ok(r)
+            Ok(r?)
         };
         Ok((frontend, ArEngine::new(model, drafter, Box::new(factory))))
     })?;

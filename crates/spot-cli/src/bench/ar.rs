@@ -11,12 +11,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{ArConfig, AutoregressiveModel, decode_autoregressive};
-use spot_models::CausalLm;
 use spot_specdiff::{
     Acceptance, DiffusionDrafter, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport,
 };
 
-use crate::Backend;
 use crate::bench::{BenchArgs, Protocol, Reference};
 use crate::generate::ar::{
     AcceptanceArg, DEFAULT_LOOKUP_STORE, DEFAULT_SPECDIFF_DRAFTER, SelectionArg, drafter,
@@ -166,9 +164,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
     if g.acceptances.contains(&AcceptanceArg::Classic) && !g.ks.contains(&1) {
         bail!("--acceptance classic runs with one draft: add 1 to --k");
     }
-    let mut model =
-        CausalLm::<Backend>::load_as(dir, &crate::backend::device()?, a.dtype.precision)
-            .with_context(|| format!("loading model folder {}", dir.display()))?;
+    let mut model = crate::generate::ar::load_target(dir, a.dtype)?;
     let vocab = model.ar_info().vocab_size;
     let choices: Vec<PathBuf> = if g.specdiff_drafters.is_empty() {
         let own = dir.join(DEFAULT_SPECDIFF_DRAFTER);

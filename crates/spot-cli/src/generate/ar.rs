@@ -6,16 +6,17 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use spot_dlm::{ArConfig, ArOutput, AutoregressiveModel, TokenId, decode_autoregressive};
+use spot_dlm::{ArConfig, ArInfo, ArOutput, AutoregressiveModel, TokenId, decode_autoregressive};
 use spot_models::CausalLm;
 use spot_specdiff::{
     Acceptance, DiffusionDrafter, LookupDrafter, LookupStore, MaskedDrafter, Selection,
     SpecDiffBatch, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport, SpecDiffRequest,
 };
 
-use crate::Backend;
+use crate::decode_args::DecodeArgs;
 use crate::generate::GenerateArgs;
 use crate::methods::Method;
+use crate::{Backend, DtypeArg};
 
 /// SpecDiff-2's settings on the command line.
 #[derive(clap::Args, Clone, Debug)]
@@ -172,6 +173,38 @@ pub(crate) fn drafter(
     Ok(Box::new(d))
 }
 
+/// Loads the autoregressive folder `dir` with `dtype`'s precision.
+pub(crate) fn load_target(dir: &Path, dtype: DtypeArg) -> Result<CausalLm<Backend>> {
+    CausalLm::<Backend>::load_as(dir, &crate::backend::device()?, dtype.precision)
+        .with_context(|| format!("loading model folder {}", dir.display()))
+}
+
+/// The decode settings of `decode` for a target described by `info` (its stop ids).
+pub(crate) fn ar_config(decode: &DecodeArgs, info: &ArInfo) -> ArConfig {
+    ArConfig {
+        max_new_tokens: decode.max_new_tokens,
+        temperature: decode.temperature,
+        seed: decode.seed,
+        stop_ids: info.stop_ids.clone(),
+        early_stop: !decode.no_early_stop,
+    }
+}
+
+/// The request of `prompt` for `method`: draft-free for `df`, SpecDiff-2 with `sd` (for a
+/// drafter over `drafter_vocab` tokens) for `specdiff`; `None` for a block-diffusion method.
+pub(crate) fn request(
+    method: Method,
+    prompt: &[TokenId],
+    (cfg, info): (&ArConfig, &ArInfo),
+    (sd, drafter_vocab): (SpecDiffConfig, usize),
+) -> Option<spot_dlm::Result<SpecDiffRequest>> {
+    match method {
+        Method::Df => Some(SpecDiffRequest::plain(prompt, cfg, info)),
+        Method::Specdiff => Some(SpecDiffRequest::new(prompt, cfg, sd, info, drafter_vocab)),
+        _ => None,
+    }
+}
+
 /// The retrieval drafter over the lookup store file `path`.
 fn store_drafter(path: &Path, vocab: usize) -> Result<Box<dyn DiffusionDrafter>> {
     let store = LookupStore::open(path, vocab)?;
@@ -188,16 +221,8 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
             a.decode.method.name()
         );
     }
-    let mut model =
-        CausalLm::<Backend>::load_as(dir, &crate::backend::device()?, a.dtype.precision)
-            .with_context(|| format!("loading model folder {}", dir.display()))?;
-    let cfg = ArConfig {
-        max_new_tokens: a.decode.max_new_tokens,
-        temperature: a.decode.temperature,
-        seed: a.decode.seed,
-        stop_ids: model.ar_info().stop_ids.clone(),
-        early_stop: !a.decode.no_early_stop,
-    };
+    let mut model = load_target(dir, a.dtype)?;
+    let cfg = ar_config(&a.decode, model.ar_info());
     let prompts = match &a.prompts {
         Some(path) => a.file_prompts(dir, model.tokenizer(), path)?,
         None => vec![(String::new(), a.single_prompt(dir, model.tokenizer())?)],
