@@ -62,6 +62,10 @@ pub struct BenchServeArgs {
     specdiff: SpecDiffArgs,
 }
 
+/// The API key of the benchmarked server: its requests go through the key check, as a
+/// shared server's do.
+const BENCH_KEY: &str = "spot-bench-serve";
+
 /// One measured configuration.
 struct Row {
     what: String,
@@ -108,13 +112,14 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
         chat_template: None,
         max_batch: a.batch,
         max_pending: 1 << 20,
-        api_keys: Vec::new(),
+        api_keys: vec![BENCH_KEY.into()],
         allow_unauthenticated: false,
         max_body_bytes: 2 << 20,
         max_n: 1,
         max_budget: a.decode.budget.max(1) as u64,
         decode: a.decode.clone(),
         specdiff: a.specdiff.clone(),
+        limits: serve::ServeLimits::quiet(),
     })?;
     for &c in &a.concurrency {
         let cfg = LoadConfig {
@@ -125,6 +130,7 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
             seed: a.decode.seed,
             stream: a.stream,
             chat: a.chat.chat,
+            api_key: Some(BENCH_KEY.into()),
             ..LoadConfig::new(format!("http://{}", server.addr()), "bench")
         };
         let report = run_blocking(&cfg)?;

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use spot_dlm::{ArConfig, AutoregressiveModel, BlockDiffusionModel, Request, Strategy};
@@ -74,16 +75,132 @@ pub struct ServeArgs {
     /// SpecDiff-2's settings (autoregressive folders).
     #[command(flatten)]
     pub(crate) specdiff: SpecDiffArgs,
+    /// Connection and request bounds, draining, logs.
+    #[command(flatten)]
+    pub(crate) limits: ServeLimits,
 }
 
-/// Runs `spot serve` until Ctrl-C.
+/// The bounds of `spot serve` on what clients can make it spend, its drain, and its logs.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct ServeLimits {
+    /// The longest prompt in tokens (longer ones are answered 400 `prompt_too_long`; default:
+    /// the model's context).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_prompt_tokens: Option<u64>,
+    /// `max_tokens` × choices of one request at most (400 `request_too_large` beyond).
+    #[arg(long, default_value_t = 1 << 16, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_request_tokens: u64,
+    /// Connections open at once at most (one more is answered 503 and closed).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(crate) max_connections: u64,
+    /// Seconds a request's headers, and then its body, may take to arrive; also how long an
+    /// idle keep-alive connection stays open.
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    pub(crate) read_timeout: f64,
+    /// Seconds a response write may make no progress (a client that stopped reading) before
+    /// the connection closes and its decodes are cancelled.
+    #[arg(long, default_value_t = 60.0, value_parser = positive_seconds)]
+    pub(crate) write_timeout: f64,
+    /// On SIGTERM or Ctrl-C: seconds requests in flight get to finish (new ones are answered
+    /// 503) before the rest are cancelled and the server exits.
+    #[arg(long, default_value_t = 30.0, value_parser = non_negative_seconds)]
+    pub(crate) drain_timeout: f64,
+    /// Request logs (stderr): `text` or `json` lines; `off` for none. Levels follow
+    /// `SPOT_LOG` (`info` by default; `debug` adds `/health` and `/metrics`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub(crate) log_format: LogFormat,
+    /// Put each request's prompt text in its log line (off by default: prompts are never
+    /// logged).
+    #[arg(long)]
+    pub(crate) log_prompts: bool,
+}
+
+/// The format of `spot serve`'s logs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines with `key=value` fields.
+    Text,
+    /// One JSON object per line.
+    Json,
+    /// No request logs.
+    Off,
+}
+
+impl ServeLimits {
+    /// `spot serve`'s defaults, logs off (for `spot bench-serve`).
+    pub(crate) fn quiet() -> Self {
+        Self {
+            max_prompt_tokens: None,
+            max_request_tokens: 1 << 16,
+            max_connections: 512,
+            read_timeout: 30.0,
+            write_timeout: 60.0,
+            drain_timeout: 30.0,
+            log_format: LogFormat::Off,
+            log_prompts: false,
+        }
+    }
+}
+
+fn seconds(s: &str, min_exclusive: bool) -> std::result::Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|e| format!("not a number of seconds: {e}"))?;
+    let ok = v.is_finite() && v <= 86_400.0 && if min_exclusive { v > 0.0 } else { v >= 0.0 };
+    if ok {
+        Ok(v)
+    } else if min_exclusive {
+        Err("must be more than 0 and at most 86400 seconds".into())
+    } else {
+        Err("must be from 0 to 86400 seconds".into())
+    }
+}
+
+fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
+    seconds(s, true)
+}
+
+fn non_negative_seconds(s: &str) -> std::result::Result<f64, String> {
+    seconds(s, false)
+}
+
+/// Request logs on stderr in `format`, at the level `SPOT_LOG` names (default `info`).
+fn init_logs(format: LogFormat) -> Result<()> {
+    use tracing_subscriber::filter::LevelFilter;
+    let level = match std::env::var("SPOT_LOG") {
+        Ok(v) => v
+            .parse::<LevelFilter>()
+            .map_err(|e| anyhow::anyhow!("SPOT_LOG={v}: {e}"))?,
+        Err(_) => LevelFilter::INFO,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .with_target(true);
+    let done = match format {
+        LogFormat::Off => return Ok(()),
+        LogFormat::Text => builder.with_ansi(false).try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    done.map_err(|e| anyhow::anyhow!("cannot start the logs: {e}"))
+}
+
+/// Runs `spot serve` until SIGTERM or Ctrl-C, then drains.
 pub fn run(a: &ServeArgs) -> Result<()> {
+    init_logs(a.limits.log_format)?;
     let server = start(a)?;
     eprintln!(
-        "spot serve: listening on http://{} (Ctrl-C stops)",
+        "spot serve: listening on http://{} (SIGTERM or Ctrl-C drains and stops)",
         server.addr()
     );
-    server.wait()?;
+    let drained = server.wait()?;
+    eprintln!(
+        "spot serve: stopped after draining {} requests in {:.1} s ({} cancelled at the drain \
+         timeout)",
+        drained.in_flight,
+        drained.took.as_secs_f64(),
+        drained.cancelled
+    );
     Ok(())
 }
 
@@ -124,6 +241,16 @@ pub(crate) fn start(a: &ServeArgs) -> Result<Server> {
         api_keys,
         allow_unauthenticated: a.allow_unauthenticated,
         max_body_bytes: usize::try_from(a.max_body_bytes).unwrap_or(usize::MAX),
+        max_prompt_tokens: a
+            .limits
+            .max_prompt_tokens
+            .map(|m| usize::try_from(m).unwrap_or(usize::MAX)),
+        max_request_tokens: usize::try_from(a.limits.max_request_tokens).unwrap_or(usize::MAX),
+        max_connections: a.limits.max_connections as usize,
+        read_timeout: Duration::from_secs_f64(a.limits.read_timeout),
+        write_timeout: Duration::from_secs_f64(a.limits.write_timeout),
+        drain_timeout: Duration::from_secs_f64(a.limits.drain_timeout),
+        log_prompts: a.limits.log_prompts,
     };
     if !Family::detect(&dir)?.is_diffusion() {
         return start_autoregressive(a, dir, config, (model_id, template));

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Display;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 
@@ -397,12 +398,14 @@ fn left<O, E: Display>(
 }
 
 /// Runs the engine until the submission channel closes. Counters go to `stats` after every
-/// step.
+/// step. Once `abort` is set, every request is cancelled at the next step (a server that
+/// stops after its drain timeout).
 pub(crate) fn run<E: Engine>(
     mut engine: E,
     max_batch: usize,
     submissions: Receiver<Submission>,
     stats: Arc<Mutex<EngineStats>>,
+    abort: Arc<AtomicBool>,
 ) -> Result<(), String> {
     engine.start(max_batch).map_err(|e| e.to_string())?;
     let mut routes: HashMap<RequestId, Route> = HashMap::new();
@@ -422,8 +425,9 @@ pub(crate) fn run<E: Engine>(
                 Err(TryRecvError::Disconnected) => break,
             }
         }
+        let aborting = abort.load(Ordering::SeqCst);
         for r in routes.values() {
-            if r.events.is_closed() {
+            if aborting || r.events.is_closed() {
                 r.cancel.cancel();
             }
         }

@@ -64,16 +64,19 @@
 //! ```
 
 mod body;
+mod conn;
 mod engine;
 mod error;
 mod frontend;
 pub mod load;
+mod metrics;
 mod openai;
 mod routes;
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 pub use engine::{
     ArEngine, ArFactory, BoxError, Completion, DiffusionEngine, Engine, EngineStats, Factory,
@@ -83,7 +86,8 @@ pub use error::{ApiError, ServeError};
 pub use frontend::{Defaults, Frontend};
 pub use openai::{MAX_STOPS, MAX_TEMPERATURE};
 
-/// Where and how much a server serves, and who may use it.
+/// Where and how much a server serves, and who may use it. Every size and time a client can
+/// make the server spend is bounded here.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ServeConfig {
     /// Address to listen on (`host:port`; port 0 picks a free one, see [`Server::addr`]).
@@ -99,6 +103,25 @@ pub struct ServeConfig {
     pub allow_unauthenticated: bool,
     /// The largest request body in bytes (larger: 413 naming the limit).
     pub max_body_bytes: usize,
+    /// The longest prompt in tokens (longer: 400 `prompt_too_long`); `None`: the model's
+    /// context is the only bound.
+    pub max_prompt_tokens: Option<usize>,
+    /// `max_tokens` × choices (`n` × prompts) of one request at most (more: 400
+    /// `request_too_large`).
+    pub max_request_tokens: usize,
+    /// Connections open at once at most; one more is answered 503 (`too_many_connections`,
+    /// with `Retry-After`) and closed.
+    pub max_connections: usize,
+    /// A request's headers, and then its body, must each arrive within this; a keep-alive
+    /// connection idle for this long is closed (a body that is too slow: 408).
+    pub read_timeout: Duration,
+    /// A response write that makes no progress for this long (a client that stopped reading)
+    /// closes the connection, which cancels its decodes.
+    pub write_timeout: Duration,
+    /// How long [`Server::stop`] lets requests in flight finish before it cancels them.
+    pub drain_timeout: Duration,
+    /// Put each request's first prompt text in its log line (off: prompts are never logged).
+    pub log_prompts: bool,
 }
 
 impl std::fmt::Debug for ServeConfig {
@@ -113,6 +136,13 @@ impl std::fmt::Debug for ServeConfig {
             )
             .field("allow_unauthenticated", &self.allow_unauthenticated)
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_prompt_tokens", &self.max_prompt_tokens)
+            .field("max_request_tokens", &self.max_request_tokens)
+            .field("max_connections", &self.max_connections)
+            .field("read_timeout", &self.read_timeout)
+            .field("write_timeout", &self.write_timeout)
+            .field("drain_timeout", &self.drain_timeout)
+            .field("log_prompts", &self.log_prompts)
             .finish()
     }
 }
@@ -126,8 +156,27 @@ impl Default for ServeConfig {
             api_keys: Vec::new(),
             allow_unauthenticated: false,
             max_body_bytes: 2 << 20,
+            max_prompt_tokens: None,
+            max_request_tokens: 1 << 16,
+            max_connections: 512,
+            read_timeout: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(30),
+            log_prompts: false,
         }
     }
+}
+
+/// How a stop went: requests that finished while draining, and those cancelled when the
+/// drain timeout passed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drained {
+    /// Completion requests in flight when the stop began.
+    pub in_flight: usize,
+    /// Of them, those cancelled after the drain timeout (each answered 503).
+    pub cancelled: usize,
+    /// How long the drain took.
+    pub took: Duration,
 }
 
 /// A running server: the HTTP listener on a tokio runtime and the engine thread.
@@ -135,9 +184,11 @@ pub struct Server {
     addr: SocketAddr,
     runtime: tokio::runtime::Runtime,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
-    http: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    http: Option<tokio::task::JoinHandle<()>>,
     engine: Option<std::thread::JoinHandle<Result<(), String>>>,
-    stats: Arc<Mutex<EngineStats>>,
+    shared: Arc<routes::Shared>,
+    abort: Arc<AtomicBool>,
+    drain_timeout: Duration,
 }
 
 impl std::fmt::Debug for Server {
@@ -160,6 +211,9 @@ impl Server {
             ("max_batch", config.max_batch),
             ("max_pending", config.max_pending),
             ("max_body_bytes", config.max_body_bytes),
+            ("max_request_tokens", config.max_request_tokens),
+            ("max_connections", config.max_connections),
+            ("max_prompt_tokens", config.max_prompt_tokens.unwrap_or(1)),
         ] {
             if v == 0 {
                 return Err(ServeError::Setting {
@@ -168,10 +222,23 @@ impl Server {
                 });
             }
         }
+        for (field, d) in [
+            ("read_timeout", config.read_timeout),
+            ("write_timeout", config.write_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ServeError::Setting {
+                    field,
+                    reason: "must be longer than 0".into(),
+                });
+            }
+        }
         let (submit, submissions) = std::sync::mpsc::channel();
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         let stats = Arc::new(Mutex::new(EngineStats::default()));
         let engine_stats = Arc::clone(&stats);
+        let abort = Arc::new(AtomicBool::new(false));
+        let engine_abort = Arc::clone(&abort);
         let max_batch = config.max_batch;
         let engine = std::thread::Builder::new()
             .name("spot-engine".into())
@@ -182,7 +249,7 @@ impl Server {
                 }
                 Ok((frontend, engine)) => {
                     let _ = ready_tx.send(Ok(frontend));
-                    engine::run(engine, max_batch, submissions, engine_stats)
+                    engine::run(engine, max_batch, submissions, engine_stats, engine_abort)
                 }
             })?;
         let frontend = match ready_rx.recv() {
@@ -223,29 +290,45 @@ impl Server {
                 reason: "an API key is empty".into(),
             });
         }
+        let connections = Arc::new(conn::Connections::new(config.max_connections));
         let shared = Arc::new(routes::Shared {
             frontend,
-            submit: Mutex::new(submit),
-            stats: Arc::clone(&stats),
-            max_pending: config.max_pending,
+            submit: Mutex::new(Some(submit)),
+            stats,
+            limits: routes::Limits {
+                max_pending: config.max_pending,
+                max_body_bytes: config.max_body_bytes,
+                read_timeout: config.read_timeout,
+                max_prompt_tokens: config.max_prompt_tokens,
+                max_request_tokens: config.max_request_tokens,
+                log_prompts: config.log_prompts,
+            },
             next_id: AtomicU64::new(0),
+            metrics: metrics::Metrics::new(),
+            drain: routes::Drain::default(),
+            connections: Arc::clone(&connections),
+            held: Arc::default(),
         });
         let (shutdown, stop) = tokio::sync::oneshot::channel::<()>();
-        let app = routes::router(shared, config.api_keys.clone(), config.max_body_bytes);
-        let http = runtime.spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = stop.await;
-                })
-                .await
-        });
+        let app = routes::router(Arc::clone(&shared), config.api_keys.clone());
+        let limits = conn::ConnLimits {
+            max_connections: config.max_connections,
+            read_timeout: config.read_timeout,
+            write_timeout: config.write_timeout,
+            close_timeout: Duration::from_secs(5),
+        };
+        let http = runtime.spawn(conn::serve(listener, app, limits, connections, async {
+            let _ = stop.await;
+        }));
         Ok(Self {
             addr,
             runtime,
             shutdown: Some(shutdown),
             http: Some(http),
             engine: Some(engine),
-            stats,
+            shared,
+            abort,
+            drain_timeout: config.drain_timeout,
         })
     }
 
@@ -256,49 +339,106 @@ impl Server {
 
     /// The engine's counters now (what `GET /stats` answers).
     pub fn stats(&self) -> EngineStats {
-        self.stats.lock().map(|g| *g).unwrap_or_default()
+        self.shared.stats.lock().map(|g| *g).unwrap_or_default()
     }
 
-    /// Serves until Ctrl-C (then stops as [`Server::stop`] does) or until the server fails.
-    pub fn wait(mut self) -> Result<(), ServeError> {
+    /// Serves until Ctrl-C or SIGTERM (then drains and stops as [`Server::stop`] does), or
+    /// until the server fails.
+    pub fn wait(mut self) -> Result<Drained, ServeError> {
         let http = self.http.take();
         let ended = self.runtime.block_on(async {
             match http {
                 Some(h) => tokio::select! {
                     r = h => Some(r),
-                    _ = tokio::signal::ctrl_c() => None,
+                    () = interrupted() => None,
                 },
                 None => None,
             }
         });
         match ended {
             None => self.stop(),
-            Some(Ok(Ok(()))) => self.join_engine(),
-            Some(Ok(Err(e))) => Err(ServeError::Io(e)),
+            Some(Ok(())) => {
+                self.join_engine()?;
+                Ok(Drained::default())
+            }
             Some(Err(e)) => Err(ServeError::Engine(e.to_string())),
         }
     }
 
-    /// Stops accepting connections, waits for open ones to finish, and ends the engine.
-    pub fn stop(mut self) -> Result<(), ServeError> {
+    /// Drains and stops: new requests are answered 503 (`/health` too) while the requests in
+    /// flight finish, up to the drain timeout; those still running then are cancelled (each
+    /// answered 503); then the listener and every connection close and the engine ends.
+    pub fn stop(mut self) -> Result<Drained, ServeError> {
+        let start = Instant::now();
+        let drain = &self.shared.drain;
+        drain.start();
+        let in_flight = drain.in_flight();
+        if in_flight > 0 {
+            tracing::info!(in_flight, "draining");
+        }
+        let deadline = start + self.drain_timeout;
+        while drain.in_flight() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let cancelled = drain.in_flight();
+        if cancelled > 0 {
+            tracing::warn!(
+                cancelled,
+                "drain timeout passed: cancelling the requests left"
+            );
+            self.abort.store(true, Ordering::SeqCst);
+            // Each cancelled decode ends at the engine's next step.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while drain.in_flight() > 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         if let Some(s) = self.shutdown.take() {
             let _ = s.send(());
         }
-        if let Some(h) = self.http.take() {
-            match self.runtime.block_on(h) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(ServeError::Io(e)),
-                Err(e) => return Err(ServeError::Engine(e.to_string())),
-            }
+        if let Some(h) = self.http.take()
+            && let Err(e) = self.runtime.block_on(h)
+        {
+            return Err(ServeError::Engine(e.to_string()));
         }
-        self.join_engine()
+        self.join_engine()?;
+        Ok(Drained {
+            in_flight,
+            cancelled,
+            took: start.elapsed(),
+        })
     }
 
     fn join_engine(&mut self) -> Result<(), ServeError> {
+        // Closing the queue ends the engine once it is idle.
+        if let Ok(mut submit) = self.shared.submit.lock() {
+            submit.take();
+        }
         match self.engine.take().map(std::thread::JoinHandle::join) {
             None | Some(Ok(Ok(()))) => Ok(()),
             Some(Ok(Err(e))) => Err(ServeError::Engine(e)),
             Some(Err(_)) => Err(ServeError::Engine("the engine thread panicked".into())),
         }
+    }
+}
+
+/// Ctrl-C, or SIGTERM (what systemd, Docker and Kubernetes send) on Unix.
+async fn interrupted() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

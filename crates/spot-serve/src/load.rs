@@ -53,6 +53,8 @@ pub struct LoadConfig {
     pub spot: Option<Value>,
     /// A client gives up on a request after this long.
     pub timeout: Duration,
+    /// The API key to send (`Authorization: Bearer KEY`), if the server wants one.
+    pub api_key: Option<String>,
 }
 
 impl LoadConfig {
@@ -72,6 +74,7 @@ impl LoadConfig {
             stop: Vec::new(),
             spot: None,
             timeout: Duration::from_secs(600),
+            api_key: None,
         }
     }
 
@@ -273,12 +276,11 @@ pub async fn one(
 ) -> Result<LoadResponse, LoadError> {
     let http = |source| LoadError::Http { index, source };
     let t0 = Instant::now();
-    let resp = client
-        .post(cfg.endpoint())
-        .json(&cfg.body(index))
-        .send()
-        .await
-        .map_err(http)?;
+    let mut req = client.post(cfg.endpoint()).json(&cfg.body(index));
+    if let Some(key) = &cfg.api_key {
+        req = req.bearer_auth(key);
+    }
+    let resp = req.send().await.map_err(http)?;
     let status = resp.status();
     if !status.is_success() {
         let body = resp.text().await.unwrap_or_default();

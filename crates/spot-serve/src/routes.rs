@@ -1,17 +1,17 @@
 //! The HTTP routes: OpenAI's completions, chat completions (plain and streamed as server-sent
-//! events, one event per finished block) and models, plus `/stats` and `/health`.
+//! events, one event per finished block) and models, plus `/stats`, `/metrics` and `/health`;
+//! and the layers around them: the request log and counters, then the key check.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::StatusCode;
-use axum::http::header::AUTHORIZATION;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -22,52 +22,168 @@ use serde_json::{Value, json};
 use spot_core::CancelHandle;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use crate::conn::Connections;
 use crate::engine::{Completion, EngineStats, Event, Submission};
 use crate::error::ApiError;
 use crate::frontend::Frontend;
+use crate::metrics::{self, Finished, Metrics};
 use crate::openai::{self, Parsed};
 
 /// State shared by the handlers.
 pub(crate) struct Shared {
     pub frontend: Frontend,
-    pub submit: Mutex<Sender<Submission>>,
+    /// The engine's queue; taken (closed) when the server stops.
+    pub submit: Mutex<Option<Sender<Submission>>>,
     pub stats: Arc<Mutex<EngineStats>>,
-    pub max_pending: usize,
+    pub limits: Limits,
     pub next_id: AtomicU64,
+    pub metrics: Metrics,
+    pub drain: Drain,
+    pub connections: Arc<Connections>,
+    /// Choices accepted and not ended, counted here (not from the engine's counters, which
+    /// lag a step) so that concurrent requests cannot pass `max_pending` together.
+    pub held: Arc<AtomicUsize>,
 }
 
-/// The router of a server: the routes behind the key check (when `keys` is not empty) and the
-/// body limit.
-pub(crate) fn router(shared: Arc<Shared>, keys: Vec<String>, max_body: usize) -> Router {
-    let limit = max_body;
+/// A request's choices counted in [`Shared::held`] until each ends (or the request drops).
+struct Held {
+    n: usize,
+    count: Arc<AtomicUsize>,
+}
+
+impl Held {
+    /// Counts `n` more choices unless that passes `max`; else the count now.
+    fn reserve(count: &Arc<AtomicUsize>, n: usize, max: usize) -> Result<Self, usize> {
+        let mut now = count.load(Ordering::SeqCst);
+        loop {
+            if now + n > max {
+                return Err(now);
+            }
+            match count.compare_exchange_weak(now, now + n, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {
+                    return Ok(Self {
+                        n,
+                        count: Arc::clone(count),
+                    });
+                }
+                Err(seen) => now = seen,
+            }
+        }
+    }
+
+    /// One choice ended.
+    fn release_one(&mut self) {
+        if self.n > 0 {
+            self.n -= 1;
+            self.count.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.count.fetch_sub(self.n, Ordering::SeqCst);
+    }
+}
+
+/// The per-request bounds.
+#[derive(Clone, Debug)]
+pub(crate) struct Limits {
+    pub max_pending: usize,
+    pub max_body_bytes: usize,
+    pub read_timeout: Duration,
+    pub max_prompt_tokens: Option<usize>,
+    pub max_request_tokens: usize,
+    pub log_prompts: bool,
+}
+
+/// Whether the server drains, and the completion requests it still answers.
+#[derive(Debug, Default)]
+pub(crate) struct Drain {
+    draining: AtomicBool,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Drain {
+    pub(crate) fn start(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Completion requests being answered (streams included).
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    fn enter(&self) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(Arc::clone(&self.in_flight))
+    }
+}
+
+/// One completion request counted in flight until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The server's number for a request (its log lines, `x-request-id`, and its response id).
+#[derive(Clone, Copy, Debug)]
+struct RequestNo(u64);
+
+/// The router of a server: the routes, behind the key check (when `keys` is not empty),
+/// behind the request log and counters.
+pub(crate) fn router(shared: Arc<Shared>, keys: Vec<String>) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/stats", get(stats))
-        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics_text))
+        .route("/health", get(health))
         .fallback(|| async {
             ApiError::bad_request(
-                "no such route; this server has /v1/completions, \
-                 /v1/chat/completions, /v1/models, /stats and /health",
+                "no such route; this server has /v1/completions, /v1/chat/completions, \
+                 /v1/models, /stats, /metrics and /health",
             )
             .with_status(StatusCode::NOT_FOUND)
         })
+        .layer(middleware::from_fn_with_state(Arc::new(keys), authorize))
+        .layer(middleware::from_fn_with_state(Arc::clone(&shared), observe))
         .with_state(shared)
-        .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn_with_state(
-            (Arc::new(keys), limit),
-            authorize,
-        ))
 }
 
-/// Every route but `/health` needs one of `keys` as a bearer token (when there are keys); a
-/// body over the limit is a 413 naming it.
-async fn authorize(
-    State((keys, limit)): State<(Arc<Vec<String>>, usize)>,
-    req: Request,
-    next: Next,
-) -> Response {
+/// Numbers the request, counts its answer by route and status, and logs it (never its
+/// body). Completion requests log again when their decodes end ([`Run`]).
+async fn observe(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
+    let no = s.next_id.fetch_add(1, Ordering::Relaxed);
+    req.extensions_mut().insert(RequestNo(no));
+    let endpoint = metrics::endpoint(req.uri().path());
+    let verb = req.method().clone();
+    let start = Instant::now();
+    let mut response = next.run(req).await;
+    let status = response.status().as_u16();
+    s.metrics.request(endpoint, status);
+    response
+        .headers_mut()
+        .insert("x-request-id", HeaderValue::from(no));
+    let ms = millis(start.elapsed());
+    if matches!(endpoint, "/health" | "/metrics") {
+        tracing::debug!(target: "spot_serve::http", id = no, verb = %verb, endpoint, status, ms);
+    } else {
+        tracing::info!(target: "spot_serve::http", id = no, verb = %verb, endpoint, status, ms);
+    }
+    response
+}
+
+/// Every route but `/health` needs one of `keys` as a bearer token (when there are keys).
+async fn authorize(State(keys): State<Arc<Vec<String>>>, req: Request, next: Next) -> Response {
     if !keys.is_empty() && req.uri().path() != "/health" {
         let given = req
             .headers()
@@ -86,16 +202,12 @@ async fn authorize(
                 .into_response();
         }
     }
-    let response = next.run(req).await;
-    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::bad_request(format!(
-            "the body is over this server's limit of {limit} bytes"
-        ))
-        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-        .with_code("body_too_large")
-        .into_response();
-    }
-    response
+    next.run(req).await
+}
+
+/// Milliseconds to a tenth, for the logs.
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e4).round() / 10.0
 }
 
 /// Whether `a == b`, in time that depends on their lengths only.
@@ -116,6 +228,13 @@ impl Kind {
             (Kind::Completion, _) => "text_completion",
             (Kind::Chat, false) => "chat.completion",
             (Kind::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn endpoint(self) -> &'static str {
+        match self {
+            Kind::Completion => "/v1/completions",
+            Kind::Chat => "/v1/chat/completions",
         }
     }
 
@@ -153,18 +272,12 @@ impl Kind {
     }
 }
 
-async fn completions(
-    State(s): State<Arc<Shared>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    answer(s, Kind::Completion, body).await
+async fn completions(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    answer(s, Kind::Completion, req).await
 }
 
-async fn chat_completions(
-    State(s): State<Arc<Shared>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    answer(s, Kind::Chat, body).await
+async fn chat_completions(State(s): State<Arc<Shared>>, req: Request) -> Response {
+    answer(s, Kind::Chat, req).await
 }
 
 async fn models(State(s): State<Arc<Shared>>) -> Response {
@@ -185,34 +298,141 @@ async fn stats(State(s): State<Arc<Shared>>) -> Response {
     axum::Json(now).into_response()
 }
 
+async fn metrics_text(State(s): State<Arc<Shared>>) -> Response {
+    let now = s.stats.lock().map(|g| *g).unwrap_or_default();
+    let text = s
+        .metrics
+        .render(&now, s.connections.open(), s.drain.draining());
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// `ok`, or 503 `{"status": "draining"}` with `Retry-After` once the server drains.
+async fn health(State(s): State<Arc<Shared>>) -> Response {
+    if s.drain.draining() {
+        let mut r = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "draining"})),
+        )
+            .into_response();
+        r.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            HeaderValue::from_static("1"),
+        );
+        r
+    } else {
+        "ok".into_response()
+    }
+}
+
+/// The 503 of a request that arrives while the server drains.
+fn draining() -> ApiError {
+    ApiError::bad_request("the server is shutting down; try another replica or again later")
+        .with_status(StatusCode::SERVICE_UNAVAILABLE)
+        .with_code("server_shutting_down")
+}
+
+/// The body, read within the read timeout and the body limit (408 and 413 naming them).
+async fn read_body(s: &Shared, body: Body) -> Result<Bytes, ApiError> {
+    let limit = s.limits.max_body_bytes;
+    let read = tokio::time::timeout(s.limits.read_timeout, axum::body::to_bytes(body, limit));
+    match read.await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let e = e.into_inner();
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                Err(ApiError::bad_request(format!(
+                    "the body is over this server's limit of {limit} bytes"
+                ))
+                .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+                .with_code("body_too_large"))
+            } else {
+                Err(ApiError::bad_request(format!("cannot read the body: {e}")))
+            }
+        }
+        Err(_) => Err(ApiError::bad_request(format!(
+            "the body did not arrive within this server's read timeout of {} s",
+            s.limits.read_timeout.as_secs_f64()
+        ))
+        .with_status(StatusCode::REQUEST_TIMEOUT)
+        .with_code("body_timeout")),
+    }
+}
+
+/// The prompt and request-size limits of a parsed request.
+fn check_sizes(limits: &Limits, kind: Kind, parsed: &Parsed) -> Result<(), ApiError> {
+    let field = match kind {
+        Kind::Completion => "prompt",
+        Kind::Chat => "messages",
+    };
+    if let Some(max) = limits.max_prompt_tokens
+        && let Some(&longest) = parsed.prompt_tokens.iter().max()
+        && longest > max
+    {
+        return Err(ApiError::invalid(
+            field,
+            format!("the prompt has {longest} tokens, over this server's limit of {max}"),
+        )
+        .with_code("prompt_too_long"));
+    }
+    let per_choice = parsed.jobs.first().map_or(0, |j| j.spec.max_tokens);
+    let total = per_choice.saturating_mul(parsed.jobs.len());
+    if total > limits.max_request_tokens {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "max_tokens {per_choice} × {} choices is {total} tokens, over this server's \
+                 limit of {} per request",
+                parsed.jobs.len(),
+                limits.max_request_tokens
+            ),
+        )
+        .with_code("request_too_large"));
+    }
+    Ok(())
+}
+
 /// Parses, submits, and answers plainly or as a stream.
-async fn answer(s: Arc<Shared>, kind: Kind, body: Result<Bytes, BytesRejection>) -> Response {
-    match respond(s, kind, body).await {
+async fn answer(s: Arc<Shared>, kind: Kind, req: Request) -> Response {
+    match respond(s, kind, req).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn respond(
-    s: Arc<Shared>,
-    kind: Kind,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let bytes = body.map_err(|e| {
-        ApiError::bad_request(format!("cannot read the body: {e}")).with_status(e.status())
-    })?;
+async fn respond(s: Arc<Shared>, kind: Kind, req: Request) -> Result<Response, ApiError> {
+    let start = Instant::now();
+    let no = req.extensions().get::<RequestNo>().map_or(0, |n| n.0);
+    if s.drain.draining() {
+        return Err(draining());
+    }
+    let in_flight = s.drain.enter();
+    let bytes = read_body(&s, req.into_body()).await?;
     let parsed = match kind {
         Kind::Completion => openai::completion(&s.frontend, &bytes)?,
         Kind::Chat => openai::chat(&s.frontend, &bytes)?,
     };
-    let pending = s.stats.lock().map(|g| g.live + g.queued).unwrap_or(0);
-    if pending + parsed.jobs.len() > s.max_pending {
-        return Err(ApiError::bad_request(format!(
-            "the server holds {pending} requests (at most {}); try again later",
-            s.max_pending
+    check_sizes(&s.limits, kind, &parsed)?;
+    let held = Held::reserve(&s.held, parsed.jobs.len(), s.limits.max_pending).map_err(|now| {
+        ApiError::bad_request(format!(
+            "the server holds {now} requests (at most {}); try again later",
+            s.limits.max_pending
         ))
-        .with_status(StatusCode::SERVICE_UNAVAILABLE));
-    }
+        .with_status(StatusCode::SERVICE_UNAVAILABLE)
+        .with_code("queue_full")
+    })?;
+    let prompt_text = match (s.limits.log_prompts, parsed.jobs.first()) {
+        (true, Some(j)) => s.frontend.tokenizer.decode(&j.spec.prompt).ok(),
+        _ => None,
+    };
     let (tx, mut rx) = unbounded_channel();
     let Parsed {
         jobs,
@@ -227,22 +447,22 @@ async fn respond(
         .first()
         .and_then(|j| j.spec.method.clone())
         .unwrap_or_else(|| s.frontend.defaults.method.clone());
-    s.submit
-        .lock()
-        .map_err(|_| engine_gone())?
-        .send(Submission { jobs, events: tx })
-        .map_err(|_| engine_gone())?;
+    {
+        let submit = s.submit.lock().map_err(|_| engine_gone())?;
+        let Some(submit) = submit.as_ref() else {
+            return Err(draining());
+        };
+        submit
+            .send(Submission { jobs, events: tx })
+            .map_err(|_| engine_gone())?;
+    }
     let guard = match rx.recv().await {
         Some(Event::Accepted(handles)) => Cancel(handles),
         Some(Event::Rejected(e)) => return Err(ApiError::bad_request(e)),
         _ => return Err(engine_gone()),
     };
     let head = Head {
-        id: format!(
-            "{}-{}",
-            kind.prefix(),
-            s.next_id.fetch_add(1, Ordering::Relaxed)
-        ),
+        id: format!("{}-{no}", kind.prefix()),
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -261,6 +481,15 @@ async fn respond(
         prompt_tokens: prompt_tokens.iter().sum(),
         completion_tokens: 0,
         head,
+        log: RunLog {
+            no,
+            start,
+            first_block: None,
+            failed: None,
+            prompt_text,
+            held,
+            _in_flight: in_flight,
+        },
     };
     if stream {
         Ok(Sse::new(run.events(include_usage))
@@ -329,6 +558,56 @@ struct Run {
     prompt_tokens: usize,
     completion_tokens: usize,
     head: Head,
+    log: RunLog,
+}
+
+/// What a [`Run`] logs and counts when it ends.
+struct RunLog {
+    no: u64,
+    start: Instant,
+    first_block: Option<Duration>,
+    /// The status of the error that ended it, if one did.
+    failed: Option<u16>,
+    /// The first prompt's text, when the server logs prompts.
+    prompt_text: Option<String>,
+    held: Held,
+    _in_flight: InFlight,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        // 499: the client went away before the last choice ended.
+        let status = match (self.log.failed, self.left) {
+            (Some(s), _) => s,
+            (None, 0) => 200,
+            (None, _) => 499,
+        };
+        let done = Finished {
+            endpoint: self.head.kind.endpoint(),
+            method: &self.head.method,
+            status,
+            choices: self.choices.len(),
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            duration: self.log.start.elapsed(),
+            first_block: self.log.first_block,
+        };
+        self.shared.metrics.completion(&done);
+        let first_block_ms = done.first_block.map(millis);
+        tracing::info!(
+            target: "spot_serve::completion",
+            id = self.log.no,
+            endpoint = done.endpoint,
+            method = %done.method,
+            status,
+            choices = done.choices,
+            prompt_tokens = done.prompt_tokens,
+            completion_tokens = done.completion_tokens,
+            ms = millis(done.duration),
+            first_block_ms,
+            prompt = self.log.prompt_text.as_deref(),
+        );
+    }
 }
 
 fn finish_reason(out: &Completion) -> &'static str {
@@ -341,10 +620,23 @@ impl Run {
         while self.left > 0 {
             match self.rx.recv().await {
                 Some(Event::Done { choice, output }) => self.done(choice, output)?,
+                Some(Event::Block { .. }) => {
+                    self.log
+                        .first_block
+                        .get_or_insert_with(|| self.log.start.elapsed());
+                }
                 Some(_) => {}
-                None => return Err(engine_gone()),
+                None => return Err(self.fail(engine_gone())),
             }
         }
+        match self.body() {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// The whole response of a run whose choices have all ended.
+    fn body(&self) -> Result<Value, ApiError> {
         let mut choices = Vec::with_capacity(self.choices.len());
         let mut spot = Vec::with_capacity(self.choices.len());
         for (i, c) in self.choices.iter().enumerate() {
@@ -367,8 +659,35 @@ impl Run {
         Ok(v)
     }
 
+    /// Notes `e` as what ended the request.
+    fn fail(&mut self, e: ApiError) -> ApiError {
+        self.log.failed = Some(e.status.as_u16());
+        e
+    }
+
     fn done(&mut self, choice: usize, output: Result<Completion, String>) -> Result<(), ApiError> {
-        let out = output.map_err(internal)?;
+        self.log.held.release_one();
+        let out = output.map_err(internal).and_then(|out| {
+            if out.cancelled {
+                // Only the server cancels a decode whose client is still here: at shutdown,
+                // once the drain timeout has passed.
+                Err(ApiError::bad_request(
+                    "the server shut down before this request finished (its drain timeout \
+                     passed)",
+                )
+                .with_status(StatusCode::SERVICE_UNAVAILABLE)
+                .with_code("server_shutting_down"))
+            } else {
+                Ok(out)
+            }
+        });
+        let out = out.map_err(|e| self.fail(e))?;
+        self.shared.metrics.decode(
+            self.head.kind.endpoint(),
+            &self.head.method,
+            out.tokens.len(),
+            &out.work,
+        );
         self.completion_tokens += out.tokens.len();
         if let Some(c) = self.choices.get_mut(choice) {
             c.output = Some(out);
@@ -423,14 +742,17 @@ impl Run {
                 let event = match run.rx.recv().await {
                     Some(e) => e,
                     None => {
-                        let e = engine_gone();
+                        let e = run.fail(engine_gone());
                         return Some((vec![data(&e.body())], (run, include_usage, true)));
                     }
                 };
                 match run.stream_event(event) {
                     Ok(out) if out.is_empty() => continue,
                     Ok(out) => return Some((out, (run, include_usage, false))),
-                    Err(e) => return Some((vec![data(&e.body())], (run, include_usage, true))),
+                    Err(e) => {
+                        let e = run.fail(e);
+                        return Some((vec![data(&e.body())], (run, include_usage, true)));
+                    }
                 }
             }
         });
@@ -444,6 +766,9 @@ impl Run {
         let mut out = Vec::new();
         match event {
             Event::Block { choice, tokens } => {
+                self.log
+                    .first_block
+                    .get_or_insert_with(|| self.log.start.elapsed());
                 let Some(c) = self.choices.get_mut(choice) else {
                     return Ok(out);
                 };
