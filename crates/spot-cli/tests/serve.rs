@@ -9,8 +9,9 @@ use std::process::{Child, Command, Stdio};
 use serde_json::{Value, json};
 use spot_serve::load::{LoadConfig, LoadError, run_blocking};
 
-/// A running `spot serve` (killed when dropped) and its base URL.
-struct Served(Child, String);
+/// A running `spot serve` (killed when dropped), its base URL, and its stderr lines after
+/// the address.
+struct Served(Child, String, std::sync::mpsc::Receiver<String>);
 
 impl Drop for Served {
     fn drop(&mut self) {
@@ -38,8 +39,13 @@ fn serve(args: &[&str]) -> Served {
         }
     };
     // Keep draining stderr so the server never blocks on it.
-    std::thread::spawn(move || for _ in lines {});
-    Served(child, url)
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    Served(child, url, rx)
 }
 
 /// `spot generate --json` over every prompt (one process): text and NFE per prompt.
@@ -232,4 +238,119 @@ fn autoregressive_responses_equal_spot_generate() {
     ] {
         assert_400(&served.1, "llama-tiny", spot, needle);
     }
+}
+
+/// SIGTERM drains: new requests and `/health` are 503 with `Retry-After` while a request in
+/// flight finishes whole (its text equal to `spot generate`'s), then the process exits 0. The
+/// JSON request logs name id, method, tokens, status and duration, and never the prompt
+/// unless `--log-prompts` is given.
+#[cfg(unix)]
+#[test]
+fn sigterm_drains_and_logs_never_show_prompts() {
+    let prompt = "def secret_marker_fn(x):";
+    for log_prompts in [false, true] {
+        let mut args = vec!["--log-format", "json", "--max-new-tokens", "32"];
+        if log_prompts {
+            args.push("--log-prompts");
+        }
+        let mut served = serve(&args);
+        let url = served.1.clone();
+        let body = json!({"model": "sdar-tiny-code", "prompt": prompt, "max_tokens": 32,
+            "spot": {"method": "df"}});
+        let post = move |body: &Value| {
+            let (status, head, text) = http(&url, "POST", "/v1/completions", &body.to_string());
+            let retry = head.to_ascii_lowercase().contains("\r\nretry-after:");
+            (status, retry, serde_json::from_str::<Value>(&text).unwrap())
+        };
+        let in_flight = {
+            let (body, post) = (body.clone(), post.clone());
+            std::thread::spawn(move || post(&body))
+        };
+        // Wait until the request is decoding, then SIGTERM.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let live = || {
+            let (_, _, text) = http(&served.1, "GET", "/stats", "");
+            serde_json::from_str::<Value>(&text).unwrap()["live"]
+                .as_u64()
+                .unwrap()
+        };
+        while live() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the request never started"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let pid = served.0.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        // Draining (once the signal is handled): `/health` and a new request are 503 with
+        // Retry-After.
+        loop {
+            let (status, head, text) = http(&served.1, "GET", "/health", "");
+            if status == 503 {
+                assert!(text.contains("draining"), "{text}");
+                assert!(head.to_ascii_lowercase().contains("\r\nretry-after:"));
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "never drained");
+        }
+        let (status, retry, v) = post(&body);
+        assert_eq!((status, retry), (503, true), "{v}");
+        assert_eq!(v["error"]["code"], "server_shutting_down");
+        let (status, _, v) = in_flight.join().unwrap();
+        assert_eq!(status, 200, "{v}");
+        let want = generate("df", &[prompt], 0.0, 0);
+        assert_eq!(v["choices"][0]["text"], want[0]["text"]);
+        let exit = served.0.wait().unwrap();
+        assert!(exit.success(), "spot serve exited with {exit}");
+        let logs: Vec<Value> = served
+            .2
+            .try_iter()
+            .filter_map(|l| serde_json::from_str(&l).ok())
+            .collect();
+        let done = logs
+            .iter()
+            .find(|l| l["target"] == "spot_serve::completion" && l["status"] == 200)
+            .unwrap_or_else(|| panic!("no completion log line in {logs:?}"));
+        assert_eq!(done["method"], "df");
+        assert_eq!(done["completion_tokens"], v["usage"]["completion_tokens"]);
+        assert!(
+            done["ms"].as_f64().unwrap() > 0.0 && done["id"].is_u64(),
+            "{done}"
+        );
+        assert!(
+            logs.iter()
+                .any(|l| l["target"] == "spot_serve::http" && l["status"] == 503),
+            "the refused request is logged"
+        );
+        let shown = logs
+            .iter()
+            .any(|l| l.to_string().contains("secret_marker_fn"));
+        assert_eq!(shown, log_prompts, "prompt text in the logs: {logs:?}");
+    }
+}
+
+/// One HTTP/1.1 request on its own connection: status, head and body.
+fn http(url: &str, verb: &str, path: &str, body: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{verb} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, head.to_string(), body.to_string())
 }

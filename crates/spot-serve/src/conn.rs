@@ -118,6 +118,7 @@ async fn refuse(mut stream: TcpStream, max: usize) {
     let body = ApiError::bad_request(format!(
         "this server has {max} connections open, its limit; try again later"
     ))
+    .with_status(axum::http::StatusCode::SERVICE_UNAVAILABLE)
     .with_code("too_many_connections")
     .body()
     .to_string();
@@ -140,14 +141,14 @@ async fn refuse(mut stream: TcpStream, max: usize) {
 }
 
 /// A connection holding its slot (released when it closes) and failing a write that stalls.
-struct Guarded {
-    stream: TcpStream,
+struct Guarded<S> {
+    stream: S,
     _permit: OwnedSemaphorePermit,
     write_timeout: Duration,
     stall: Option<Pin<Box<Sleep>>>,
 }
 
-impl Guarded {
+impl<S> Guarded<S> {
     /// A write's result: `Pending` starts the stall timer (and becomes a `TimedOut` error
     /// once it has run out); progress resets it.
     fn progress<T>(&mut self, p: Poll<io::Result<T>>, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
@@ -169,7 +170,7 @@ impl Guarded {
     }
 }
 
-impl AsyncRead for Guarded {
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -179,7 +180,7 @@ impl AsyncRead for Guarded {
     }
 }
 
-impl AsyncWrite for Guarded {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -209,5 +210,64 @@ impl AsyncWrite for Guarded {
 
     fn is_write_vectored(&self) -> bool {
         self.stream.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that never reads: once the pipe is full, the write fails after the stall
+    /// timeout (not before), and the slot is free once the connection is dropped.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_write_times_out_and_frees_its_slot() {
+        let (ours, _theirs) = tokio::io::duplex(64);
+        let slots = Arc::new(Semaphore::new(1));
+        let permit = Arc::clone(&slots).try_acquire_owned().unwrap();
+        let mut conn = Guarded {
+            stream: ours,
+            _permit: permit,
+            write_timeout: Duration::from_secs(5),
+            stall: None,
+        };
+        assert_eq!(slots.available_permits(), 0);
+        let start = tokio::time::Instant::now();
+        let mut written = 0;
+        let err = loop {
+            match conn.write(&[7u8; 16]).await {
+                Ok(n) => written += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(written, 64);
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        drop(conn);
+        assert_eq!(slots.available_permits(), 1);
+    }
+
+    /// Progress resets the timer: a slow reader that keeps reading is not cut off.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_is_not_cut_off() {
+        let (ours, mut theirs) = tokio::io::duplex(16);
+        let slots = Arc::new(Semaphore::new(1));
+        let mut conn = Guarded {
+            stream: ours,
+            _permit: Arc::clone(&slots).try_acquire_owned().unwrap(),
+            write_timeout: Duration::from_secs(5),
+            stall: None,
+        };
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 8];
+            let mut got = 0;
+            while got < 256 {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                got += theirs.read(&mut buf).await.unwrap();
+            }
+            got
+        });
+        conn.write_all(&[1u8; 256]).await.unwrap();
+        drop(conn);
+        assert!(reader.await.unwrap() >= 256);
     }
 }

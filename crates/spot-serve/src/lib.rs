@@ -337,6 +337,11 @@ impl Server {
         self.addr
     }
 
+    /// HTTP connections open now.
+    pub fn open_connections(&self) -> usize {
+        self.shared.connections.open()
+    }
+
     /// The engine's counters now (what `GET /stats` answers).
     pub fn stats(&self) -> EngineStats {
         self.shared.stats.lock().map(|g| *g).unwrap_or_default()

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::header::{AUTHORIZATION, CONNECTION, CONTENT_TYPE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -404,7 +404,20 @@ fn check_sizes(limits: &Limits, kind: Kind, parsed: &Parsed) -> Result<(), ApiEr
 async fn answer(s: Arc<Shared>, kind: Kind, req: Request) -> Response {
     match respond(s, kind, req).await {
         Ok(r) => r,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            // A body that was not read whole (too large, too slow): the connection cannot
+            // carry another request, so it closes after this answer and frees its slot.
+            let unread = matches!(
+                e.status,
+                StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+            );
+            let mut r = e.into_response();
+            if unread {
+                r.headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+            }
+            r
+        }
     }
 }
 

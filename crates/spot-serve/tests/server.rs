@@ -588,3 +588,248 @@ fn keys_limits_and_exposure() {
     .unwrap();
     allowed.stop().unwrap();
 }
+
+/// What a raw connection gets back (until the server closes it or `wait` passes): the status
+/// (0 for none) and everything read.
+fn read_reply(c: &mut std::net::TcpStream, wait: Duration) -> (u16, String) {
+    c.set_read_timeout(Some(wait)).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+/// Waits until the server has closed every connection (a client's close reaches it a moment
+/// after the client returns).
+fn settle(s: &Server) {
+    let t0 = Instant::now();
+    while s.open_connections() > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "connections stay open"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The bounds a client can run into, each an OpenAI-style error naming it: prompt tokens,
+/// `max_tokens` × choices, open connections (503 with `Retry-After`), a body that does not
+/// arrive (408), headers that do not arrive and an idle keep-alive connection (closed after
+/// the read timeout, freeing their slots). Then `/metrics` counts what happened.
+#[test]
+fn limits_timeouts_and_metrics() {
+    let server = start_with(ServeConfig {
+        addr: "127.0.0.1:0".into(),
+        max_prompt_tokens: Some(8),
+        max_request_tokens: 16,
+        max_connections: 2,
+        read_timeout: Duration::from_millis(1500),
+        ..ServeConfig::default()
+    })
+    .unwrap();
+    let long = json!({"model": MODEL, "prompt": "def f(x):\n    return x * x + 1 if x else 0",
+        "max_tokens": 4});
+    let (status, v) = post(&server, "/v1/completions", &long.to_string());
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "prompt_too_long");
+    assert_eq!(v["error"]["param"], "prompt");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 8")
+    );
+    settle(&server);
+    let wide = json!({"model": MODEL, "prompt": "x", "max_tokens": 6, "n": 3});
+    let (status, v) = post(&server, "/v1/completions", &wide.to_string());
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "request_too_large");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limit of 16")
+    );
+    settle(&server);
+    let fits = json!({"model": MODEL, "prompt": "x", "max_tokens": 8, "n": 2});
+    let (status, v) = post(&server, "/v1/completions", &fits.to_string());
+    assert_eq!(status, 200, "{v}");
+    let mut generated = v["usage"]["completion_tokens"].as_f64().unwrap();
+
+    settle(&server);
+    // Two slow clients hold both connections: one sends half its headers, one a body shorter
+    // than its Content-Length. A third connection is answered 503 naming the limit.
+    let mut half_headers = std::net::TcpStream::connect(server.addr()).unwrap();
+    write!(half_headers, "POST /v1/completions HTTP/1.1\r\nhost: x\r\n").unwrap();
+    let mut short_body = std::net::TcpStream::connect(server.addr()).unwrap();
+    write!(
+        short_body,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: 100\r\n\r\n{{\"model\""
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut third = raw_post(&server, &fits.to_string());
+    let (status, text) = read_reply(&mut third, Duration::from_secs(5));
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("too_many_connections") && text.contains("2 connections"));
+    assert!(
+        text.to_ascii_lowercase().contains("retry-after: 1"),
+        "{text}"
+    );
+    // After the read timeout: the short body is a 408 naming the timeout, the half-sent
+    // headers are closed without an answer.
+    let t0 = Instant::now();
+    let (status, text) = read_reply(&mut short_body, Duration::from_secs(10));
+    assert_eq!(status, 408, "{text}");
+    assert!(
+        text.contains("body_timeout") && text.contains("1.5 s"),
+        "{text}"
+    );
+    let (status, text) = read_reply(&mut half_headers, Duration::from_secs(10));
+    assert!(status == 0 || status == 408, "{text}");
+    assert!(t0.elapsed() < Duration::from_secs(8));
+    // The slots are free again; a keep-alive connection left idle is closed after the read
+    // timeout, freeing its slot too.
+    settle(&server);
+    let mut idle = raw_post(&server, &fits.to_string());
+    let t0 = Instant::now();
+    let (status, text) = read_reply(&mut idle, Duration::from_secs(30));
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(25),
+        "the idle connection stayed open"
+    );
+    settle(&server);
+    let (_, json) = text.split_once("\r\n\r\n").unwrap();
+    let v: Value = serde_json::from_str(json).unwrap();
+    generated += v["usage"]["completion_tokens"].as_f64().unwrap();
+
+    let metrics = {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let r = reqwest::get(format!("{}/metrics", url(&server)))
+                .await
+                .unwrap();
+            assert!(
+                r.headers()["content-type"]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("application/openmetrics-text")
+            );
+            r.text().await.unwrap()
+        })
+    };
+    let value = |line: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no `{line}` in\n{metrics}"))
+    };
+    assert_eq!(
+        value(r#"spot_http_requests_total{endpoint="/v1/completions",status="400"}"#),
+        2.0
+    );
+    assert_eq!(
+        value(r#"spot_http_requests_total{endpoint="/v1/completions",status="200"}"#),
+        2.0
+    );
+    assert_eq!(
+        value(r#"spot_http_requests_total{endpoint="/v1/completions",status="408"}"#),
+        1.0
+    );
+    assert_eq!(value("spot_completion_tokens_total"), generated);
+    assert_eq!(
+        value(r#"spot_choices_total{endpoint="/v1/completions",status="200"}"#),
+        4.0
+    );
+    assert_eq!(
+        value("spot_forwards_total"),
+        get_stats(&server).forwards as f64
+    );
+    assert_eq!(value("spot_live_requests"), 0.0);
+    assert_eq!(value("spot_draining"), 0.0);
+    assert_eq!(
+        value(r#"spot_request_duration_seconds_count{endpoint="/v1/completions",method="df"}"#),
+        2.0
+    );
+    assert!(metrics.trim_end().ends_with("# EOF"));
+    server.stop().unwrap();
+}
+
+/// Stopping drains: `/health` and new requests are 503 with `Retry-After` while a request
+/// in flight finishes whole (equal to decoding alone); with a drain timeout too short for it,
+/// it is cancelled instead and answered 503, and the server still stops cleanly.
+#[test]
+fn stopping_drains_then_cancels_at_the_timeout() {
+    for (drain_timeout, finishes) in [(Duration::from_secs(120), true), (Duration::ZERO, false)] {
+        let server = start_with(ServeConfig {
+            addr: "127.0.0.1:0".into(),
+            drain_timeout,
+            ..ServeConfig::default()
+        })
+        .unwrap();
+        let addr = server.addr();
+        let body = json!({"model": MODEL, "prompt": "def fib(n):", "max_tokens": 64});
+        let mut c = raw_post(&server, &body.to_string());
+        let t0 = Instant::now();
+        while get_stats(&server).live == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(60), "never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let stopping = std::thread::spawn(move || server.stop().unwrap());
+        if finishes {
+            std::thread::sleep(Duration::from_millis(100));
+            let mut health = std::net::TcpStream::connect(addr).unwrap();
+            write!(
+                health,
+                "GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let (status, text) = read_reply(&mut health, Duration::from_secs(10));
+            assert_eq!(status, 503, "{text}");
+            assert!(text.contains("draining") && text.to_ascii_lowercase().contains("retry-after"));
+            let mut late = std::net::TcpStream::connect(addr).unwrap();
+            let b = body.to_string();
+            write!(
+                late,
+                "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n{b}",
+                b.len()
+            )
+            .unwrap();
+            let (status, text) = read_reply(&mut late, Duration::from_secs(10));
+            assert_eq!(status, 503, "{text}");
+            assert!(text.contains("server_shutting_down"), "{text}");
+        }
+        let (status, text) = read_reply(&mut c, Duration::from_secs(120));
+        let drained = stopping.join().unwrap();
+        assert_eq!(drained.in_flight, 1);
+        if finishes {
+            assert_eq!(status, 200, "{text}");
+            assert_eq!(drained.cancelled, 0);
+            let (_, json) = text.split_once("\r\n\r\n").unwrap();
+            let v: Value = serde_json::from_str(json).unwrap();
+            let (want, _) = alone(&mut model(), "def fib(n):", (64, 0.0, 0), &[]);
+            assert_eq!(v["choices"][0]["text"], want);
+        } else {
+            assert_eq!(status, 503, "{text}");
+            assert!(text.contains("server_shutting_down"), "{text}");
+            assert_eq!(drained.cancelled, 1);
+        }
+    }
+}
