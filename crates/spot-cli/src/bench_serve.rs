@@ -20,7 +20,7 @@ use crate::decode_args::DecodeArgs;
 use crate::generate::ar::{self, SpecDiffArgs};
 use crate::methods::Method;
 use crate::prompts::{self, ChatArgs, Prompt};
-use crate::serve::{self, ServeArgs};
+use crate::serve::{self, LogFormat, ServeArgs};
 use crate::{DtypeArg, load, model_dir};
 
 /// Arguments of `spot bench-serve`.
@@ -60,6 +60,10 @@ pub struct BenchServeArgs {
     /// SpecDiff-2's settings (autoregressive folders).
     #[command(flatten)]
     specdiff: SpecDiffArgs,
+    /// The server's request logs on stderr, as `spot serve --log-format` writes them (off by
+    /// default; on, to measure what logging costs).
+    #[arg(long, value_enum, default_value_t = LogFormat::Off)]
+    log_format: LogFormat,
 }
 
 /// The API key of the benchmarked server: its requests go through the key check, as a
@@ -80,6 +84,7 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
     if a.chat.system.is_some() {
         bail!("--system is not sent by the load generator; use --chat alone");
     }
+    serve::init_logs(a.log_format)?;
     if a.concurrency.contains(&0) {
         bail!("--concurrency values must be at least 1");
     }
@@ -119,7 +124,10 @@ pub fn run(a: &BenchServeArgs) -> Result<()> {
         max_budget: a.decode.budget.max(1) as u64,
         decode: a.decode.clone(),
         specdiff: a.specdiff.clone(),
-        limits: serve::ServeLimits::quiet(),
+        limits: serve::ServeLimits {
+            log_format: a.log_format,
+            ..serve::ServeLimits::quiet()
+        },
     })?;
     for &c in &a.concurrency {
         let cfg = LoadConfig {

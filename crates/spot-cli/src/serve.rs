@@ -165,7 +165,7 @@ fn non_negative_seconds(s: &str) -> std::result::Result<f64, String> {
 }
 
 /// Request logs on stderr in `format`, at the level `SPOT_LOG` names (default `info`).
-fn init_logs(format: LogFormat) -> Result<()> {
+pub(crate) fn init_logs(format: LogFormat) -> Result<()> {
     use tracing_subscriber::filter::LevelFilter;
     let level = match std::env::var("SPOT_LOG") {
         Ok(v) => v
