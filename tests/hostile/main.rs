@@ -6,13 +6,17 @@
 //! and trusted before it is checked fails the test. `CARGO_TARGET_TMPDIR/hostile-*.md` holds
 //! each loader's tally (also printed with `--nocapture`).
 //!
-//! Not covered here: `spot bench` has no resume files, and there is no server yet (issue 18)
-//! whose request bodies could be fed in.
+//! The server's HTTP requests are the same kind of input: [`requests`] sends at least 10,000
+//! damaged requests (bodies, headers, framing, stalls) to a running `spot_serve::Server` and
+//! tallies its answers in `hostile-requests.md`.
+//!
+//! Not covered here: `spot bench` has no resume files.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod alloc;
 mod harness;
 mod mutate;
+mod requests;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

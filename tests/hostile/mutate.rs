@@ -26,7 +26,8 @@ impl Rng {
         (self.next() % n.max(1) as u64) as usize
     }
 
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+    /// One of `xs` (not empty), uniformly.
+    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
         &xs[self.below(xs.len())]
     }
 }
