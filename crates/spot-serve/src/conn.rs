@@ -93,9 +93,12 @@ pub(crate) async fn serve(
             stall: None,
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
+        // half_close: a client that shuts its writing half after a whole request is still
+        // answered (the write timeout bounds one that then never reads).
         builder
             .timer(TokioTimer::new())
-            .header_read_timeout(limits.read_timeout);
+            .header_read_timeout(limits.read_timeout)
+            .half_close(true);
         let conn = builder.serve_connection(io, TowerToHyperService::new(app.clone()));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

@@ -383,6 +383,19 @@ fn check_sizes(limits: &Limits, kind: Kind, parsed: &Parsed) -> Result<(), ApiEr
         )
         .with_code("prompt_too_long"));
     }
+    if parsed.jobs.len() > limits.max_pending {
+        // Never admissible, however idle the server: a 400, not a 503 to retry.
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "the request has {} choices (`n` × prompts), over the {} requests this server \
+                 holds at most",
+                parsed.jobs.len(),
+                limits.max_pending
+            ),
+        )
+        .with_code("too_many_choices"));
+    }
     let per_choice = parsed.jobs.first().map_or(0, |j| j.spec.max_tokens);
     let total = per_choice.saturating_mul(parsed.jobs.len());
     if total > limits.max_request_tokens {

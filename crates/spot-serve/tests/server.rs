@@ -566,11 +566,32 @@ fn keys_limits_and_exposure() {
             .contains("limit of 4096 bytes"),
         "{v}"
     );
-    // max_pending 1: a request with n = 2 choices is refused with Retry-After.
+    // max_pending 1: a request with n = 2 choices can never be held (a 400, not a 503 to
+    // retry); one request while another decodes is refused with Retry-After.
     let two = json!({"model": MODEL, "prompt": "x", "n": 2, "max_tokens": 4}).to_string();
-    let (status, retry, v) = send("/v1/completions", Some("second-key"), two);
+    let (status, _, v) = send("/v1/completions", Some("second-key"), two);
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["code"], "too_many_choices");
+    assert_eq!(v["error"]["param"], "n");
+    let mut busy = std::net::TcpStream::connect(server.addr()).unwrap();
+    let long = json!({"model": MODEL, "prompt": "x", "max_tokens": 256}).to_string();
+    write!(
+        busy,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer first-key\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{long}",
+        long.len()
+    )
+    .unwrap();
+    let t0 = Instant::now();
+    while get_stats(&server).live + get_stats(&server).queued == 0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (status, retry, v) = send("/v1/completions", Some("second-key"), body.clone());
     assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "queue_full");
     assert_eq!(retry.as_ref().and_then(|h| h.to_str().ok()), Some("1"));
+    drop(busy);
     server.stop().unwrap();
     // Reachable from other machines without a key: refused, unless allowed explicitly.
     let open = ServeConfig {
