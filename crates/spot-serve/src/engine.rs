@@ -435,17 +435,27 @@ pub(crate) fn run<E: Engine>(
             Ok(f) => f,
             Err(e) => {
                 // The batch itself failed (not one request): fail everything it held.
+                totals.failed += routes.len() as u64;
+                publish(&stats, &totals, &engine);
                 for (_, r) in routes.drain() {
                     let _ = r.events.send(Event::Done {
                         choice: r.choice,
                         output: Err(e.clone()),
                     });
-                    totals.failed += 1;
                 }
-                publish(&stats, &totals, &engine);
                 continue;
             }
         };
+        for (_, output) in &finished {
+            match output {
+                Ok(o) if o.cancelled => totals.cancelled += 1,
+                Ok(_) => totals.completed += 1,
+                Err(_) => totals.failed += 1,
+            }
+        }
+        // Counters first: a client that has its answer and then reads `/stats` sees its
+        // request counted.
+        publish(&stats, &totals, &engine);
         while let Some((id, tokens)) = engine.next_event() {
             if let Some(r) = routes.get(&id) {
                 let _ = r.events.send(Event::Block {
@@ -455,20 +465,13 @@ pub(crate) fn run<E: Engine>(
             }
         }
         for (id, output) in finished {
-            let Some(r) = routes.remove(&id) else {
-                continue;
-            };
-            match &output {
-                Ok(o) if o.cancelled => totals.cancelled += 1,
-                Ok(_) => totals.completed += 1,
-                Err(_) => totals.failed += 1,
+            if let Some(r) = routes.remove(&id) {
+                let _ = r.events.send(Event::Done {
+                    choice: r.choice,
+                    output,
+                });
             }
-            let _ = r.events.send(Event::Done {
-                choice: r.choice,
-                output,
-            });
         }
-        publish(&stats, &totals, &engine);
     }
 }
 
