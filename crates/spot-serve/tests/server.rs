@@ -805,7 +805,7 @@ fn stopping_drains_then_cancels_at_the_timeout() {
         })
         .unwrap();
         let addr = server.addr();
-        let body = json!({"model": MODEL, "prompt": "def fib(n):", "max_tokens": 64});
+        let body = json!({"model": MODEL, "prompt": "def fib(n):", "max_tokens": 128});
         let mut c = raw_post(&server, &body.to_string());
         let t0 = Instant::now();
         while get_stats(&server).live == 0 {
@@ -845,7 +845,7 @@ fn stopping_drains_then_cancels_at_the_timeout() {
             assert_eq!(drained.cancelled, 0);
             let (_, json) = text.split_once("\r\n\r\n").unwrap();
             let v: Value = serde_json::from_str(json).unwrap();
-            let (want, _) = alone(&mut model(), "def fib(n):", (64, 0.0, 0), &[]);
+            let (want, _) = alone(&mut model(), "def fib(n):", (128, 0.0, 0), &[]);
             assert_eq!(v["choices"][0]["text"], want);
         } else {
             assert_eq!(status, 503, "{text}");
