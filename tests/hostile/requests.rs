@@ -435,6 +435,14 @@ fn names(path: &[&str]) -> Vec<Key> {
     path.iter().map(|k| Key::Name(k.to_string())).collect()
 }
 
+/// The value at `path` in `v` (`Null` where it leads nowhere).
+fn get<'a>(v: &'a Value, path: &[Key]) -> &'a Value {
+    path.iter().fold(v, |v, k| match k {
+        Key::Name(n) => &v[n.as_str()],
+        Key::At(i) => &v[*i],
+    })
+}
+
 /// Sets the node at `path` to `x`, making objects (and array slots) on the way.
 fn put(v: &mut Value, path: &[Key], x: Value) {
     let Some((first, rest)) = path.split_first() else {
@@ -759,16 +767,7 @@ fn damage(seed: &SeedBody, rng: &mut Rng) -> (String, Endpoint, Vec<u8>) {
             let mut paths: Vec<Vec<Key>> = NUMBER_FIELDS.iter().map(|p| names(p)).collect();
             paths.extend(
                 all.iter()
-                    .filter(|p| {
-                        let mut v = &seed.body;
-                        for k in p.iter() {
-                            v = match k {
-                                Key::Name(n) => &v[n.as_str()],
-                                Key::At(i) => &v[*i],
-                            };
-                        }
-                        v.is_number()
-                    })
+                    .filter(|p| get(&seed.body, p).is_number())
                     .cloned(),
             );
             let path = rng.pick(&paths).clone();
@@ -834,16 +833,7 @@ fn damage(seed: &SeedBody, rng: &mut Rng) -> (String, Endpoint, Vec<u8>) {
                     // Inside a string value: the model, a prompt, a role, a content, a stop.
                     let strings: Vec<&Vec<Key>> = all
                         .iter()
-                        .filter(|p| {
-                            let mut v = &seed.body;
-                            for k in p.iter() {
-                                v = match k {
-                                    Key::Name(n) => &v[n.as_str()],
-                                    Key::At(i) => &v[*i],
-                                };
-                            }
-                            v.is_string()
-                        })
+                        .filter(|p| get(&seed.body, p).is_string())
                         .collect();
                     let path = (*rng.pick(&strings)).clone();
                     let raw = [b"\"ab".as_slice(), bad, b"cd\""].concat();
