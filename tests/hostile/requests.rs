@@ -23,7 +23,7 @@
 //! probe's 400 names its field, and an undamaged seed's 200 holds the texts that seed got
 //! before the barrage (so a body misread, or an answer crossed between connections, fails); a
 //! well-framed request is answered within [`CASE_TIMEOUT`] (a malformed one, or one whose
-//! client closed its writing half, may instead be closed by the server: tallied as such); no
+//! client closed its writing half, may instead be closed, or cut, by the server: tallied as such); no
 //! server thread panics (a panic hook counts them); afterwards the server still answers a
 //! valid request with the text it gave before the barrage, and its counters, once idle, agree
 //! with `GET /stats` and balance with none failed.
@@ -2132,6 +2132,13 @@ fn run_case(ctx: &Ctx, case: &Case) -> Ran {
                 ran.failures.push(fail(
                     "closed without answering a well-framed request".into(),
                 ));
+                return ran;
+            }
+            // The server reads a half-close as the client leaving (it cancels the request's
+            // decode), so the answer may be cut as well as missing.
+            Got::Cut(b) if step.then == Then::HalfClose => {
+                ran.outcomes
+                    .push(format!("half-closed, cut by server ({} bytes)", b.len()));
                 return ran;
             }
             Got::Cut(b) if !step.framed || stall => {

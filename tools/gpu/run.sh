@@ -63,7 +63,8 @@ fi
 stage env 30 bash -c 'nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1;
     python3 -c "import torch, transformers; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"transformers\", transformers.__version__)" 2>&1;
     '"$SPOT"' --version 2>&1; nproc; free -g | head -2'
-stage cuda-tests 150 "$WORK/cuda-tests" --test-threads 1 --nocapture
+SPOT_FIXTURES=$PWD/crates/spot-models/tests/fixtures \
+    stage cuda-tests 180 "$WORK/cuda-tests" --test-threads 1 --nocapture
 for size in "${SIZES[@]}"; do
     stage "model-$size" 120 python3 "$BIN/make_model.py" --out "$WORK/sdar-$size" --size "$size" \
         --dtype "${DTYPES[0]}"

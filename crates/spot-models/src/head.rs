@@ -218,7 +218,7 @@ impl<B: Backend> Head<B> {
                         .clone();
                     table.select(0, index(jobs.iter().map(|j| j.noise as i64).collect()))
                 });
-                reduce(logits, query, mask.bias, noise, positions)
+                reduce(logits, query, mask, noise, positions, true)
             }
         }
     }

@@ -53,6 +53,8 @@ mod dream;
 mod family;
 mod frame;
 mod full_sequence;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod fused_reduce;
 mod head;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod kernel_cache;
@@ -121,3 +123,42 @@ pub type WgpuBackend = burn_wgpu::Wgpu;
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub type CudaBackend = burn_cuda::Cuda;
+
+/// Test support, not a stable API: the device reduction of the output layer on arbitrary
+/// logits, for the device suite's comparison with the host reference.
+#[doc(hidden)]
+pub mod testing {
+    use burn_tensor::backend::Backend;
+    use spot_core::{StatsQuery, TokenId};
+    use spot_reduce::RowStats;
+
+    /// The device reduction of `logits` (`[rows, vocab]` row-major) under `query` at
+    /// `positions` (one per row; the Gumbel rows are those positions'), excluding `mask`:
+    /// through the fused kernel where the backend and query allow it when `fused`, else
+    /// through burn's passes.
+    pub fn reduce_on_device<B: Backend>(
+        logits: &[f32],
+        vocab: usize,
+        query: &StatsQuery,
+        mask: Option<TokenId>,
+        positions: &[usize],
+        fused: bool,
+        device: &B::Device,
+    ) -> crate::Result<Vec<RowStats>> {
+        let rows = positions.len();
+        let t = crate::reduce::upload::<B>(logits.to_vec(), rows, vocab, device);
+        let bias = mask.map(|m| crate::head::mask_bias::<B>(m, vocab, device));
+        let noise = (query.temperature > 0.0).then(|| {
+            let mut table = Vec::with_capacity(rows * vocab);
+            for &p in positions {
+                table.extend(spot_reduce::noise_table(query, p, 1, vocab));
+            }
+            crate::reduce::upload::<B>(table, rows, vocab, device)
+        });
+        let terms = crate::head::MaskTerms {
+            id: mask,
+            bias: bias.as_ref(),
+        };
+        crate::reduce::reduce(t, query, terms, noise, positions, fused)
+    }
+}

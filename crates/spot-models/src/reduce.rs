@@ -9,6 +9,7 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{StatsQuery, TokenId};
 
+use crate::head::MaskTerms;
 use crate::values::host_values;
 use spot_hf::{ModelError, Result};
 use spot_reduce::RowStats;
@@ -23,13 +24,35 @@ fn to_ids<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Vec<TokenId> {
 /// autoregressive models). `noise` is each row's Gumbel row `[rows, vocab]` (used when `T > 0`).
 /// A NaN logit makes the row's probability NaN: [`spot_core::Error::NonFiniteLogits`] at
 /// `positions[row]`.
+///
+/// On the CubeCL backends (wgpu, CUDA) the row reduction is one kernel
+/// (`fused_reduce`) when `fused` is set and the query is one it covers; the burn passes
+/// below are the rest.
 pub(crate) fn reduce<B: Backend>(
     logits: Tensor<B, 2>,
     query: &StatsQuery,
-    mask_bias: Option<&Tensor<B, 2>>,
+    mask: MaskTerms<'_, B>,
     noise: Option<Tensor<B, 2>>,
     positions: &[usize],
+    fused: bool,
 ) -> Result<Vec<RowStats>> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    let (logits, noise) = if fused {
+        let q = crate::fused_reduce::FusedQuery {
+            query,
+            mask: mask.id,
+            positions,
+        };
+        match crate::fused_reduce::try_reduce(logits, noise, &q) {
+            Ok(stats) => return stats,
+            Err(back) => back,
+        }
+    } else {
+        (logits, noise)
+    };
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    let _ = fused;
+    let mask_bias = mask.bias;
     let [_, vocab] = logits.dims();
     let t = query.temperature;
     let logits = match mask_bias {

@@ -93,12 +93,15 @@ pub(crate) async fn serve(
             stall: None,
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
-        // half_close: a client that shuts its writing half after a whole request is still
-        // answered (the write timeout bounds one that then never reads).
+        // No half_close: the end of a client's input while its request runs means the client
+        // left (a socket that shut only its writing half looks the same until written to), so
+        // hyper drops the request's future and the engine cancels its decode. Answering
+        // half-closed clients would let every client that leaves a non-streamed request keep
+        // its decode running to the end (`a_client_that_disconnects_cancels_and_frees_its_cache`).
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(limits.read_timeout)
-            .half_close(true);
+            .half_close(false);
         let conn = builder.serve_connection(io, TowerToHyperService::new(app.clone()));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

@@ -13,10 +13,15 @@ use spot_models::{DiffusionModel, Sdar};
 
 pub const FIXTURES: [&str; 2] = ["sdar-tiny", "sdar-tiny-bf16"];
 
+/// Fixture folder `name`: under `SPOT_FIXTURES` when set (a test binary run away from the
+/// checkout it was built in, as `tools/gpu/run.sh` does), else under this crate's `tests/fixtures`.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    match std::env::var_os("SPOT_FIXTURES") {
+        Some(dir) => PathBuf::from(dir).join(name),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name),
+    }
 }
 
 /// SDAR fixture `name` on backend `B` (its default device).
