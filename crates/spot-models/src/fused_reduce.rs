@@ -149,20 +149,7 @@ fn row_stats_kernel(
     shared_v[unit] = pick;
     shared_i[unit] = pick_id;
     sync_cube();
-    let mut s = CUBE_DIM_X as usize / 2;
-    while s > 0 {
-        if unit < s {
-            let a = shared_v[unit];
-            let b = shared_v[unit + s];
-            let b_id = shared_i[unit + s];
-            if b > a || (b == a && b_id < shared_i[unit]) {
-                shared_v[unit] = b;
-                shared_i[unit] = b_id;
-            }
-        }
-        sync_cube();
-        s /= 2;
-    }
+    best_to_front(&mut shared_v, &mut shared_i, unit);
     let chosen = shared_i[0];
     sync_cube();
 
@@ -257,20 +244,7 @@ fn row_stats_kernel(
         shared_v[unit] = hv;
         shared_i[unit] = hi;
         sync_cube();
-        let mut s = CUBE_DIM_X as usize / 2;
-        while s > 0 {
-            if unit < s {
-                let a = shared_v[unit];
-                let b = shared_v[unit + s];
-                let b_id = shared_i[unit + s];
-                if b > a || (b == a && b_id < shared_i[unit]) {
-                    shared_v[unit] = b;
-                    shared_i[unit] = b_id;
-                }
-            }
-            sync_cube();
-            s /= 2;
-        }
+        best_to_front(&mut shared_v, &mut shared_i, unit);
         let best = shared_v[0];
         let best_id = shared_i[0];
         sync_cube();
@@ -285,6 +259,26 @@ fn row_stats_kernel(
             out[o + 4 + r] = p;
             out[o + 4 + kk + r] = f32::cast_from(best_id);
         }
+    }
+}
+
+/// Moves the best of the cube's `(value, id)` pairs in shared memory to slot 0: the larger
+/// value, ties to the lower id (a tree over the units, one barrier per level).
+#[cube]
+fn best_to_front(shared_v: &mut SharedMemory<f32>, shared_i: &mut SharedMemory<u32>, unit: usize) {
+    let mut s = CUBE_DIM_X as usize / 2;
+    while s > 0 {
+        if unit < s {
+            let a = shared_v[unit];
+            let b = shared_v[unit + s];
+            let b_id = shared_i[unit + s];
+            if b > a || (b == a && b_id < shared_i[unit]) {
+                shared_v[unit] = b;
+                shared_i[unit] = b_id;
+            }
+        }
+        sync_cube();
+        s /= 2;
     }
 }
 
@@ -341,10 +335,11 @@ fn same<B: Backend, C: Backend>(t: BurnTensor<B, 2>) -> BurnTensor<C, 2> {
     BurnTensor::from_primitive(TensorPrimitive::Float(*primitive))
 }
 
+/// A matrix of the fused CubeCL backend over runtime `R`, as wgpu and CUDA build it.
+type FusedMatrix<R, BT> = BurnTensor<Fusion<CubeBackend<R, f32, i32, BT>>, 2>;
+
 /// The fused-backend tensor `t` as the CubeCL tensor under it.
-fn cube<R: CubeRuntime, BT: BoolElement>(
-    t: BurnTensor<Fusion<CubeBackend<R, f32, i32, BT>>, 2>,
-) -> CubeTensor<R> {
+fn cube<R: CubeRuntime, BT: BoolElement>(t: FusedMatrix<R, BT>) -> CubeTensor<R> {
     let t = t.into_primitive().tensor();
     let client = t.client.clone();
     let t = client.resolve_tensor_float::<CubeBackend<R, f32, i32, BT>>(t);
@@ -352,8 +347,8 @@ fn cube<R: CubeRuntime, BT: BoolElement>(
 }
 
 fn fused<R: CubeRuntime, BT: BoolElement>(
-    logits: BurnTensor<Fusion<CubeBackend<R, f32, i32, BT>>, 2>,
-    noise: Option<BurnTensor<Fusion<CubeBackend<R, f32, i32, BT>>, 2>>,
+    logits: FusedMatrix<R, BT>,
+    noise: Option<FusedMatrix<R, BT>>,
     q: &FusedQuery<'_>,
     k: usize,
 ) -> Result<Vec<RowStats>> {

@@ -5,6 +5,7 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{DType, Int, Tensor, TensorData};
 use spot_core::{StatsQuery, TokenId};
 
+pub(crate) use crate::reduce::MaskTerms;
 use crate::reduce::{reduce, upload};
 use crate::values::{host_values, runs_on_host, transposed};
 use spot_hf::Result;
@@ -132,14 +133,6 @@ impl<B: Backend> Head<B> {
             }
         })
     }
-}
-
-/// The mask token as a reduction reads it: its id (the host kernel skips it) and the `[1,
-/// vocab]` bias that is `-inf` there (the device reduction adds it); `None` for autoregressive
-/// models.
-pub(crate) struct MaskTerms<'a, B: Backend> {
-    pub id: Option<TokenId>,
-    pub bias: Option<&'a Tensor<B, 2>>,
 }
 
 /// The `[1, vocab]` bias of mask id `mask`: 0, and `-inf` at the mask.

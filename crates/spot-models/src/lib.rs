@@ -128,6 +128,7 @@ pub type CudaBackend = burn_cuda::Cuda;
 /// logits, for the device suite's comparison with the host reference.
 #[doc(hidden)]
 pub mod testing {
+    use burn_tensor::Tensor;
     use burn_tensor::backend::Backend;
     use spot_core::{StatsQuery, TokenId};
     use spot_reduce::RowStats;
@@ -147,18 +148,42 @@ pub mod testing {
     ) -> crate::Result<Vec<RowStats>> {
         let rows = positions.len();
         let t = crate::reduce::upload::<B>(logits.to_vec(), rows, vocab, device);
-        let bias = mask.map(|m| crate::head::mask_bias::<B>(m, vocab, device));
-        let noise = (query.temperature > 0.0).then(|| {
-            let mut table = Vec::with_capacity(rows * vocab);
+        let noise = noise_rows::<B>(query, positions, vocab, device);
+        reduce_tensors(t, noise, query, mask, positions, fused)
+    }
+
+    /// The Gumbel rows of `positions` under `query` on `device` (`None` at `T = 0`).
+    pub fn noise_rows<B: Backend>(
+        query: &StatsQuery,
+        positions: &[usize],
+        vocab: usize,
+        device: &B::Device,
+    ) -> Option<Tensor<B, 2>> {
+        (query.temperature > 0.0).then(|| {
+            let mut table = Vec::with_capacity(positions.len() * vocab);
             for &p in positions {
                 table.extend(spot_reduce::noise_table(query, p, 1, vocab));
             }
-            crate::reduce::upload::<B>(table, rows, vocab, device)
-        });
+            crate::reduce::upload::<B>(table, positions.len(), vocab, device)
+        })
+    }
+
+    /// [`reduce_on_device`] on logits and noise rows already on the device.
+    pub fn reduce_tensors<B: Backend>(
+        logits: Tensor<B, 2>,
+        noise: Option<Tensor<B, 2>>,
+        query: &StatsQuery,
+        mask: Option<TokenId>,
+        positions: &[usize],
+        fused: bool,
+    ) -> crate::Result<Vec<RowStats>> {
+        let [_, vocab] = logits.dims();
+        let device = logits.device();
+        let bias = mask.map(|m| crate::head::mask_bias::<B>(m, vocab, &device));
         let terms = crate::head::MaskTerms {
             id: mask,
             bias: bias.as_ref(),
         };
-        crate::reduce::reduce(t, query, terms, noise, positions, fused)
+        crate::reduce::reduce(logits, query, terms, noise, positions, fused)
     }
 }

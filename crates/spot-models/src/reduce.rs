@@ -9,10 +9,17 @@ use burn_tensor::backend::Backend;
 use burn_tensor::{Int, Tensor, TensorData};
 use spot_core::{StatsQuery, TokenId};
 
-use crate::head::MaskTerms;
 use crate::values::host_values;
 use spot_hf::{ModelError, Result};
 use spot_reduce::RowStats;
+
+/// The mask token as a reduction reads it: its id (the host kernel and the fused device kernel
+/// skip it) and the `[1, vocab]` bias that is `-inf` there (burn's passes add it); `None` for
+/// autoregressive models.
+pub(crate) struct MaskTerms<'a, B: Backend> {
+    pub id: Option<TokenId>,
+    pub bias: Option<&'a Tensor<B, 2>>,
+}
 
 fn to_ids<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Vec<TokenId> {
     t.into_data().iter::<i64>().map(|x| x as TokenId).collect()

@@ -98,6 +98,61 @@ pub fn golden_logits_in(name: &str, file: &str, key: &str) -> Vec<f32> {
         .collect()
 }
 
+/// `m`'s logits for golden case `case` (its prefix, then its states in one forward).
+pub fn case_logits<B: Backend>(
+    m: &mut DiffusionModel<B>,
+    g: &Golden,
+    case: &LogitsCase,
+) -> Vec<f32> {
+    m.prefill(&case.prefix, g.block_size, case.end.unwrap_or(0))
+        .unwrap();
+    let states: Vec<BlockState> = case
+        .states
+        .iter()
+        .map(|s| BlockState::from_tokens(s.clone(), g.mask_id))
+        .collect();
+    m.forward_logits(&states).unwrap().into_vec()
+}
+
+/// Draft-free decoding at T = 0 of every golden decode case of fixture `name` on `m` returns
+/// the oracle's tokens, generated tokens, stop and forwards.
+pub fn assert_draft_free_matches_golden<B: Backend>(m: &mut DiffusionModel<B>, name: &str) {
+    let g = golden(name);
+    for (i, case) in g.decode_cases.iter().enumerate() {
+        let out = spot_dlm::DraftFreeDecoder::new()
+            .decode(m, &case.prompt, &decode_config(&g, case))
+            .unwrap();
+        assert_eq!(out.tokens, case.tokens, "{name} case {i}");
+        assert_eq!(out.generated, case.generated, "{name} case {i}");
+        assert_eq!(out.stopped, case.stopped, "{name} case {i}");
+        assert_eq!(
+            out.stats.work.block_forwards, case.block_forwards,
+            "{name} case {i}"
+        );
+    }
+}
+
+/// Every golden logits case of fixture `name` on `m`: the same shape, and values within 1e-4
+/// (max abs) of the transformers oracle in f32 (each case's difference printed).
+pub fn assert_logits_match_golden<B: Backend>(m: &mut DiffusionModel<B>, name: &str) {
+    use spot_dlm::BlockDiffusionModel;
+    let g = golden(name);
+    assert_eq!(m.info().mask_id, g.mask_id, "{name}");
+    assert_eq!(m.info().vocab_size, g.vocab_size, "{name}");
+    for case in &g.logits_cases {
+        let ours = case_logits(m, &g, case);
+        let want = golden_logits(name, &case.key);
+        assert_eq!(ours.len(), want.len(), "{name} {}", case.key);
+        let diff = ours
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        eprintln!("{name} {}: max |diff| = {diff:e}", case.key);
+        assert!(diff <= 1e-4, "{name} {}: max abs diff {diff}", case.key);
+    }
+}
+
 pub fn decode_config(g: &Golden, c: &DecodeCase) -> spot_dlm::DecodeConfig {
     spot_dlm::DecodeConfig {
         block_size: g.block_size,

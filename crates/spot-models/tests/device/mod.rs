@@ -18,10 +18,17 @@ use crate::B;
 use crate::common::*;
 use burn_tensor::backend::Backend;
 use spot_dlm::{
-    BlockDiffusionModel, BlockState, DecodeConfig, DraftFreeDecoder, SpotDecoder,
-    StaleConfidenceScorer, StatsQuery,
+    BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer,
+    StatsQuery,
 };
 use spot_models::{DiffusionModel, HeadPlacement, Precision};
+
+/// `SPOT_DEVICE_SUITE=ci` (set by `.ci/run`, where the device is lavapipe, a Vulkan device on
+/// two CPU cores): the batch-invariance matrix on 5 of its 9 prefixes and 21 states (windows of
+/// 2, 3, 8 and 21), speculative decoding on one prompt per fixture. Otherwise (a GPU) all.
+fn ci_size() -> bool {
+    std::env::var("SPOT_DEVICE_SUITE").is_ok_and(|v| v == "ci")
+}
 
 /// Whether the backend's default device starts; `false` (with a skip line) when it does not and
 /// `SPOT_REQUIRE_DEVICE` is unset.
@@ -74,6 +81,19 @@ fn cases() -> impl Iterator<Item = (&'static str, Precision)> {
         .flat_map(|n| [(n, Precision::F32), (n, Precision::Bf16)])
 }
 
+/// Runs `check` on the model of every case (fixture and precision), after `device_starts`;
+/// cases whose type the device lacks print skip lines.
+fn each_model(test: &str, mut check: impl FnMut(&str, Precision, &mut DiffusionModel<B>)) {
+    if !device_starts(test) {
+        return;
+    }
+    for (name, precision) in cases() {
+        if let Some(mut m) = load(name, test, precision) {
+            check(name, precision, &mut m);
+        }
+    }
+}
+
 /// f32 logits of every golden case within 1e-4 (max abs) of the transformers oracle.
 #[test]
 fn device_logits_match_transformers() {
@@ -82,28 +102,8 @@ fn device_logits_match_transformers() {
         return;
     }
     for name in DIFFUSION_FIXTURES {
-        let g = golden(name);
-        let Some(mut m) = load(name, test, Precision::F32) else {
-            continue;
-        };
-        for case in &g.logits_cases {
-            m.prefill(&case.prefix, g.block_size, case.end.unwrap_or(0))
-                .unwrap();
-            let states: Vec<BlockState> = case
-                .states
-                .iter()
-                .map(|s| BlockState::from_tokens(s.clone(), g.mask_id))
-                .collect();
-            let ours = m.forward_logits(&states).unwrap();
-            let want = golden_logits(name, &case.key);
-            assert_eq!(ours.len(), want.len(), "{name} {}", case.key);
-            let diff = ours
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
-            eprintln!("{name} {}: max |diff| = {diff:e}", case.key);
-            assert!(diff <= 1e-4, "{name} {}: max abs diff {diff}", case.key);
+        if let Some(mut m) = load(name, test, Precision::F32) {
+            assert_logits_match_golden(&mut m, name);
         }
     }
 }
@@ -116,20 +116,8 @@ fn device_draft_free_tokens_match_transformers() {
         return;
     }
     for name in DIFFUSION_FIXTURES {
-        let g = golden(name);
-        let Some(mut m) = load(name, test, Precision::F32) else {
-            continue;
-        };
-        for (i, case) in g.decode_cases.iter().enumerate() {
-            let out = DraftFreeDecoder::new()
-                .decode(&mut m, &case.prompt, &decode_config(&g, case))
-                .unwrap();
-            assert_eq!(out.tokens, case.tokens, "{name} case {i}");
-            assert_eq!(out.stopped, case.stopped, "{name} case {i}");
-            assert_eq!(
-                out.stats.work.block_forwards, case.block_forwards,
-                "{name} case {i}"
-            );
+        if let Some(mut m) = load(name, test, Precision::F32) {
+            assert_draft_free_matches_golden(&mut m, name);
         }
     }
 }
@@ -137,43 +125,54 @@ fn device_draft_free_tokens_match_transformers() {
 /// A state's statistics are bit-identical alone and inside batches of 2, 3, 8, 21 and 33 states
 /// (windows of 33 states scored alone, so every row position of a batch is covered), after
 /// prefixes of 0 to 8 blocks of 8 and 0 to 4 blocks of 32, at T = 0 and 1, with the output
-/// layer on the device and on the host.
+/// layer on the device and on the host (in CI, the smaller matrix of [`ci_size`]).
 #[test]
 fn device_statistics_are_batch_invariant() {
     let test = "device_statistics_are_batch_invariant";
-    if !device_starts(test) {
-        return;
-    }
-    for (name, precision) in cases() {
+    each_model(test, |name, precision, m| {
         if crate::NOT_BATCH_INVARIANT.contains(&name) {
             eprintln!(
-                "KNOWN FAILURE, not checked: {test} {name} on this backend (docs/models.md, \
-                 \"Batch invariance on wgpu\")"
+                "KNOWN FAILURE, not checked: {test} {name} {precision} on this backend \
+                 (docs/models.md, \"Batch invariance on wgpu\")"
             );
-            continue;
+            return;
         }
-        let Some(mut m) = load(name, test, precision) else {
-            continue;
-        };
         let mask = m.info().mask_id;
         for head in [HeadPlacement::Device, HeadPlacement::Host] {
             m.set_head_placement(head);
-            for (bs, blocks) in [(8usize, 0usize), (8, 1), (8, 2), (8, 4), (8, 8)]
-                .into_iter()
-                .chain([(32, 0), (32, 1), (32, 2), (32, 4)])
-            {
+            let prefixes: &[(usize, usize)] = if ci_size() {
+                &[(8, 0), (8, 1), (8, 8), (32, 0), (32, 4)]
+            } else {
+                &[
+                    (8, 0),
+                    (8, 1),
+                    (8, 2),
+                    (8, 4),
+                    (8, 8),
+                    (32, 0),
+                    (32, 1),
+                    (32, 2),
+                    (32, 4),
+                ]
+            };
+            let (states_n, sizes): (usize, &[usize]) = if ci_size() {
+                (21, &[2, 3, 8, 21])
+            } else {
+                (33, &[2, 3, 8, 21, 33])
+            };
+            for &(bs, blocks) in prefixes {
                 let prefix: Vec<u32> = (0..(blocks * bs) as u32).map(|i| (i * 7) % 300).collect();
                 m.prefill(&prefix, bs, prefix.len() + bs).unwrap();
                 for t in [0.0f32, 1.0] {
                     let q = StatsQuery::new(t, 11);
-                    let states = varied_states(mask, 33, bs, (blocks * 100 + bs) as u64);
+                    let states = varied_states(mask, states_n, bs, (blocks * 100 + bs) as u64);
                     let alone: Vec<_> = states
                         .iter()
                         .map(|s| m.score(std::slice::from_ref(s), &q).unwrap().remove(0))
                         .collect();
-                    for n in [2usize, 3, 8, 21, 33] {
+                    for &n in sizes {
                         // A window that ends the list for one size and starts it for the next.
-                        let start = if n % 2 == 0 { 0 } else { 33 - n };
+                        let start = if n % 2 == 0 { 0 } else { states_n - n };
                         let together = m.score(&states[start..start + n], &q).unwrap();
                         for (i, got) in together.iter().enumerate() {
                             assert_eq!(
@@ -187,69 +186,59 @@ fn device_statistics_are_batch_invariant() {
                 }
             }
         }
-    }
+    });
 }
 
 /// Speculative decoding returns the draft-free tokens (the tree decoder, budgets 8 and 20,
 /// T = 0 and 1).
 #[test]
 fn device_speculative_equals_draft_free() {
-    let test = "device_speculative_equals_draft_free";
-    if !device_starts(test) {
-        return;
-    }
-    for (name, precision) in cases() {
-        let Some(mut m) = load(name, test, precision) else {
-            continue;
-        };
-        for i in 0..2u64 {
-            let prompt: Vec<u32> = (0..5 + i as u32 * 7).map(|j| (j * 37 + 11) % 300).collect();
-            for t in [0.0f32, 1.0] {
-                let cfg = DecodeConfig {
-                    block_size: 8,
-                    max_new_tokens: 24,
-                    temperature: t,
-                    seed: i,
-                    stop_ids: m.info().stop_ids.clone(),
-                    ..DecodeConfig::for_model(m.info())
-                };
-                let reference = DraftFreeDecoder::new()
-                    .decode(&mut m, &prompt, &cfg)
-                    .unwrap();
-                for budget in [8usize, 20] {
-                    let mut tree = SpotDecoder::builder()
-                        .budget(budget)
-                        .scorer(StaleConfidenceScorer)
-                        .build()
-                        .unwrap();
-                    let out = tree.decode(&mut m, &prompt, &cfg).unwrap();
-                    assert_eq!(
-                        out.tokens, reference.tokens,
-                        "{name} {precision} prompt {i} T {t} D {budget}"
-                    );
+    each_model(
+        "device_speculative_equals_draft_free",
+        |name, precision, m| {
+            for i in 0..if ci_size() { 1 } else { 2u64 } {
+                let prompt: Vec<u32> = (0..5 + i as u32 * 7).map(|j| (j * 37 + 11) % 300).collect();
+                for t in [0.0f32, 1.0] {
+                    let cfg = DecodeConfig {
+                        block_size: 8,
+                        max_new_tokens: 24,
+                        temperature: t,
+                        seed: i,
+                        stop_ids: m.info().stop_ids.clone(),
+                        ..DecodeConfig::for_model(m.info())
+                    };
+                    let reference = DraftFreeDecoder::new().decode(m, &prompt, &cfg).unwrap();
+                    for budget in [8usize, 20] {
+                        let mut tree = SpotDecoder::builder()
+                            .budget(budget)
+                            .scorer(StaleConfidenceScorer)
+                            .build()
+                            .unwrap();
+                        let out = tree.decode(m, &prompt, &cfg).unwrap();
+                        assert_eq!(
+                            out.tokens, reference.tokens,
+                            "{name} {precision} prompt {i} T {t} D {budget}"
+                        );
+                    }
                 }
             }
-        }
-    }
+        },
+    );
 }
 
 /// Several requests in one forward (ragged prefixes, mixed decoders, temperatures and
 /// transitions) return what each returns alone, head on the device and on the host.
 #[test]
 fn device_batched_requests_equal_alone() {
-    let test = "device_batched_requests_equal_alone";
-    if !device_starts(test) {
-        return;
-    }
-    for (name, precision) in cases() {
-        let Some(mut m) = load(name, test, precision) else {
-            continue;
-        };
-        for head in [HeadPlacement::Device, HeadPlacement::Host] {
-            m.set_head_placement(head);
-            assert_batched_equals_alone(&mut m, &format!("{name} {precision} {head:?}"));
-        }
-    }
+    each_model(
+        "device_batched_requests_equal_alone",
+        |name, precision, m| {
+            for head in [HeadPlacement::Device, HeadPlacement::Host] {
+                m.set_head_placement(head);
+                assert_batched_equals_alone(m, &format!("{name} {precision} {head:?}"));
+            }
+        },
+    );
 }
 
 /// The device reduction, fused kernel and burn's passes, against the host reference

@@ -32,29 +32,7 @@ fn families_are_detected_from_config() {
 #[test]
 fn logits_match_transformers() {
     for name in DIFFUSION_FIXTURES {
-        let g = golden(name);
-        let mut m = load_any::<B>(name);
-        assert_eq!(m.info().mask_id, g.mask_id, "{name}");
-        assert_eq!(m.info().vocab_size, g.vocab_size, "{name}");
-        for case in &g.logits_cases {
-            m.prefill(&case.prefix, g.block_size, case.end.unwrap_or(0))
-                .unwrap();
-            let states: Vec<BlockState> = case
-                .states
-                .iter()
-                .map(|s| BlockState::from_tokens(s.clone(), g.mask_id))
-                .collect();
-            let ours = m.forward_logits(&states).unwrap();
-            let want = golden_logits(name, &case.key);
-            assert_eq!(ours.len(), want.len(), "{name} {}", case.key);
-            let diff = ours
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0f32, f32::max);
-            eprintln!("{name} {}: max |diff| = {diff:e}", case.key);
-            assert!(diff <= 1e-4, "{name} {}: max abs diff {diff}", case.key);
-        }
+        assert_logits_match_golden(&mut load_any::<B>(name), name);
     }
 }
 
@@ -62,21 +40,7 @@ fn logits_match_transformers() {
 #[test]
 fn draft_free_tokens_match_transformers() {
     for name in DIFFUSION_FIXTURES {
-        let g = golden(name);
-        let mut m = load_any::<B>(name);
-        for (i, case) in g.decode_cases.iter().enumerate() {
-            let cfg = decode_config(&g, case);
-            let out = DraftFreeDecoder::new()
-                .decode(&mut m, &case.prompt, &cfg)
-                .unwrap();
-            assert_eq!(out.tokens, case.tokens, "{name} case {i}");
-            assert_eq!(out.generated, case.generated, "{name} case {i}");
-            assert_eq!(out.stopped, case.stopped, "{name} case {i}");
-            assert_eq!(
-                out.stats.work.block_forwards, case.block_forwards,
-                "{name} case {i}"
-            );
-        }
+        assert_draft_free_matches_golden(&mut load_any::<B>(name), name);
     }
 }
 
@@ -466,14 +430,7 @@ fn bf16_logits_match_transformers_in_bf16() {
         let mut m = DiffusionModel::<B>::load_as(&fixture(name), &device, Precision::Bf16).unwrap();
         let mut sums = (0.0f64, 0.0f64);
         for case in &g.logits_cases {
-            m.prefill(&case.prefix, g.block_size, case.end.unwrap_or(0))
-                .unwrap();
-            let states: Vec<BlockState> = case
-                .states
-                .iter()
-                .map(|s| BlockState::from_tokens(s.clone(), g.mask_id))
-                .collect();
-            let ours = m.forward_logits(&states).unwrap();
+            let ours = case_logits(&mut m, &g, case);
             let hf = golden_logits_in(name, "golden_bf16.safetensors", &case.key);
             let hf32 = golden_logits(name, &case.key);
             let mean_diff = |a: &[f32], b: &[f32]| {
