@@ -63,7 +63,6 @@ fn row_stats_kernel(
     let base = row * logits.stride(0);
     let noise_base = row * noise.stride(0);
     let lowest = f32::min_value();
-    let biggest = f32::max_value();
 
     // Pass 1: maxima, the noised argmax and the unit's top-k. A NaN logit is counted (the host
     // reports it); infinite ones are skipped, as the host reference does.
@@ -85,11 +84,8 @@ fn row_stats_kernel(
         if f32::is_nan(x) {
             nan += 1;
         }
-        if (i as u32) != mask && f32::abs(x) <= biggest {
-            let mut t = x;
-            if noised {
-                t = x / temperature;
-            }
+        if usable(i, mask, x) {
+            let t = temper(x, temperature, noised);
             t_max = f32::max(t_max, t);
             if raw {
                 raw_max = f32::max(raw_max, x);
@@ -160,12 +156,8 @@ fn row_stats_kernel(
     let mut i = unit;
     while i < v {
         let x = logits[base + i];
-        if (i as u32) != mask && f32::abs(x) <= biggest {
-            let mut t = x;
-            if noised {
-                t = x / temperature;
-            }
-            let d = t - m;
+        if usable(i, mask, x) {
+            let d = temper(x, temperature, noised) - m;
             let e = f32::exp(d);
             z += e;
             zt += e * d;
@@ -215,10 +207,7 @@ fn row_stats_kernel(
             chosen_id = 0;
         }
         let xc = logits[base + chosen_id as usize];
-        let mut tc = xc;
-        if noised {
-            tc = xc / temperature;
-        }
+        let tc = temper(xc, temperature, noised);
         out[o] = f32::cast_from(chosen);
         if nans > 0 {
             out[o + 1] = -f32::cast_from(nans);
@@ -260,6 +249,23 @@ fn row_stats_kernel(
             out[o + 4 + kk + r] = f32::cast_from(best_id);
         }
     }
+}
+
+/// Whether logit `x` of id `i` takes part in the row's statistics: not the mask, and finite
+/// (NaN and infinities are left out; the kernel counts NaNs apart).
+#[cube]
+fn usable(i: usize, mask: u32, x: f32) -> bool {
+    (i as u32) != mask && f32::abs(x) <= f32::max_value()
+}
+
+/// The tempered logit `x / T` (`x` itself at `T = 0`, where nothing is noised).
+#[cube]
+fn temper(x: f32, temperature: f32, #[comptime] noised: bool) -> f32 {
+    let mut t = x;
+    if noised {
+        t = x / temperature;
+    }
+    t
 }
 
 /// Moves the best of the cube's `(value, id)` pairs in shared memory to slot 0: the larger

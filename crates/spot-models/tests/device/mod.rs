@@ -73,21 +73,28 @@ fn load(name: &str, test: &str, precision: Precision) -> Option<DiffusionModel<B
 
 /// Every fixture in every precision the suite covers (those the device lacks are skipped), or
 /// the fixtures `SPOT_DEVICE_FIXTURES` names (comma-separated), for a quick look at one.
-fn cases() -> impl Iterator<Item = (&'static str, Precision)> {
+fn cases(precisions: &'static [Precision]) -> impl Iterator<Item = (&'static str, Precision)> {
     let only = std::env::var("SPOT_DEVICE_FIXTURES").ok();
     DIFFUSION_FIXTURES
         .into_iter()
         .filter(move |n| only.as_ref().is_none_or(|o| o.split(',').any(|x| x == *n)))
-        .flat_map(|n| [(n, Precision::F32), (n, Precision::Bf16)])
+        .flat_map(move |n| precisions.iter().map(move |&p| (n, p)))
 }
 
-/// Runs `check` on the model of every case (fixture and precision), after `device_starts`;
-/// cases whose type the device lacks print skip lines.
-fn each_model(test: &str, mut check: impl FnMut(&str, Precision, &mut DiffusionModel<B>)) {
+/// The precisions the exactness tests cover (the golden comparisons are f32 only).
+const F32_AND_BF16: &[Precision] = &[Precision::F32, Precision::Bf16];
+
+/// Runs `check` on the model of every case (fixture and one of `precisions`), after
+/// `device_starts`; cases whose type the device lacks print skip lines.
+fn each_model(
+    test: &str,
+    precisions: &'static [Precision],
+    mut check: impl FnMut(&str, Precision, &mut DiffusionModel<B>),
+) {
     if !device_starts(test) {
         return;
     }
-    for (name, precision) in cases() {
+    for (name, precision) in cases(precisions) {
         if let Some(mut m) = load(name, test, precision) {
             check(name, precision, &mut m);
         }
@@ -97,29 +104,22 @@ fn each_model(test: &str, mut check: impl FnMut(&str, Precision, &mut DiffusionM
 /// f32 logits of every golden case within 1e-4 (max abs) of the transformers oracle.
 #[test]
 fn device_logits_match_transformers() {
-    let test = "device_logits_match_transformers";
-    if !device_starts(test) {
-        return;
-    }
-    for name in DIFFUSION_FIXTURES {
-        if let Some(mut m) = load(name, test, Precision::F32) {
-            assert_logits_match_golden(&mut m, name);
-        }
-    }
+    each_model(
+        "device_logits_match_transformers",
+        &[Precision::F32],
+        |name, _, m| {
+            assert_logits_match_golden(m, name);
+        },
+    );
 }
 
 /// Draft-free decoding at T = 0 in f32 returns the oracle's tokens, commits and forwards.
 #[test]
 fn device_draft_free_tokens_match_transformers() {
     let test = "device_draft_free_tokens_match_transformers";
-    if !device_starts(test) {
-        return;
-    }
-    for name in DIFFUSION_FIXTURES {
-        if let Some(mut m) = load(name, test, Precision::F32) {
-            assert_draft_free_matches_golden(&mut m, name);
-        }
-    }
+    each_model(test, &[Precision::F32], |name, _, m| {
+        assert_draft_free_matches_golden(m, name);
+    });
 }
 
 /// A state's statistics are bit-identical alone and inside batches of 2, 3, 8, 21 and 33 states
@@ -129,7 +129,7 @@ fn device_draft_free_tokens_match_transformers() {
 #[test]
 fn device_statistics_are_batch_invariant() {
     let test = "device_statistics_are_batch_invariant";
-    each_model(test, |name, precision, m| {
+    each_model(test, F32_AND_BF16, |name, precision, m| {
         if crate::NOT_BATCH_INVARIANT.contains(&name) {
             eprintln!(
                 "KNOWN FAILURE, not checked: {test} {name} {precision} on this backend \
@@ -195,6 +195,7 @@ fn device_statistics_are_batch_invariant() {
 fn device_speculative_equals_draft_free() {
     each_model(
         "device_speculative_equals_draft_free",
+        F32_AND_BF16,
         |name, precision, m| {
             for i in 0..if ci_size() { 1 } else { 2u64 } {
                 let prompt: Vec<u32> = (0..5 + i as u32 * 7).map(|j| (j * 37 + 11) % 300).collect();
@@ -232,6 +233,7 @@ fn device_speculative_equals_draft_free() {
 fn device_batched_requests_equal_alone() {
     each_model(
         "device_batched_requests_equal_alone",
+        F32_AND_BF16,
         |name, precision, m| {
             for head in [HeadPlacement::Device, HeadPlacement::Host] {
                 m.set_head_placement(head);
