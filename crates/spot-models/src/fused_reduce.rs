@@ -406,10 +406,22 @@ fn fused<R: CubeRuntime, BT: BoolElement>(
         ));
     }
     for (r, v) in values.chunks_exact(width).enumerate() {
-        if v[1] < 0.0 || v[1].is_nan() || v[3].is_nan() {
+        // As the host reference: a NaN logit first (slot 1 holds minus their count), then a
+        // row with no finite logit outside the mask (the chosen id is the kernel's "no id",
+        // `vocab`).
+        let reason = if v[1] < 0.0 {
+            Some("NaN logit")
+        } else if v[0] as usize >= vocab {
+            Some("no finite logit outside the mask token")
+        } else if v[1].is_nan() || v[3].is_nan() {
+            Some("NaN logit")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
             return Err(spot_core::Error::NonFiniteLogits {
                 position: q.positions.get(r).copied().unwrap_or(r),
-                reason: "NaN logit",
+                reason,
             }
             .into());
         }

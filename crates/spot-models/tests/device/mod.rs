@@ -345,6 +345,17 @@ fn device_reduction_matches_the_host_reference() {
         }
         eprintln!("vocab {vocab}: {:.1} s", started.elapsed().as_secs_f64());
     }
+    // A row with no finite logit outside the mask is the host reference's error, not a token.
+    let inf = vec![f32::INFINITY; 384];
+    let q = StatsQuery::new(0.0, 1);
+    let e =
+        spot_models::testing::reduce_on_device::<B>(&inf, 384, &q, Some(5), &[9], true, &device)
+            .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("no finite logit outside the mask token"),
+        "{e}"
+    );
     eprintln!(
         "{checked} reduced rows: tokens and top-k ids equal to the host reference; max |diff| \
          of token prob, entropy, confidence, top probs: fused {:?}, burn's passes {:?}",
