@@ -9,6 +9,3 @@ mod device;
 
 /// The backend the suite runs on.
 type B = spot_models::CudaBackend;
-
-/// Fixtures whose statistics are known to change with the batch on this backend (none).
-const NOT_BATCH_INVARIANT: &[&str] = &[];

@@ -10,11 +10,3 @@ mod device;
 
 /// The backend the suite runs on.
 type B = spot_models::WgpuBackend;
-
-/// Fixtures whose statistics are known to change with the batch on this backend, skipped by
-/// the batch-invariance test with a line that says so: the MoE's expert products give a row
-/// other values when eight states share the forward than when it runs alone (measured on
-/// lavapipe, autotune off; padding each expert's rows to a multiple of 8, or the router's
-/// product to 64 columns, did not help).
-/// Speculative == draft-free and batched == alone still pass on it.
-const NOT_BATCH_INVARIANT: &[&str] = &["llada2-moe-tiny"];

@@ -130,13 +130,6 @@ fn device_draft_free_tokens_match_transformers() {
 fn device_statistics_are_batch_invariant() {
     let test = "device_statistics_are_batch_invariant";
     each_model(test, F32_AND_BF16, |name, precision, m| {
-        if crate::NOT_BATCH_INVARIANT.contains(&name) {
-            eprintln!(
-                "KNOWN FAILURE, not checked: {test} {name} {precision} on this backend \
-                 (docs/models.md, \"Batch invariance on wgpu\")"
-            );
-            return;
-        }
         let mask = m.info().mask_id;
         for head in [HeadPlacement::Device, HeadPlacement::Host] {
             m.set_head_placement(head);
