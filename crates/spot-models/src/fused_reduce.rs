@@ -7,10 +7,11 @@
 //! maximum of the tempered logits, the argmax of the noised ones (ties to the lower id), the
 //! maximum of the raw logits when the confidence rule reads them, and its own top-k of the
 //! tempered logits (kept sorted in registers, ties to the lower id). The cube then combines the
-//! units' values through shared memory (a tree for the maxima and the argmax, `k` rounds of the
-//! best head of the units' lists for the top-k), a second pass over the row sums
+//! units' values through shared memory (a tree for the maxima and the argmax, a tree of
+//! pairwise merges of the units' sorted lists for the top-k), a second pass over the row sums
 //! `exp(t - max)` and `exp(t - max) (t - max)` for the normaliser and the entropy (and the raw
-//! normaliser), and unit 0 writes the row's `4 + 2k` numbers. The host reads only those.
+//! normaliser), and the first units write the row's `4 + 2k` numbers. The host reads only
+//! those.
 //!
 //! Agreement with [`spot_core::stats::reduce_logits`] (f64 on the host): the chosen token and
 //! the top-k ids are the same (both order by the f32 tempered logit, `l / T`, noised with the
@@ -30,11 +31,14 @@ use spot_core::{StatsQuery, TokenId};
 use spot_hf::Result;
 use spot_reduce::RowStats;
 
-/// Units per cube (one cube per row).
-const UNITS: u32 = 256;
-/// The largest top-k the kernel keeps in registers; a query asking for more goes through the
-/// multi-pass reduction.
-pub(crate) const MAX_K: usize = 64;
+/// Units per cube (one cube per row). 64, not more: the top-k merge keeps every unit's list in
+/// shared memory (`UNITS * k` pairs: 16 KiB at `k` 32, the least any Vulkan device offers).
+const UNITS: u32 = 64;
+/// The largest top-k the kernel keeps; a query asking for more goes through the multi-pass
+/// reduction. The decoders' default is 32.
+pub(crate) const MAX_K: usize = 32;
+// Unit `j < k` writes the row's `j`-th best.
+const _: () = assert!(MAX_K <= UNITS as usize);
 /// What the output holds before the kernel writes it.
 const UNWRITTEN: f32 = -7.0;
 
@@ -221,33 +225,61 @@ fn row_stats_kernel(
         out[o + 3] = f32::ln(z) - zt / z;
     }
 
-    // The top-k: k rounds, each taking the best head of the units' sorted lists.
-    let mut head = 0usize;
-    for r in 0..kk {
-        let mut hv = lowest;
-        let mut hi = vocab;
-        if head < kk {
-            hv = top_v[head];
-            hi = top_i[head];
-        }
-        shared_v[unit] = hv;
-        shared_i[unit] = hi;
-        sync_cube();
-        best_to_front(&mut shared_v, &mut shared_i, unit);
-        let best = shared_v[0];
-        let best_id = shared_i[0];
-        sync_cube();
-        if hi == best_id && hi < vocab {
-            head += 1;
-        }
-        if unit == 0 {
-            let mut p = 0.0f32;
-            if best_id < vocab {
-                p = f32::exp(best - m) / z;
+    // The top-k: the units' sorted lists merged pairwise in shared memory, a tree of
+    // log2(units) levels (two barriers each), keeping the best k at every merge.
+    let mut list_v = SharedMemory::<f32>::new(UNITS as usize * kk);
+    let mut list_i = SharedMemory::<u32>::new(UNITS as usize * kk);
+    let own = unit * kk;
+    #[unroll]
+    for j in 0..kk {
+        list_v[own + j] = top_v[j];
+        list_i[own + j] = top_i[j];
+    }
+    sync_cube();
+    let mut s = CUBE_DIM_X as usize / 2;
+    while s > 0 {
+        if unit < s {
+            let other = (unit + s) * kk;
+            let mut a = 0usize;
+            let mut b = 0usize;
+            // a + b = j < k before each step, so neither index leaves its list.
+            #[unroll]
+            for j in 0..kk {
+                let va = list_v[own + a];
+                let vb = list_v[other + b];
+                let ia = list_i[own + a];
+                let ib = list_i[other + b];
+                if va > vb || (va == vb && ia <= ib) {
+                    top_v[j] = va;
+                    top_i[j] = ia;
+                    a += 1;
+                } else {
+                    top_v[j] = vb;
+                    top_i[j] = ib;
+                    b += 1;
+                }
             }
-            out[o + 4 + r] = p;
-            out[o + 4 + kk + r] = f32::cast_from(best_id);
         }
+        sync_cube();
+        if unit < s {
+            #[unroll]
+            for j in 0..kk {
+                list_v[own + j] = top_v[j];
+                list_i[own + j] = top_i[j];
+            }
+        }
+        sync_cube();
+        s /= 2;
+    }
+    if unit < kk {
+        let best = list_v[unit];
+        let best_id = list_i[unit];
+        let mut p = 0.0f32;
+        if best_id < vocab {
+            p = f32::exp(best - m) / z;
+        }
+        out[o + 4 + unit] = p;
+        out[o + 4 + kk + unit] = f32::cast_from(best_id);
     }
 }
 

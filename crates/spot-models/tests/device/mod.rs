@@ -24,10 +24,27 @@ use spot_dlm::{
 use spot_models::{DiffusionModel, HeadPlacement, Precision};
 
 /// `SPOT_DEVICE_SUITE=ci` (set by `.ci/run`, where the device is lavapipe, a Vulkan device on
-/// two CPU cores): the batch-invariance matrix on 5 of its 9 prefixes and 21 states (windows of
-/// 2, 3, 8 and 21), speculative decoding on one prompt per fixture. Otherwise (a GPU) all.
+/// two CPU cores): the batch-invariance matrix on 3 of its 9 prefixes and 21 states (windows of
+/// 2, 3, 8 and 21), speculative decoding on one prompt per fixture, batched requests with the
+/// output layer on the device only (the host placement's batches are in the batch-invariance
+/// matrix) and without `dream-tiny` (a full-sequence family, as `llada-tiny`, which stays), the
+/// reduction test at T 0 and 1 with two of its three rules, and the three decoding tests without
+/// `sdar-tiny-bf16`, which in f32 (lavapipe has no bf16) is `sdar-tiny` with rounded weights:
+/// the golden tests still load it. Otherwise (a GPU) all.
 fn ci_size() -> bool {
     std::env::var("SPOT_DEVICE_SUITE").is_ok_and(|v| v == "ci")
+}
+
+/// Whether a test of the CI size that leaves `name` out (see [`ci_size`]) should skip it, with
+/// `also` the fixtures that test leaves out besides `sdar-tiny-bf16`; says so on stderr.
+fn left_out_at_ci_size(test: &str, name: &str, precision: Precision, also: &[&str]) -> bool {
+    let out = ci_size()
+        && precision == Precision::F32
+        && (name == "sdar-tiny-bf16" || also.contains(&name));
+    if out {
+        eprintln!("CI size: {test} leaves out {name} in {precision} (see ci_size)");
+    }
+    out
 }
 
 /// Whether the backend's default device starts; `false` (with a skip line) when it does not and
@@ -130,11 +147,14 @@ fn device_draft_free_tokens_match_transformers() {
 fn device_statistics_are_batch_invariant() {
     let test = "device_statistics_are_batch_invariant";
     each_model(test, F32_AND_BF16, |name, precision, m| {
+        if left_out_at_ci_size(test, name, precision, &[]) {
+            return;
+        }
         let mask = m.info().mask_id;
         for head in [HeadPlacement::Device, HeadPlacement::Host] {
             m.set_head_placement(head);
             let prefixes: &[(usize, usize)] = if ci_size() {
-                &[(8, 0), (8, 1), (8, 8), (32, 0), (32, 4)]
+                &[(8, 0), (8, 8), (32, 4)]
             } else {
                 &[
                     (8, 0),
@@ -186,54 +206,59 @@ fn device_statistics_are_batch_invariant() {
 /// T = 0 and 1).
 #[test]
 fn device_speculative_equals_draft_free() {
-    each_model(
-        "device_speculative_equals_draft_free",
-        F32_AND_BF16,
-        |name, precision, m| {
-            for i in 0..if ci_size() { 1 } else { 2u64 } {
-                let prompt: Vec<u32> = (0..5 + i as u32 * 7).map(|j| (j * 37 + 11) % 300).collect();
-                for t in [0.0f32, 1.0] {
-                    let cfg = DecodeConfig {
-                        block_size: 8,
-                        max_new_tokens: 24,
-                        temperature: t,
-                        seed: i,
-                        stop_ids: m.info().stop_ids.clone(),
-                        ..DecodeConfig::for_model(m.info())
-                    };
-                    let reference = DraftFreeDecoder::new().decode(m, &prompt, &cfg).unwrap();
-                    for budget in [8usize, 20] {
-                        let mut tree = SpotDecoder::builder()
-                            .budget(budget)
-                            .scorer(StaleConfidenceScorer)
-                            .build()
-                            .unwrap();
-                        let out = tree.decode(m, &prompt, &cfg).unwrap();
-                        assert_eq!(
-                            out.tokens, reference.tokens,
-                            "{name} {precision} prompt {i} T {t} D {budget}"
-                        );
-                    }
+    let test = "device_speculative_equals_draft_free";
+    each_model(test, F32_AND_BF16, |name, precision, m| {
+        if left_out_at_ci_size(test, name, precision, &[]) {
+            return;
+        }
+        for i in 0..if ci_size() { 1 } else { 2u64 } {
+            let prompt: Vec<u32> = (0..5 + i as u32 * 7).map(|j| (j * 37 + 11) % 300).collect();
+            for t in [0.0f32, 1.0] {
+                let cfg = DecodeConfig {
+                    block_size: 8,
+                    max_new_tokens: 24,
+                    temperature: t,
+                    seed: i,
+                    stop_ids: m.info().stop_ids.clone(),
+                    ..DecodeConfig::for_model(m.info())
+                };
+                let reference = DraftFreeDecoder::new().decode(m, &prompt, &cfg).unwrap();
+                for budget in [8usize, 20] {
+                    let mut tree = SpotDecoder::builder()
+                        .budget(budget)
+                        .scorer(StaleConfidenceScorer)
+                        .build()
+                        .unwrap();
+                    let out = tree.decode(m, &prompt, &cfg).unwrap();
+                    assert_eq!(
+                        out.tokens, reference.tokens,
+                        "{name} {precision} prompt {i} T {t} D {budget}"
+                    );
                 }
             }
-        },
-    );
+        }
+    });
 }
 
 /// Several requests in one forward (ragged prefixes, mixed decoders, temperatures and
 /// transitions) return what each returns alone, head on the device and on the host.
 #[test]
 fn device_batched_requests_equal_alone() {
-    each_model(
-        "device_batched_requests_equal_alone",
-        F32_AND_BF16,
-        |name, precision, m| {
-            for head in [HeadPlacement::Device, HeadPlacement::Host] {
-                m.set_head_placement(head);
-                assert_batched_equals_alone(m, &format!("{name} {precision} {head:?}"));
-            }
-        },
-    );
+    let test = "device_batched_requests_equal_alone";
+    each_model(test, F32_AND_BF16, |name, precision, m| {
+        if left_out_at_ci_size(test, name, precision, &["dream-tiny"]) {
+            return;
+        }
+        let heads: &[HeadPlacement] = if ci_size() {
+            &[HeadPlacement::Device]
+        } else {
+            &[HeadPlacement::Device, HeadPlacement::Host]
+        };
+        for &head in heads {
+            m.set_head_placement(head);
+            assert_batched_equals_alone(m, &format!("{name} {precision} {head:?}"));
+        }
+    });
 }
 
 /// The device reduction, fused kernel and burn's passes, against the host reference
@@ -276,13 +301,20 @@ fn device_reduction_matches_the_host_reference() {
                 row[j] = top;
             }
         }
+        // At the CI size T 0.7 (T 1's kernels) and top-k 1 are left out.
+        let temperatures: &[f32] = if ci_size() {
+            &[0.0, 1.0]
+        } else {
+            &[0.0, 0.7, 1.0]
+        };
         for mask in [None, Some(5u32)] {
-            for t in [0.0f32, 0.7, 1.0] {
-                for (rule, top_k) in [
-                    (ConfidenceRule::Probability, 32usize),
+            for &t in temperatures {
+                let rules: &[(ConfidenceRule, usize)] = &[
+                    (ConfidenceRule::Probability, 32),
                     (ConfidenceRule::RawProbability, 5),
                     (ConfidenceRule::Probability, 1),
-                ] {
+                ];
+                for &(rule, top_k) in &rules[..if ci_size() { 2 } else { 3 }] {
                     let mut q = StatsQuery::new(t, 17 + case as u64);
                     q.rule = rule;
                     q.top_k = top_k;
