@@ -79,12 +79,12 @@ impl<B: Backend> Moe<B> {
         let e = self.experts.len();
         let device = x.device();
         // The sum is made before the router's logits are read back, not after: on the fused
-        // backends (wgpu, CUDA) the operations queued right after a read-back that began with
-        // it ran one kernel each, so the first expert's SwiGLU was computed op by op while every
-        // other expert's ran as one fused kernel, and the two differ in the last bits (measured
-        // on lavapipe: the same operations, compiled as one chain or apart). Which expert came
-        // first depended on the other rows of the batch, so a row's values did too
-        // (`tests/device/`, batch invariance; docs/models.md).
+        // backends (wgpu, CUDA), when it was the first operation queued after the read-back,
+        // burn-fusion ran the operations that followed one kernel each, so the first expert's
+        // SwiGLU was computed op by op while every other expert's ran as one fused kernel, and
+        // the two differ in the last bits (measured on lavapipe: the same operations, compiled
+        // as one chain or apart). Which expert came first depended on the other rows of the
+        // batch, so a row's values did too (`tests/device/`, batch invariance; docs/models.md).
         let dtype = x.dtype();
         let mut out = Tensor::<B, 2>::zeros([rows, h], (&device, dtype));
         let logits: Vec<f32> = x

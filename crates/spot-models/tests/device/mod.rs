@@ -29,9 +29,8 @@ use spot_models::{DiffusionModel, HeadPlacement, Precision};
 /// output layer on the device only (the host placement's batches are in the batch-invariance
 /// matrix) and without `dream-tiny` (a full-sequence family, as `llada-tiny`, which stays), the
 /// reduction test at T 0 and 1 with two of its three rules and one mask setting per vocabulary,
-/// and the three decoding tests without
-/// `sdar-tiny-bf16`, which in f32 (lavapipe has no bf16) is `sdar-tiny` with rounded weights:
-/// the golden tests still load it. Otherwise (a GPU) all.
+/// and the three decoding tests without `sdar-tiny-bf16`, which in f32 (lavapipe has no bf16)
+/// is `sdar-tiny` with rounded weights: the golden tests still load it. Otherwise (a GPU) all.
 fn ci_size() -> bool {
     std::env::var("SPOT_DEVICE_SUITE").is_ok_and(|v| v == "ci")
 }
