@@ -13,7 +13,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, Transition};
 
 use crate::bench_report::{Cell, Key, Skipped, write_outputs};
-use crate::methods::{self, BlockEndArgs, DraftFiles, DrafterFileArgs, Method, Settings};
+use crate::decode_args::parse_precision;
+use crate::methods::{
+    self, BlockEndArgs, DraftFiles, DrafterFileArgs, Method, Precision, Settings,
+};
 use crate::{load, model_dir};
 use spot_models::Family;
 
@@ -105,6 +108,13 @@ pub struct BenchArgs {
     /// Mass floor of `spot-gamma`.
     #[arg(long, default_value_t = 0.02)]
     pub(crate) spot_gamma: f32,
+    /// Arithmetic of SPOT's order network: `int8` (its encoder's matrix products quantised,
+    /// about twice as fast; the tree may differ where positions nearly tie, the output never)
+    /// or `f32` (the network as trained).
+    /// Several (`f32,int8`): every method that drafts with the order network runs once per
+    /// precision, side by side, named `METHOD@PRECISION`.
+    #[arg(long, value_delimiter = ',', default_values_t = [Precision::default()], value_parser = parse_precision)]
+    pub(crate) drafter_precision: Vec<Precision>,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,
     /// Output folder: bench.md, bench.json, bench.svg and samples.jsonl (one line per decode).
@@ -138,6 +148,29 @@ pub const DEFAULT_THRESHOLD_METHODS: [Method; 5] = [
     Method::Sets,
     Method::SetsStale,
 ];
+
+/// Each speculative method with the order network's precision it runs at and its name in
+/// the results: once per precision, `METHOD@PRECISION`, when several are given and it
+/// drafts with the network; else once, under its own name, at the first.
+fn precision_runs(
+    spec: &[Method],
+    precisions: &[Precision],
+) -> Vec<(Method, Precision, &'static str)> {
+    let first = precisions.first().copied().unwrap_or_default();
+    let mut runs = Vec::new();
+    for &m in spec {
+        if precisions.len() > 1 && m.drafts_with_order_network() {
+            for &p in precisions {
+                // A handful of names per run of the benchmark, kept for its results' keys.
+                let name: &'static str = format!("{}@{}", m.name(), p.name()).leak();
+                runs.push((m, p, name));
+            }
+        } else {
+            runs.push((m, first, m.name()));
+        }
+    }
+    runs
+}
 
 /// The speculative methods to run and those skipped with the reason: a default method whose
 /// drafter file is missing is skipped; one named by `--methods`, or whose file was given with
@@ -234,6 +267,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let files = a.files.files(&dir);
     let (spec, skipped) = runnable(a, &files)?;
+    let runs = precision_runs(&spec, &a.drafter_precision);
     let mut model = load(&dir, a.dtype)?;
     let drafters = crate::methods::load_drafters_at(&spec, &files, &a.temperatures)?;
     let tokenizer = model
@@ -255,7 +289,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         Reference::Threshold => Method::Threshold,
     };
     let per_prompt =
-        1 + usize::from(a.reference == Reference::Threshold) + spec.len() * a.budgets.len();
+        1 + usize::from(a.reference == Reference::Threshold) + runs.len() * a.budgets.len();
     let total: usize = sets.iter().map(|(_, s)| s.len()).sum::<usize>()
         * a.temperatures.len()
         * a.protocols.len()
@@ -281,11 +315,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     ..base.clone()
                 };
                 for (id, ids) in prompts {
-                    let key = |method: Method, budget: Option<usize>| Key {
+                    let key = |method: &'static str, budget: Option<usize>| Key {
                         set: set.clone(),
                         temperature: temperature.to_string(),
                         protocol: protocol.name(),
-                        method: method.name(),
+                        method,
                         budget,
                     };
                     bar.set_message(format!("{set} T={temperature} {} {id} df", protocol.name()));
@@ -299,7 +333,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         .trace
                         .as_ref()
                         .context("draft-free decode returned no trace")?;
-                    let k = key(reference_method, None);
+                    let k = key(reference_method.name(), None);
                     let row = cells
                         .entry(k.clone())
                         .or_default()
@@ -318,7 +352,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                             .with_context(|| format!("{set} {id}: draft-free"))?;
                         let wall = start.elapsed().as_secs_f64();
                         let equal = df.tokens == reference.tokens;
-                        let k = key(Method::Df, None);
+                        let k = key(Method::Df.name(), None);
                         let row = cells
                             .entry(k.clone())
                             .or_default()
@@ -326,18 +360,18 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         writeln!(samples, "{row}")?;
                         bar.inc(1);
                     }
-                    for &m in &spec {
+                    for &(m, precision, name) in &runs {
                         for &budget in &a.budgets {
                             bar.set_message(format!(
-                                "{set} T={temperature} {} {id} {} D={budget}",
+                                "{set} T={temperature} {} {id} {name} D={budget}",
                                 protocol.name(),
-                                m.name()
                             ));
                             let settings = Settings {
                                 budget,
                                 gamma: 0.0,
                                 spot_gamma: a.spot_gamma,
                                 block_ends: a.block_ends.into(),
+                                drafter_precision: precision,
                             };
                             let r = methods::run(
                                 m,
@@ -349,14 +383,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                                 Some(trace),
                                 &mut (),
                             )
-                            .with_context(|| format!("{set} {id}: {} D={budget}", m.name()))?;
+                            .with_context(|| format!("{set} {id}: {name} D={budget}"))?;
                             let equal = r.out.tokens == reference.tokens
                                 && r.out.stopped == reference.stopped;
                             if !equal && !m.is_lossy() {
                                 mismatches += 1;
-                                bar.suspend(|| eprintln!("MISMATCH: {set} {id} T={temperature} {} {} D={budget} differs from {}", protocol.name(), m.name(), reference_method.name()));
+                                bar.suspend(|| eprintln!("MISMATCH: {set} {id} T={temperature} {} {name} D={budget} differs from {}", protocol.name(), reference_method.name()));
                             }
-                            let k = key(m, Some(budget));
+                            let k = key(name, Some(budget));
                             let report: Option<&SpotReport> = r.report.as_ref();
                             let row = cells
                                 .entry(k.clone())

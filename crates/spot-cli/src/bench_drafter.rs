@@ -1,11 +1,11 @@
 //! `spot bench-drafter`: time one call of the order network at several batch sizes, through
-//! the packed host path and through burn, side by side.
+//! the packed host path (in `f32` and with int8 products) and through burn, side by side.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use spot_drafter::{HostOrderNet, OrderModel};
+use spot_drafter::{HostOrderNet, OrderModel, Precision};
 
 use crate::{Backend, methods::DEFAULT_DRAFTER, model_dir};
 
@@ -25,10 +25,18 @@ pub struct BenchDrafterArgs {
     /// Timed calls per batch size and path (after two untimed ones).
     #[arg(long, default_value_t = 50)]
     reps: usize,
+    /// The paths timed, in this order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "host,int8,burn"
+    )]
+    paths: Vec<Path>,
 }
 
 /// Runs the benchmark and prints one JSON line: per batch size and path the median and
-/// p95 milliseconds per call, and the ratio burn / host.
+/// p95 milliseconds per call, and the ratios burn / host and host / int8 where both ran.
 pub fn run(a: &BenchDrafterArgs) -> Result<()> {
     let path = match &a.drafter {
         Some(p) => p.clone(),
@@ -42,6 +50,7 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
     let cfg = net.config().clone();
     let (l, nf) = (cfg.block_size, cfg.n_features);
     let mut host = HostOrderNet::new(&net);
+    let mut int8 = HostOrderNet::with_precision(&net, Precision::Int8);
     let mut results = serde_json::Map::new();
     results.insert("drafter".into(), path.display().to_string().into());
     results.insert("threads".into(), rayon_threads().into());
@@ -54,27 +63,58 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
             .map(|i| if i % 3 == 0 { 0.0 } else { 1.0 })
             .collect();
         let mut out = vec![0.0; n * l];
-        let mut host_ms = time(a.reps, || {
-            host.probabilities(&features, &valid, n, &mut out)
-        });
-        let mut burn_ms = time(a.reps, || {
-            std::hint::black_box(net.probabilities(&features, &valid, n));
-        });
-        let (h, b) = (quantile(&mut host_ms, 0.5), quantile(&mut burn_ms, 0.5));
-        results.insert(format!("n{n}_host_median_ms"), h.into());
-        results.insert(
-            format!("n{n}_host_p95_ms"),
-            quantile(&mut host_ms, 0.95).into(),
-        );
-        results.insert(format!("n{n}_burn_median_ms"), b.into());
-        results.insert(
-            format!("n{n}_burn_p95_ms"),
-            quantile(&mut burn_ms, 0.95).into(),
-        );
-        results.insert(format!("n{n}_burn_over_host"), (b / h).into());
+        let mut medians = std::collections::HashMap::new();
+        for p in &a.paths {
+            let mut ms = match p {
+                Path::Host => time(a.reps, || {
+                    host.probabilities(&features, &valid, n, &mut out)
+                }),
+                Path::Int8 => time(a.reps, || {
+                    int8.probabilities(&features, &valid, n, &mut out)
+                }),
+                Path::Burn => time(a.reps, || {
+                    std::hint::black_box(net.probabilities(&features, &valid, n));
+                }),
+            };
+            let name = p.name();
+            let median = quantile(&mut ms, 0.5);
+            medians.insert(*p, median);
+            results.insert(format!("n{n}_{name}_median_ms"), median.into());
+            results.insert(
+                format!("n{n}_{name}_p95_ms"),
+                quantile(&mut ms, 0.95).into(),
+            );
+        }
+        for (num, den) in [(Path::Burn, Path::Host), (Path::Host, Path::Int8)] {
+            if let (Some(x), Some(y)) = (medians.get(&num), medians.get(&den)) {
+                let key = format!("n{n}_{}_over_{}", num.name(), den.name());
+                results.insert(key, (x / y).into());
+            }
+        }
     }
     println!("{}", serde_json::Value::Object(results));
     Ok(())
+}
+
+/// An inference path of the order network.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Path {
+    /// The packed host path in `f32` (`HostOrderNet`, what `spot` drafts with by default).
+    Host,
+    /// The packed host path with int8 products (`--drafter-precision int8`).
+    Int8,
+    /// burn's `OrderModel` on the CPU backend (the training definition).
+    Burn,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Host => "host",
+            Path::Int8 => "int8",
+            Path::Burn => "burn",
+        }
+    }
 }
 
 /// Milliseconds of `reps` calls of `f`, after two untimed ones.

@@ -8,7 +8,7 @@ use spot_dlm::{
 use spot_models::{DiffusionModel, StopStrings};
 
 use crate::Backend;
-use crate::methods::{self, BlockEndArgs, DrafterFileArgs, Drafters, Method, Settings};
+use crate::methods::{self, BlockEndArgs, DrafterFileArgs, Drafters, Method, Precision, Settings};
 
 /// How to decode: method, block plan, sampling and drafter files (flattened into the
 /// commands' arguments).
@@ -75,6 +75,11 @@ pub struct DecodeArgs {
     /// Mass floor γ of `--method spot-gamma`.
     #[arg(long, default_value_t = 0.02, allow_negative_numbers = true)]
     pub(crate) spot_gamma: f32,
+    /// Arithmetic of SPOT's order network: `int8` (its encoder's matrix products quantised,
+    /// about twice as fast; the tree may differ where positions nearly tie, the output never)
+    /// or `f32` (the network as trained).
+    #[arg(long, default_value_t = Precision::default(), value_parser = parse_precision)]
+    pub(crate) drafter_precision: Precision,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,
     /// Decode all blocks even after a stop id (fixed-length protocol).
@@ -90,6 +95,11 @@ pub struct DecodeArgs {
     pub(crate) approx_prefix_cache: bool,
 }
 
+/// `--drafter-precision`: a [`Precision::name`].
+pub(crate) fn parse_precision(s: &str) -> Result<Precision, String> {
+    s.parse()
+}
+
 /// `--confidence`: a [`ConfidenceRule::name`] (the rules have one definition, in spot-core).
 fn parse_rule(s: &str) -> Result<ConfidenceRule, String> {
     s.parse().map_err(|e: spot_dlm::core::Error| e.to_string())
@@ -103,6 +113,7 @@ impl DecodeArgs {
             gamma: self.gamma,
             spot_gamma: self.spot_gamma,
             block_ends: self.block_ends.into(),
+            drafter_precision: self.drafter_precision,
         }
     }
 

@@ -30,7 +30,11 @@ pub fn fast_exp(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 5e-1;
     let e = p * r * r + r + 1.0;
-    let scale = f32::from_bits((((n as i32) + 127) as u32) << 23);
+    // 2^n from the exponent bits: n + 127 is an integer in [1, 255] here (n >= -126 above,
+    // n <= 128 below the overflow), which adding 2^23 leaves in the low mantissa bits (what
+    // `n as i32` computes, without the saturating conversion's checks, which kept the loops
+    // around this function from vectorising).
+    let scale = f32::from_bits(((n + 8_388_735.0).to_bits() & 0xff) << 23);
     if under { 0.0 } else { e * scale }
 }
 
@@ -75,6 +79,26 @@ mod tests {
         }
         assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
         assert_eq!(fast_exp(-100.0), 0.0);
+    }
+
+    /// The exponent bits come out as the integer conversion made them, so every value is
+    /// the one the kernels (the target's output layer among them) computed before.
+    #[test]
+    fn the_exponent_bits_are_the_integer_conversions() {
+        for n in -126..=128 {
+            let f = n as f32;
+            assert_eq!((f + 8_388_735.0).to_bits() & 0xff, (n + 127) as u32, "{n}");
+        }
+        let mut x = 0.0f32;
+        while x > -88.0 {
+            let n = (x.max(-87.0) * std::f32::consts::LOG2_E + 0.5).floor();
+            let before = f32::from_bits((((n as i32) + 127) as u32) << 23);
+            assert_eq!(
+                f32::from_bits(((n + 8_388_735.0).to_bits() & 0xff) << 23),
+                before
+            );
+            x = f32::from_bits(x.to_bits() + 4099).min(x - 1e-3);
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, check_block_siz
 
 use crate::analysis::{CalibrationKey, TokenCalibration, nearest_calibration};
 use crate::features::{LiveStale, noised_margin, write_features};
-use crate::host::HostOrderNet;
+use crate::host::{HostOrderNet, Precision};
 use crate::network::OrderModel;
 use crate::prior::mix_rows;
 use crate::spiffy::{SpiffyScorer, unit_stale_token};
@@ -48,9 +48,17 @@ pub struct LearnedScorer<B: Backend> {
 }
 
 impl<B: Backend> LearnedScorer<B> {
-    /// Wraps a trained network, scoring through its packed host path ([`HostOrderNet`]).
+    /// Wraps a trained network, scoring through its packed host path ([`HostOrderNet`]) in
+    /// `f32`.
     pub fn new(model: OrderModel<B>) -> Self {
-        let host = HostOrderNet::new(&model);
+        Self::with_precision(model, Precision::F32)
+    }
+
+    /// Wraps a trained network, scoring through its packed host path with products in
+    /// `precision` ([`Precision::Int8`]: faster, and a different tree only where positions
+    /// nearly tie).
+    pub fn with_precision(model: OrderModel<B>, precision: Precision) -> Self {
+        let host = HostOrderNet::with_precision(&model, precision);
         Self {
             host: Some(host),
             ..Self::burn(model)

@@ -46,6 +46,7 @@ use spot_drafter::{
 
 mod error;
 pub use error::MethodError;
+pub use spot_drafter::Precision;
 
 /// Result of this crate.
 pub type Result<T, E = MethodError> = std::result::Result<T, E>;
@@ -222,6 +223,25 @@ impl Method {
         }
     }
 
+    /// Whether the method drafts with SPOT's order network (`--drafter`), so that
+    /// [`Settings::drafter_precision`] applies to it.
+    pub fn drafts_with_order_network(self) -> bool {
+        matches!(
+            self,
+            Method::Spot
+                | Method::SpotGamma
+                | Method::SpotUnit
+                | Method::SpotMrp
+                | Method::SpotAdaptive
+                | Method::SpotReuse
+                | Method::Sets
+                | Method::SetsGamma
+                | Method::SetsAdaptive
+                | Method::SetsNet
+                | Method::SetsMax
+        )
+    }
+
     /// Whether the method drafts and verifies (and so takes a budget).
     pub fn is_speculative(self) -> bool {
         !matches!(self, Method::Df | Method::Threshold)
@@ -266,6 +286,8 @@ pub struct Settings {
     pub spot_gamma: f32,
     /// Block-end designs of every speculative method.
     pub block_ends: BlockEnds,
+    /// The arithmetic of SPOT's order network (every method that drafts with it).
+    pub drafter_precision: Precision,
 }
 
 impl Default for Settings {
@@ -275,6 +297,7 @@ impl Default for Settings {
             gamma: 0.0,
             spot_gamma: 0.02,
             block_ends: BlockEnds::default(),
+            drafter_precision: Precision::default(),
         }
     }
 }
@@ -485,22 +508,7 @@ impl<B: Backend> Drafters<B> {
         let first = |m: Method| files.needed(m).into_iter().next();
         if let Some(p) = methods
             .iter()
-            .any(|m| {
-                matches!(
-                    m,
-                    Method::Spot
-                        | Method::SpotGamma
-                        | Method::SpotUnit
-                        | Method::SpotMrp
-                        | Method::SpotAdaptive
-                        | Method::SpotReuse
-                        | Method::Sets
-                        | Method::SetsGamma
-                        | Method::SetsAdaptive
-                        | Method::SetsNet
-                        | Method::SetsMax
-                )
-            })
+            .any(|m| m.drafts_with_order_network())
             .then(|| first(Method::Spot))
             .flatten()
         {
@@ -646,9 +654,13 @@ pub fn strategy<B: Backend>(
             } else {
                 MatchRule::Coupled
             };
-            b.sets(d.clone(), LearnedScorer::new(net.clone()), sets_cfg(gamma))
-                .adaptive_gamma(method == Method::SetsAdaptive)
-                .match_rule(rule)
+            b.sets(
+                d.clone(),
+                LearnedScorer::with_precision(net.clone(), settings.drafter_precision),
+                sets_cfg(gamma),
+            )
+            .adaptive_gamma(method == Method::SetsAdaptive)
+            .match_rule(rule)
         }
         Method::SetsNet => {
             let (Some(d), Some(net)) = (&drafters.sets_net, &drafters.net) else {
@@ -659,7 +671,7 @@ pub fn strategy<B: Backend>(
             };
             b.sets(
                 d.clone(),
-                LearnedScorer::new(net.clone()),
+                LearnedScorer::with_precision(net.clone(), settings.drafter_precision),
                 sets_cfg(settings.gamma),
             )
         }
@@ -697,8 +709,11 @@ pub fn strategy<B: Backend>(
                 });
             };
             b.scorer(
-                MrpTokens::new(LearnedScorer::new(net.clone()), Arc::clone(m))
-                    .with_rule(cfg.confidence, cfg.sample_top_k),
+                MrpTokens::new(
+                    LearnedScorer::with_precision(net.clone(), settings.drafter_precision),
+                    Arc::clone(m),
+                )
+                .with_rule(cfg.confidence, cfg.sample_top_k),
             )
         }
         Method::Blockspec => b.scorer(Calibrated::new(
@@ -712,7 +727,10 @@ pub fn strategy<B: Backend>(
                     what: "a drafter checkpoint (--drafter)",
                 });
             };
-            b.scorer(Calibrated::unit(LearnedScorer::new(net.clone())))
+            b.scorer(Calibrated::unit(LearnedScorer::with_precision(
+                net.clone(),
+                settings.drafter_precision,
+            )))
         }
         Method::Spot | Method::SpotGamma | Method::SpotAdaptive | Method::SpotReuse => {
             let Some(net) = &drafters.net else {
@@ -721,7 +739,7 @@ pub fn strategy<B: Backend>(
                     what: "a drafter checkpoint (--drafter)",
                 });
             };
-            let learned = LearnedScorer::new(net.clone());
+            let learned = LearnedScorer::with_precision(net.clone(), settings.drafter_precision);
             let learned = match method {
                 Method::SpotReuse => learned.reuse_below(REUSE_BELOW),
                 _ => learned,
