@@ -337,7 +337,8 @@ fn depth0_hits_are_evaluate_ons(
 /// burn (`LearnedScorer::burn`) to the same trees: on toy prompts (a block of 32) at T = 0
 /// and 1, D = 8 and 20, both decode draft-free's tokens with the same forwards, accepted-node
 /// histogram, round ends and drafter counts. `spot-reuse`'s approximate order (nodes below
-/// depth 1 take their parent's) may change trees, never the output.
+/// depth 1 take their parent's) and the int8 products (`Precision::Int8`) may change trees,
+/// never the output.
 #[test]
 fn the_host_path_drafts_the_trees_burn_drafts() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -373,6 +374,11 @@ fn the_host_path_drafts_the_trees_burn_drafts() {
                 let burn = run(LearnedScorer::burn(net.clone()));
                 assert_eq!(host, burn, "seed {seed} T={t} D={budget}");
                 run(LearnedScorer::new(net.clone()).reuse_below(1));
+                let int8 = run(LearnedScorer::with_precision(
+                    net.clone(),
+                    spot_drafter::Precision::Int8,
+                ));
+                assert!(int8.1.drafter.scored_nodes > 0);
                 scored += host.1.drafter.scored_nodes;
             }
             assert!(scored > 0, "T={t} D={budget}: nothing was scored");

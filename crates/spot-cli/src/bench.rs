@@ -113,7 +113,7 @@ pub struct BenchArgs {
     /// or `f32` (the network as trained).
     /// Several (`f32,int8`): every method that drafts with the order network runs once per
     /// precision, side by side, named `METHOD@PRECISION`.
-    #[arg(long, value_delimiter = ',', default_values_t = [Precision::default()], value_parser = parse_precision)]
+    #[arg(long, value_delimiter = ',', default_values_t = [methods::DEFAULT_DRAFTER_PRECISION], value_parser = parse_precision)]
     pub(crate) drafter_precision: Vec<Precision>,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,

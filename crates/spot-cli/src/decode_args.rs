@@ -78,7 +78,7 @@ pub struct DecodeArgs {
     /// Arithmetic of SPOT's order network: `int8` (its encoder's matrix products quantised,
     /// about twice as fast; the tree may differ where positions nearly tie, the output never)
     /// or `f32` (the network as trained).
-    #[arg(long, default_value_t = Precision::default(), value_parser = parse_precision)]
+    #[arg(long, default_value_t = methods::DEFAULT_DRAFTER_PRECISION, value_parser = parse_precision)]
     pub(crate) drafter_precision: Precision,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,

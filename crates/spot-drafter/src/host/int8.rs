@@ -77,11 +77,6 @@ impl PackedI8 {
             offset,
         }
     }
-
-    /// Columns of the matrix.
-    pub(crate) fn cols(&self) -> usize {
-        self.n
-    }
 }
 
 /// Activation rows quantised for [`matmul_add`] (buffers reused across calls).
