@@ -13,7 +13,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, Transition};
 
 use crate::bench_report::{Cell, Key, Skipped, write_outputs};
-use crate::decode_args::parse_precision;
 use crate::methods::{
     self, BlockEndArgs, DraftFiles, DrafterFileArgs, Method, Precision, Settings,
 };
@@ -113,7 +112,7 @@ pub struct BenchArgs {
     /// or `f32` (the network as trained).
     /// Several (`f32,int8`): every method that drafts with the order network runs once per
     /// precision, side by side, named `METHOD@PRECISION`.
-    #[arg(long, value_delimiter = ',', default_values_t = [methods::DEFAULT_DRAFTER_PRECISION], value_parser = parse_precision)]
+    #[arg(long, value_delimiter = ',', default_values_t = [methods::DEFAULT_DRAFTER_PRECISION])]
     pub(crate) drafter_precision: Vec<Precision>,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,

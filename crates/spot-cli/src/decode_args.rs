@@ -78,7 +78,7 @@ pub struct DecodeArgs {
     /// Arithmetic of SPOT's order network: `int8` (its encoder's matrix products quantised,
     /// about twice as fast; the tree may differ where positions nearly tie, the output never)
     /// or `f32` (the network as trained).
-    #[arg(long, default_value_t = methods::DEFAULT_DRAFTER_PRECISION, value_parser = parse_precision)]
+    #[arg(long, default_value_t = methods::DEFAULT_DRAFTER_PRECISION)]
     pub(crate) drafter_precision: Precision,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,
@@ -93,11 +93,6 @@ pub struct DecodeArgs {
     /// once per block; changes the model's numbers, speculative still equals draft-free).
     #[arg(long)]
     pub(crate) approx_prefix_cache: bool,
-}
-
-/// `--drafter-precision`: a [`Precision::name`].
-pub(crate) fn parse_precision(s: &str) -> Result<Precision, String> {
-    s.parse()
 }
 
 /// `--confidence`: a [`ConfidenceRule::name`] (the rules have one definition, in spot-core).

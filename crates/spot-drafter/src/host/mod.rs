@@ -111,30 +111,39 @@ struct Layer {
     outer_bias: Vec<f32>,
 }
 
-/// A `[k, n]` weight matrix, row-major, and its int8 packing ([`Precision::Int8`]).
+/// A `[k, n]` weight matrix: row-major `f32`, or packed in int8 ([`Precision::Int8`]).
 #[derive(Clone, Debug)]
 struct Dense {
-    w: Vec<f32>,
-    w8: Option<PackedI8>,
+    w: DenseWeights,
     k: usize,
     n: usize,
 }
 
+/// The values of a [`Dense`] in the arithmetic its products run in.
+#[derive(Clone, Debug)]
+enum DenseWeights {
+    F32(Vec<f32>),
+    Int8(PackedI8),
+}
+
 impl Dense {
     fn new(w: Vec<f32>, (k, n): (usize, usize), precision: Precision) -> Self {
-        let w8 = (precision == Precision::Int8).then(|| PackedI8::new(&w, k, n));
-        Self { w, w8, k, n }
+        let w = match precision {
+            Precision::F32 => DenseWeights::F32(w),
+            Precision::Int8 => DenseWeights::Int8(PackedI8::new(&w, k, n)),
+        };
+        Self { w, k, n }
     }
 
     /// `out[rows, n] += a[rows, k] · w`: in `f32`, or quantised when packed in int8.
     #[inline(always)]
     fn add_product(&self, out: &mut [f32], a: &[f32], quant: &mut QuantRows, rows: usize) {
-        match &self.w8 {
-            Some(w8) => {
+        match &self.w {
+            DenseWeights::Int8(w8) => {
                 quantize_rows(a, rows, w8, quant);
                 matmul_add(out, quant, w8, rows);
             }
-            None => matmul(out, a, &self.w, rows, self.k, self.n),
+            DenseWeights::F32(w) => matmul(out, a, w, rows, self.k, self.n),
         }
     }
 }
@@ -297,7 +306,11 @@ impl HostOrderNet {
 
     /// The arithmetic of the matrix products.
     pub fn precision(&self) -> Precision {
-        if self.layers.iter().any(|l| l.qkv.w8.is_some()) {
+        if self
+            .layers
+            .iter()
+            .any(|l| matches!(l.qkv.w, DenseWeights::Int8(_)))
+        {
             Precision::Int8
         } else {
             Precision::F32
