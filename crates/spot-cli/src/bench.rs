@@ -114,6 +114,12 @@ pub struct BenchArgs {
     /// precision, side by side, named `METHOD@PRECISION`.
     #[arg(long, value_delimiter = ',', default_values_t = [methods::DEFAULT_DRAFTER_PRECISION])]
     pub(crate) drafter_precision: Vec<Precision>,
+    /// How the token module picks the tokens it writes for SPOT (where the checkpoint drafts
+    /// module tokens: T = 0 on the shipped drafter): `shortlist` (the target's rule among each
+    /// position's stale top 32; the same token wherever the module's choice is among them) or
+    /// `full` (the whole vocabulary through the target's reduction: the module's exact choice).
+    #[arg(long, default_value_t = methods::ModuleHead::default())]
+    pub(crate) module_head: methods::ModuleHead,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,
     /// Output folder: bench.md, bench.json, bench.svg and samples.jsonl (one line per decode).
@@ -371,6 +377,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                                 spot_gamma: a.spot_gamma,
                                 block_ends: a.block_ends.into(),
                                 drafter_precision: precision,
+                                module_head: a.module_head,
                             };
                             let r = methods::run(
                                 m,

@@ -1,11 +1,14 @@
-//! `spot bench-drafter`: time one call of the order network at several batch sizes, through
-//! the packed host path (in `f32` and with int8 products) and through burn, side by side.
+//! `spot bench-drafter`: time one call of the order network and one step of the token module
+//! (MRP) at several batch sizes, through the packed host paths (in `f32` and with int8
+//! products) and through burn, side by side.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use spot_drafter::{HostOrderNet, OrderModel, Precision};
+use spot_dlm::TokenId;
+use spot_drafter::mrp::{DEFAULT_MRP, Mrp};
+use spot_drafter::{HostOrderNet, MrpBuffers, OrderModel, Precision};
 
 use crate::{Backend, methods::DEFAULT_DRAFTER, model_dir};
 
@@ -15,8 +18,9 @@ pub struct BenchDrafterArgs {
     /// Order-network checkpoint (default: `MODEL/spot-drafter.safetensors`).
     #[arg(long)]
     drafter: Option<PathBuf>,
-    /// Model folder whose drafter is timed when `--drafter` is not given (default: the
-    /// shipped `models/sdar-tiny-code`).
+    /// Model folder whose drafter is timed when `--drafter` is not given, and whose token
+    /// module (`mrp.json`) the `mrp-*` paths time (default: the shipped
+    /// `models/sdar-tiny-code`).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Block states per call.
@@ -30,7 +34,7 @@ pub struct BenchDrafterArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "host,int8,burn"
+        default_value = "host,int8,burn,mrp-host,mrp-int8,mrp-burn"
     )]
     paths: Vec<Path>,
 }
@@ -38,9 +42,10 @@ pub struct BenchDrafterArgs {
 /// Runs the benchmark and prints one JSON line: per batch size and path the median and
 /// p95 milliseconds per call, and the ratios burn / host and host / int8 where both ran.
 pub fn run(a: &BenchDrafterArgs) -> Result<()> {
+    let dir = model_dir::resolve(a.model.as_deref())?;
     let path = match &a.drafter {
         Some(p) => p.clone(),
-        None => model_dir::resolve(a.model.as_deref())?.join(DEFAULT_DRAFTER),
+        None => dir.join(DEFAULT_DRAFTER),
     };
     if a.reps == 0 || a.nodes.contains(&0) {
         bail!("--reps and every --nodes value must be at least 1");
@@ -51,6 +56,16 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
     let (l, nf) = (cfg.block_size, cfg.n_features);
     let mut host = HostOrderNet::new(&net);
     let mut int8 = HostOrderNet::with_precision(&net, Precision::Int8);
+    let module = if a.paths.iter().any(|p| p.module()) {
+        let file = dir.join(DEFAULT_MRP);
+        let m = Mrp::<Backend>::load(&dir, &file, &Default::default())
+            .with_context(|| format!("loading {}", file.display()))?;
+        Some(m)
+    } else {
+        None
+    };
+    let mut buffers = MrpBuffers::default();
+    let mut residuals = Vec::new();
     let mut results = serde_json::Map::new();
     results.insert("drafter".into(), path.display().to_string().into());
     results.insert("threads".into(), rayon_threads().into());
@@ -63,6 +78,18 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
             .map(|i| if i % 3 == 0 { 0.0 } else { 1.0 })
             .collect();
         let mut out = vec![0.0; n * l];
+        // The module's inputs: token ids spread over the vocabulary, unit-scale hidden rows.
+        let (ids, hidden): (Vec<TokenId>, Vec<f32>) = match &module {
+            Some(m) => (
+                (0..n * l)
+                    .map(|i| ((i * 7919) % m.vocab_size()) as TokenId)
+                    .collect(),
+                (0..n * l * m.hidden_size())
+                    .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+                    .collect(),
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
         let mut medians = std::collections::HashMap::new();
         for p in &a.paths {
             let mut ms = match p {
@@ -75,6 +102,35 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
                 Path::Burn => time(a.reps, || {
                     std::hint::black_box(net.probabilities(&features, &valid, n));
                 }),
+                Path::MrpHost | Path::MrpInt8 | Path::MrpBurn => {
+                    let Some(m) = &module else {
+                        bail!("internal: the token module was not loaded");
+                    };
+                    let precision = match p {
+                        Path::MrpInt8 => Some(Precision::Int8),
+                        Path::MrpHost => Some(Precision::F32),
+                        _ => None,
+                    };
+                    let mut failed = None;
+                    let ms = time(a.reps, || {
+                        let stepped = match precision {
+                            Some(pr) => m.host(pr).step(
+                                &mut buffers,
+                                (&ids, &hidden),
+                                (n, l),
+                                &mut residuals,
+                            ),
+                            None => m.step(&ids, &hidden, n, l).map(|_| ()),
+                        };
+                        if let Err(e) = stepped {
+                            failed = Some(e);
+                        }
+                    });
+                    if let Some(e) = failed {
+                        return Err(e).context("stepping the token module");
+                    }
+                    ms
+                }
             };
             let name = p.name();
             let median = quantile(&mut ms, 0.5);
@@ -85,7 +141,12 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
                 quantile(&mut ms, 0.95).into(),
             );
         }
-        for (num, den) in [(Path::Burn, Path::Host), (Path::Host, Path::Int8)] {
+        for (num, den) in [
+            (Path::Burn, Path::Host),
+            (Path::Host, Path::Int8),
+            (Path::MrpBurn, Path::MrpHost),
+            (Path::MrpHost, Path::MrpInt8),
+        ] {
             if let (Some(x), Some(y)) = (medians.get(&num), medians.get(&den)) {
                 let key = format!("n{n}_{}_over_{}", num.name(), den.name());
                 results.insert(key, (x / y).into());
@@ -96,15 +157,23 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
     Ok(())
 }
 
-/// An inference path of the order network.
+/// An inference path of the order network or the token module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Path {
-    /// The packed host path in `f32` (`HostOrderNet`, what `spot` drafts with by default).
+    /// The order network's packed host path in `f32` (`HostOrderNet`, `--drafter-precision
+    /// f32`).
     Host,
-    /// The packed host path with int8 products (`--drafter-precision int8`).
+    /// The order network's packed host path with int8 products (what `spot` drafts with by
+    /// default).
     Int8,
     /// burn's `OrderModel` on the CPU backend (the training definition).
     Burn,
+    /// The token module's packed host step in `f32` (`HostMrp`; the MRP baseline's).
+    MrpHost,
+    /// The token module's host step with int8 products (SPOT's module tokens by default).
+    MrpInt8,
+    /// The token module through burn (`Mrp::step`, the training definition).
+    MrpBurn,
 }
 
 impl Path {
@@ -113,7 +182,15 @@ impl Path {
             Path::Host => "host",
             Path::Int8 => "int8",
             Path::Burn => "burn",
+            Path::MrpHost => "mrp-host",
+            Path::MrpInt8 => "mrp-int8",
+            Path::MrpBurn => "mrp-burn",
         }
+    }
+
+    /// Whether the path times the token module.
+    fn module(self) -> bool {
+        matches!(self, Path::MrpHost | Path::MrpInt8 | Path::MrpBurn)
     }
 }
 

@@ -80,6 +80,12 @@ pub struct DecodeArgs {
     /// or `f32` (the network as trained).
     #[arg(long, default_value_t = methods::DEFAULT_DRAFTER_PRECISION)]
     pub(crate) drafter_precision: Precision,
+    /// How the token module picks the tokens it writes for SPOT (where the checkpoint drafts
+    /// module tokens: T = 0 on the shipped drafter): `shortlist` (the target's rule among each
+    /// position's stale top 32; the same token wherever the module's choice is among them) or
+    /// `full` (the whole vocabulary through the target's reduction: the module's exact choice).
+    #[arg(long, default_value_t = methods::ModuleHead::default())]
+    pub(crate) module_head: methods::ModuleHead,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,
     /// Decode all blocks even after a stop id (fixed-length protocol).
@@ -109,6 +115,7 @@ impl DecodeArgs {
             spot_gamma: self.spot_gamma,
             block_ends: self.block_ends.into(),
             drafter_precision: self.drafter_precision,
+            module_head: self.module_head,
         }
     }
 

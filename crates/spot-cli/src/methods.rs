@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use spot_dlm::BlockEnds;
 pub use spot_methods::{
-    DEFAULT_DRAFTER, DEFAULT_DRAFTER_PRECISION, DraftFiles, Method, Precision, REUSE_BELOW,
-    Settings, missing_hint, request, run,
+    DEFAULT_DRAFTER, DEFAULT_DRAFTER_PRECISION, DraftFiles, Method, ModuleHead, Precision,
+    REUSE_BELOW, Settings, missing_hint, request, run,
 };
 
 use crate::Backend;

@@ -48,7 +48,7 @@ pub use features::{
     FEATURES_VERSION, LiveStale, N_FEATURES, PositionStale, StaleSource, TOP_K, noised_margin,
     write_features,
 };
-pub use host::{HostOrderNet, Precision};
+pub use host::{HostMrp, HostOrderNet, MrpBuffers, Precision};
 pub use module_tokens::ModuleTokens;
 pub use network::{ConfigError, OrderModel, OrderModelConfig};
 pub use prior::PriorWeight;

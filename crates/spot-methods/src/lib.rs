@@ -47,6 +47,7 @@ use spot_drafter::{
 mod error;
 pub use error::MethodError;
 pub use spot_drafter::Precision;
+pub use spot_drafter::mrp::ModuleHead;
 
 /// Result of this crate.
 pub type Result<T, E = MethodError> = std::result::Result<T, E>;
@@ -292,8 +293,13 @@ pub struct Settings {
     pub spot_gamma: f32,
     /// Block-end designs of every speculative method.
     pub block_ends: BlockEnds,
-    /// The arithmetic of SPOT's order network (every method that drafts with it).
+    /// The arithmetic of SPOT's learned drafters on the host: the order network (every
+    /// method that drafts with it) and the token module that writes SPOT's tokens where the
+    /// checkpoint asks for it (the MRP baseline itself steps in `f32`).
     pub drafter_precision: Precision,
+    /// How the token module chooses the tokens it writes for SPOT: among the stale top list
+    /// (default) or over the whole vocabulary (the module's exact choice).
+    pub module_head: ModuleHead,
 }
 
 impl Default for Settings {
@@ -304,6 +310,7 @@ impl Default for Settings {
             spot_gamma: 0.02,
             block_ends: BlockEnds::default(),
             drafter_precision: DEFAULT_DRAFTER_PRECISION,
+            module_head: ModuleHead::default(),
         }
     }
 }
@@ -719,7 +726,9 @@ pub fn strategy<B: Backend>(
                     LearnedScorer::with_precision(net.clone(), settings.drafter_precision),
                     Arc::clone(m),
                 )
-                .with_rule(cfg.confidence, cfg.sample_top_k),
+                .with_rule(cfg.confidence, cfg.sample_top_k)
+                .with_precision(settings.drafter_precision)
+                .with_head(settings.module_head),
             )
         }
         Method::Blockspec => b.scorer(Calibrated::new(
@@ -753,7 +762,9 @@ pub fn strategy<B: Backend>(
             let b = match &drafters.mrp {
                 Some(m) if net.config().module_tokens_for(cfg.temperature) => b.scorer(
                     MrpTokens::new(learned, Arc::clone(m))
-                        .with_rule(cfg.confidence, cfg.sample_top_k),
+                        .with_rule(cfg.confidence, cfg.sample_top_k)
+                        .with_precision(settings.drafter_precision)
+                        .with_head(settings.module_head),
                 ),
                 _ => b.scorer(learned),
             }

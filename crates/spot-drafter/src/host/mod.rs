@@ -32,6 +32,9 @@ use spot_core::fastmath::{fast_erf, fast_exp};
 use crate::network::{BASE_FEATURE, OrderModel, OrderModelConfig};
 
 mod int8;
+mod mrp;
+
+pub use mrp::{HostMrp, MrpBuffers};
 
 use int8::{PackedI8, QuantRows, matmul_add, quantize_rows};
 

@@ -11,6 +11,8 @@ use burn_tensor::backend::Backend;
 use spot_core::{BlockStats, ConfidenceRule, StatsQuery, TokenId};
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError, fill_normalised};
 
+use crate::host::{MrpBuffers, Precision};
+
 pub mod module;
 
 pub use module::{
@@ -43,6 +45,14 @@ pub struct MrpScorer<B: Backend> {
     /// instead of scoring it): the module runs for a node, and reduces at a position, only
     /// where the builder asks for tokens.
     lazy: bool,
+    /// The step's path: the packed host step in this precision, or burn's (`None`).
+    precision: Option<Precision>,
+    /// Token choices (lazy mode, host step) among the stale top list of each position
+    /// instead of the whole vocabulary ([`MrpTokens::full_head`] turns it off).
+    shortlist: bool,
+    buffers: MrpBuffers,
+    /// The last step's residuals.
+    hc: Vec<f32>,
 }
 
 impl<B: Backend> std::fmt::Debug for MrpScorer<B> {
@@ -51,13 +61,15 @@ impl<B: Backend> std::fmt::Debug for MrpScorer<B> {
             .field("mrp", self.reducer.mrp())
             .field("rule", &self.rule)
             .field("sample_top_k", &self.sample_top_k)
+            .field("precision", &self.precision)
             .finish_non_exhaustive()
     }
 }
 
 impl<B: Backend> MrpScorer<B> {
     /// A scorer drafting with `mrp` (shared: one module serves every decoder), for decodes
-    /// with the default confidence rule and no top-k truncation.
+    /// with the default confidence rule and no top-k truncation, stepping on the host in
+    /// `f32` ([`Mrp::host`]).
     pub fn new(mrp: std::sync::Arc<Mrp<B>>) -> Self {
         Self {
             reducer: MrpReducer::new(mrp),
@@ -67,7 +79,24 @@ impl<B: Backend> MrpScorer<B> {
             sample_top_k: None,
             tree: false,
             lazy: false,
+            precision: Some(Precision::F32),
+            shortlist: false,
+            buffers: MrpBuffers::default(),
+            hc: Vec::new(),
         }
+    }
+
+    /// Steps on the host with products in `precision` ([`Mrp::host`]).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.precision = Some(precision);
+        self
+    }
+
+    /// Steps through burn's operations on the module's backend ([`Mrp::step`], the training
+    /// definition): the reference the host step is checked against.
+    pub fn burn(mut self) -> Self {
+        self.precision = None;
+        self
     }
 
     /// Scores every masked position by its corrected confidence (normalised over the node's
@@ -170,11 +199,18 @@ impl<B: Backend> MrpScorer<B> {
             input.extend(base.iter().zip(&acc).map(|(a, b)| a + b));
             parents.push(acc);
         }
-        let hc = self
-            .reducer
-            .mrp()
-            .step(&ids, &input, which.len(), l)
-            .map_err(|e| self.error(e.to_string()))?;
+        let mrp = std::sync::Arc::clone(self.reducer.mrp());
+        let stepped = match self.precision {
+            Some(p) => mrp.host(p).step(
+                &mut self.buffers,
+                (&ids, &input),
+                (which.len(), l),
+                &mut self.hc,
+            ),
+            None => mrp.step(&ids, &input, which.len(), l).map(|v| self.hc = v),
+        };
+        stepped.map_err(|e| self.error(e.to_string()))?;
+        let hc = std::mem::take(&mut self.hc);
         // 2. Each node's residuals: its parent's plus its own step's.
         for (k, (&i, mut acc)) in which.iter().zip(parents).enumerate() {
             acc.iter_mut()
@@ -184,6 +220,7 @@ impl<B: Backend> MrpScorer<B> {
             self.memo
                 .insert(nodes.tokens(i).to_vec(), Scored { acc, choice });
         }
+        self.hc = hc;
         Ok(())
     }
 
@@ -205,6 +242,10 @@ impl<B: Backend> MrpScorer<B> {
         wanted: &[(usize, usize)],
     ) -> Result<Vec<MrpChoice>, TreeError> {
         if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.lazy && self.shortlist && self.precision.is_some() {
+            self.choose_in_shortlist(ctx, nodes, wanted)?;
             return Ok(Vec::new());
         }
         let (l, h, mask) = (
@@ -248,6 +289,72 @@ impl<B: Backend> MrpScorer<B> {
             }
         }
         Ok(reduced)
+    }
+}
+
+impl<B: Backend> MrpScorer<B> {
+    /// The choice at each `(node, position)` of `wanted` among the tokens of the stale top
+    /// list at that position (the mask and repeats aside), by the target's rule restricted to
+    /// them: the largest `l / T + G` (`l` at `T = 0`; ties to the lower id), at its
+    /// probability within the list. The head's rows of a few dozen tokens instead of the
+    /// whole vocabulary; stored in each node's memo (none where the list is empty, so the
+    /// order scorer's tokens stand).
+    fn choose_in_shortlist(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        nodes: &NodeBatch<'_>,
+        wanted: &[(usize, usize)],
+    ) -> Result<(), TreeError> {
+        let (l, mask) = (ctx.root.len(), nodes.mask_id());
+        let h = self.reducer.mrp().hidden_size();
+        let base = self.stale_hidden(ctx.stale, l)?;
+        let mrp = std::sync::Arc::clone(self.reducer.mrp());
+        let host = mrp.host(Precision::F32);
+        let temperature = ctx.temperature;
+        let t = if temperature > 0.0 { temperature } else { 1.0 };
+        let noise = ctx.noise.filter(|_| temperature > 0.0);
+        let mut row = vec![0.0f32; h];
+        let mut cands: Vec<(TokenId, f32)> = Vec::new();
+        for &(i, s) in wanted {
+            let Some(memo) = self.memo.get_mut(nodes.tokens(i)) else {
+                return Err(self.error("token hypotheses asked of a node that was not scored"));
+            };
+            for ((r, a), b) in row
+                .iter_mut()
+                .zip(&base[s * h..(s + 1) * h])
+                .zip(&memo.acc[s * h..(s + 1) * h])
+            {
+                *r = a + b;
+            }
+            cands.clear();
+            for &v in ctx.stale.top(s).0 {
+                if v == mask || cands.iter().any(|c| c.0 == v) {
+                    continue;
+                }
+                if let Some(y) = host.logit(&row, v) {
+                    cands.push((v, y / t));
+                }
+            }
+            let key = |c: &(TokenId, f32)| match noise {
+                Some(g) => c.1 + g.value((ctx.block_start + s) as u64, c.0),
+                None => c.1,
+            };
+            let Some(&best) = cands.iter().reduce(|a, b| {
+                let (ka, kb) = (key(a), key(b));
+                if kb > ka || (kb == ka && b.0 < a.0) {
+                    b
+                } else {
+                    a
+                }
+            }) else {
+                continue;
+            };
+            let top = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+            let z: f64 = cands.iter().map(|c| f64::from(c.1 - top).exp()).sum();
+            let prob = f64::from(best.1 - top).exp() / z;
+            memo.choice[s] = Some((best.0, prob as f32));
+        }
+        Ok(())
     }
 }
 
@@ -367,6 +474,48 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
     }
 }
 
+/// How [`MrpTokens`] chooses the token it writes at a position from the module's corrected
+/// hidden state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ModuleHead {
+    /// The target's rule among the tokens of the position's stale top list (the 32 the
+    /// target's statistics carry): a few dozen rows of the head instead of the whole
+    /// vocabulary. The same token as [`ModuleHead::Full`] wherever the module's choice is in
+    /// that list (tested); on the benchmark prompts the same forwards to within 0.3%.
+    #[default]
+    Shortlist,
+    /// The target's full reduction over the whole vocabulary: the module's own choice.
+    Full,
+}
+
+impl ModuleHead {
+    /// The command-line spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModuleHead::Shortlist => "shortlist",
+            ModuleHead::Full => "full",
+        }
+    }
+}
+
+impl std::fmt::Display for ModuleHead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ModuleHead {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shortlist" => Ok(ModuleHead::Shortlist),
+            "full" => Ok(ModuleHead::Full),
+            _ => Err(format!("unknown module head {s:?} (shortlist or full)")),
+        }
+    }
+}
+
 /// An order scorer with MRP's tokens: `order` ranks the positions (SPOT's learned order, say)
 /// and the module's corrected logits write the token of every drafted position (its choice,
 /// at its probability), in place of the stale choice.
@@ -380,7 +529,14 @@ impl<S, B: Backend> MrpTokens<S, B> {
     pub fn new(order: S, mrp: std::sync::Arc<Mrp<B>>) -> Self {
         let mut mrp = MrpScorer::new(mrp);
         mrp.lazy = true;
+        mrp.shortlist = ModuleHead::default() == ModuleHead::Shortlist;
         Self { order, mrp }
+    }
+
+    /// How the module's tokens are chosen ([`ModuleHead`]; the shortlist by default).
+    pub fn with_head(mut self, head: ModuleHead) -> Self {
+        self.mrp.shortlist = head == ModuleHead::Shortlist;
+        self
     }
 
     /// The module's tokens under the decode's confidence rule and top-k truncation
@@ -389,9 +545,22 @@ impl<S, B: Backend> MrpTokens<S, B> {
         self.mrp = self.mrp.with_rule(rule, sample_top_k);
         self
     }
+
+    /// The module steps on the host with products in `precision`
+    /// ([`MrpScorer::with_precision`]).
+    pub fn with_precision(mut self, precision: Precision) -> Self {
+        self.mrp = self.mrp.with_precision(precision);
+        self
+    }
+
+    /// The module steps through burn ([`MrpScorer::burn`]).
+    pub fn burn(mut self) -> Self {
+        self.mrp = self.mrp.burn();
+        self
+    }
 }
 
-impl<S: OrderScorer, B: Backend> OrderScorer for MrpTokens<S, B> {
+impl<S: OrderScorer + Send, B: Backend> OrderScorer for MrpTokens<S, B> {
     fn name(&self) -> &str {
         "spot-mrp"
     }
@@ -400,16 +569,35 @@ impl<S: OrderScorer, B: Backend> OrderScorer for MrpTokens<S, B> {
         true
     }
 
+    /// The order scorer's call and the module's step for every node of the batch with a
+    /// masked position, side by side (on two threads where the pool has them): the step
+    /// reads only the nodes' tokens and the stale hidden states, not the order scores, so the
+    /// tokens the builder then asks for are ready, and a call of one or two nodes, which
+    /// keeps one core busy, overlaps with the other's. A node's residuals do not depend on
+    /// the batch it is stepped in, so the tokens are those of stepping on demand.
     fn score(
         &mut self,
         ctx: &ScoreContext<'_>,
         nodes: &NodeBatch<'_>,
         out: &mut [f32],
     ) -> Result<(), TreeError> {
-        if !nodes.is_empty() {
-            self.mrp.start(ctx, nodes)?;
+        if nodes.is_empty() {
+            return self.order.score(ctx, nodes, out);
         }
-        self.order.score(ctx, nodes, out)
+        let base = self.mrp.start(ctx, nodes)?;
+        if self.mrp.fallback {
+            return self.order.score(ctx, nodes, out);
+        }
+        let mask = nodes.mask_id();
+        let open: Vec<usize> = (0..nodes.len())
+            .filter(|&i| nodes.tokens(i).contains(&mask))
+            .collect();
+        let (order, mrp) = (&mut self.order, &mut self.mrp);
+        let (scored, stepped) = rayon::join(
+            || order.score(ctx, nodes, out),
+            || mrp.step_nodes(ctx, nodes, &open, base),
+        );
+        scored.and(stepped)
     }
 
     fn prepare_hypotheses(

@@ -32,6 +32,8 @@ use spot_models::stack::{LayerStack, StackNames};
 use spot_models::{DecoderConfig, ModelError, Result};
 use spot_reduce::{RowJob, noise_table};
 
+use crate::host::{HostMrp, Precision};
+
 /// File name of a model folder's default MRP module description (`mrp.safetensors` next to
 /// it holds the weights).
 pub const DEFAULT_MRP: &str = "mrp.json";
@@ -95,7 +97,8 @@ pub struct ReferencePosition {
     pub logits: Vec<f32>,
 }
 
-/// The MRP module on backend `B`, with the target's embedding and head.
+/// The MRP module on backend `B`, with the target's embedding and head, and its step packed
+/// for the host in both precisions ([`Mrp::host`]: what the scorers step with).
 ///
 /// ```no_run
 /// use spot_drafter::mrp::Mrp;
@@ -110,6 +113,7 @@ pub struct Mrp<B: Backend> {
     enorm: Tensor<B, 2>,
     hnorm: Tensor<B, 2>,
     eh_proj: Tensor<B, 2>,
+    host: [HostMrp; 2],
     file: MrpFile,
     hidden: usize,
     vocab: usize,
@@ -158,7 +162,9 @@ impl<B: Backend> Mrp<B> {
         let weights = Weights::open(target)?.with_file(&mrp_weights_path(file))?;
         let stack = LayerStack::load(&cfg, meta.layers, MRP_NAMES, &weights, device)?;
         let h = cfg.hidden_size;
+        let packed = |p| HostMrp::load(&cfg, &weights, ("mrp.", meta.layers), p);
         Ok(Self {
+            host: [packed(Precision::F32)?, packed(Precision::Int8)?],
             enorm: stack.row(&weights, "mrp.enorm.weight", h)?,
             hnorm: stack.row(&weights, "mrp.hnorm.weight", h)?,
             eh_proj: stack.linear(&weights, "mrp.eh_proj.weight", (h, 2 * h))?,
@@ -172,6 +178,15 @@ impl<B: Backend> Mrp<B> {
     /// The description file.
     pub fn file(&self) -> &MrpFile {
         &self.file
+    }
+
+    /// The step packed for the host with products in `precision` (the same function as
+    /// [`Mrp::step`], which runs burn's operations: the training definition's).
+    pub fn host(&self, precision: Precision) -> &HostMrp {
+        match precision {
+            Precision::F32 => &self.host[0],
+            Precision::Int8 => &self.host[1],
+        }
     }
 
     /// Width of the hidden states it reads.
