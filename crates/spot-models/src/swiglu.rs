@@ -6,7 +6,7 @@
 //! host head (relative error about 2e-7). Element-wise, so a row's values do not depend on the
 //! batch.
 
-use spot_core::fastmath::fast_exp;
+use spot_core::fastmath::fast_silu as silu;
 
 /// `g[i] = silu(g[i]) · u[i]` (`silu(x) = x / (1 + e^-x)`), in place.
 pub(crate) fn swiglu_in_place(g: &mut [f32], u: &[f32]) {
@@ -27,15 +27,6 @@ impl pulp::WithSimd for Gate<'_> {
             *x = silu(*x) * u;
         }
     }
-}
-
-/// `x / (1 + e^-x)` from `e = e^-|x|` (never overflows): `x / (1 + e)` for `x >= 0`,
-/// `x · e / (1 + e)` below.
-#[inline(always)]
-fn silu(x: f32) -> f32 {
-    let e = fast_exp(-x.abs());
-    let num = if x >= 0.0 { x } else { x * e };
-    num / (1.0 + e)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@
 
 use rayon::iter::{ParallelBridge, ParallelIterator};
 use spot_core::TokenId;
-use spot_core::fastmath::fast_exp;
+use spot_core::fastmath::fast_silu as silu;
 use spot_models::hf::Weights;
 use spot_models::{DecoderConfig, ModelError};
 
@@ -504,14 +504,6 @@ fn norm_rope(x: &mut [f32], w: &[f32], (cos, sin): (&[f32], &[f32]), eps: f32) {
         a[j] = x1 * cos[j] + x2 * sin[j];
         b[j] = x2 * cos[j + half] + x1 * sin[j + half];
     }
-}
-
-/// SiLU with a branch-free `exp` (as the target's host SwiGLU).
-#[inline(always)]
-fn silu(x: f32) -> f32 {
-    let e = fast_exp(-x.abs());
-    let num = if x >= 0.0 { x } else { x * e };
-    num / (1.0 + e)
 }
 
 /// Bidirectional grouped-query attention within each state of `len` rows: `qkv` `[rows, (heads
