@@ -48,7 +48,7 @@ pub struct MrpScorer<B: Backend> {
     /// The step's path: the packed host step in this precision, or burn's (`None`).
     precision: Option<Precision>,
     /// Token choices (lazy mode, host step) among the stale top list of each position
-    /// instead of the whole vocabulary ([`MrpTokens::full_head`] turns it off).
+    /// instead of the whole vocabulary ([`MrpTokens::with_head`] chooses).
     shortlist: bool,
     buffers: MrpBuffers,
     /// The last step's residuals.
