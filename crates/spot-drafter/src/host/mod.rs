@@ -34,6 +34,7 @@ use crate::network::{BASE_FEATURE, OrderModel, OrderModelConfig};
 mod int8;
 mod mrp;
 
+pub(crate) use mrp::check_step;
 pub use mrp::{HostMrp, MrpBuffers};
 
 use int8::{PackedI8, QuantRows, matmul_add, quantize_rows};
@@ -571,33 +572,52 @@ fn attention<const GENERAL: bool>(
         }
         return;
     }
-    let scale = (dk as f32).sqrt();
-    kt.resize(dk * l, 0.0);
-    row.resize(l, 0.0);
-    let w = 3 * d;
-    for state in 0..n {
-        let base = state * l;
-        for hd in 0..heads {
-            let (qo, ko, vo) = (hd * dk, d + hd * dk, 2 * d + hd * dk);
-            for b in 0..l {
-                let k = &qkv[(base + b) * w + ko..][..dk];
-                for (j, &v) in k.iter().enumerate() {
-                    kt[j * l + b] = v;
+    grouped_attention(&qkv[..n * l * 3 * d], ctx, (l, heads, heads, dk), kt, row);
+}
+
+/// Bidirectional grouped-query attention within each state of `len` rows: `qkv`
+/// `[rows, (heads + 2 kv) d]` (queries, keys, values, heads contiguous), `ctx`
+/// `[rows, heads · d]`. Query head `i` reads KV head `i / (heads / kv)`. With `kv == heads`
+/// the order network's multi-head attention (every shape but the shipped one); the MRP
+/// module's layer with its own groups.
+#[inline(always)]
+fn grouped_attention(
+    qkv: &[f32],
+    ctx: &mut [f32],
+    (len, heads, kv, d): (usize, usize, usize, usize),
+    kt: &mut Vec<f32>,
+    row: &mut Vec<f32>,
+) {
+    let w = (heads + 2 * kv) * d;
+    let group = heads / kv;
+    let scale = (d as f32).sqrt();
+    let states = qkv.len() / (w * len);
+    kt.resize(d * len, 0.0);
+    row.resize(len, 0.0);
+    for state in 0..states {
+        let base = state * len;
+        for g in 0..kv {
+            let (ko, vo) = ((heads + g) * d, (heads + kv + g) * d);
+            for b in 0..len {
+                for (j, &v) in qkv[(base + b) * w + ko..][..d].iter().enumerate() {
+                    kt[j * len + b] = v;
                 }
             }
-            for a in 0..l {
-                let q = &qkv[(base + a) * w + qo..][..dk];
-                row.fill(0.0);
-                for (j, &qj) in q.iter().enumerate() {
-                    let kj = &kt[j * l..(j + 1) * l];
-                    row.iter_mut().zip(kj).for_each(|(r, k)| *r += qj * k);
-                }
-                softmax_row(row, scale);
-                let c = &mut ctx[(base + a) * d + qo..][..dk];
-                c.fill(0.0);
-                for (b, &p) in row.iter().enumerate() {
-                    let v = &qkv[(base + b) * w + vo..][..dk];
-                    c.iter_mut().zip(v).for_each(|(c, v)| *c += p * v);
+            for hd in g * group..(g + 1) * group {
+                for a in 0..len {
+                    let q = &qkv[(base + a) * w + hd * d..][..d];
+                    row.fill(0.0);
+                    for (j, &qj) in q.iter().enumerate() {
+                        let kj = &kt[j * len..(j + 1) * len];
+                        row.iter_mut().zip(kj).for_each(|(r, k)| *r += qj * k);
+                    }
+                    softmax_row(row, scale);
+                    let c = &mut ctx[(base + a) * heads * d + hd * d..][..d];
+                    c.fill(0.0);
+                    for (b, &p) in row.iter().enumerate() {
+                        let v = &qkv[(base + b) * w + vo..][..d];
+                        c.iter_mut().zip(v).for_each(|(c, v)| *c += p * v);
+                    }
                 }
             }
         }

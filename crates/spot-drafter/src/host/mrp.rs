@@ -25,7 +25,7 @@ use spot_models::hf::Weights;
 use spot_models::{DecoderConfig, ModelError};
 
 use super::int8::QuantRows;
-use super::{Dense, MIN_PART, Precision, dot, softmax_row};
+use super::{Dense, MIN_PART, Precision, dot, grouped_attention};
 
 /// The target's embedding (the module's input) and untied head.
 const EMBED: &str = "model.embed_tokens.weight";
@@ -264,19 +264,7 @@ impl HostMrp {
         out: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
         let (h, rows) = (self.shape.hidden, n * len);
-        if ids.len() != rows || hidden.len() != rows * h {
-            return Err(ModelError::Request(format!(
-                "MRP step over {n} x {len} positions got {} ids and {} hidden values",
-                ids.len(),
-                hidden.len()
-            )));
-        }
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.shape.vocab) {
-            return Err(ModelError::Request(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                self.shape.vocab
-            )));
-        }
+        check_step((ids, hidden), (n, len), (h, self.shape.vocab))?;
         out.clear();
         out.resize(rows * h, 0.0);
         if rows == 0 {
@@ -401,7 +389,7 @@ impl HostMrp {
                     norm_rope(head, weight, (cos, sin), eps);
                 }
             }
-            attention(
+            grouped_attention(
                 &p.qkv[..rows * w],
                 &mut p.ctx[..rows * heads * d],
                 (c.len, heads, kv, d),
@@ -437,6 +425,29 @@ impl HostMrp {
         }
         rms_norm(&p.x[..rows * h], c.out, &self.norm, eps);
     }
+}
+
+/// Checks a step's inputs (both paths of the module's step): `ids` of `n · len` tokens below
+/// `vocab`, `hidden` of `n · len · h` values.
+pub(crate) fn check_step(
+    (ids, hidden): (&[TokenId], &[f32]),
+    (n, len): (usize, usize),
+    (h, vocab): (usize, usize),
+) -> Result<(), ModelError> {
+    let rows = n * len;
+    if ids.len() != rows || hidden.len() != rows * h {
+        return Err(ModelError::Request(format!(
+            "MRP step over {n} x {len} positions got {} ids and {} hidden values",
+            ids.len(),
+            hidden.len()
+        )));
+    }
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ModelError::Request(format!(
+            "token id {bad} is outside the vocabulary of {vocab}"
+        )));
+    }
+    Ok(())
 }
 
 /// What a part of a step reads besides its states.
@@ -503,52 +514,5 @@ fn norm_rope(x: &mut [f32], w: &[f32], (cos, sin): (&[f32], &[f32]), eps: f32) {
         let (x1, x2) = (a[j], b[j]);
         a[j] = x1 * cos[j] + x2 * sin[j];
         b[j] = x2 * cos[j + half] + x1 * sin[j + half];
-    }
-}
-
-/// Bidirectional grouped-query attention within each state of `len` rows: `qkv` `[rows, (heads
-/// + 2 kv) d]` (queries, keys, values, heads contiguous), `ctx` `[rows, heads · d]`. Query
-/// head `i` reads KV head `i / (heads / kv)`.
-#[inline(always)]
-fn attention(
-    qkv: &[f32],
-    ctx: &mut [f32],
-    (len, heads, kv, d): (usize, usize, usize, usize),
-    kt: &mut Vec<f32>,
-    row: &mut Vec<f32>,
-) {
-    let w = (heads + 2 * kv) * d;
-    let group = heads / kv;
-    let scale = (d as f32).sqrt();
-    let states = qkv.len() / (w * len);
-    kt.resize(d * len, 0.0);
-    row.resize(len, 0.0);
-    for state in 0..states {
-        let base = state * len;
-        for g in 0..kv {
-            let (ko, vo) = ((heads + g) * d, (heads + kv + g) * d);
-            for b in 0..len {
-                for (j, &v) in qkv[(base + b) * w + ko..][..d].iter().enumerate() {
-                    kt[j * len + b] = v;
-                }
-            }
-            for hd in g * group..(g + 1) * group {
-                for a in 0..len {
-                    let q = &qkv[(base + a) * w + hd * d..][..d];
-                    row.fill(0.0);
-                    for (j, &qj) in q.iter().enumerate() {
-                        let kj = &kt[j * len..(j + 1) * len];
-                        row.iter_mut().zip(kj).for_each(|(r, k)| *r += qj * k);
-                    }
-                    softmax_row(row, scale);
-                    let c = &mut ctx[(base + a) * heads * d + hd * d..][..d];
-                    c.fill(0.0);
-                    for (b, &p) in row.iter().enumerate() {
-                        let v = &qkv[(base + b) * w + vo..][..d];
-                        c.iter_mut().zip(v).for_each(|(c, v)| *c += p * v);
-                    }
-                }
-            }
-        }
     }
 }

@@ -32,7 +32,7 @@ use spot_models::stack::{LayerStack, StackNames};
 use spot_models::{DecoderConfig, ModelError, Result};
 use spot_reduce::{RowJob, noise_table};
 
-use crate::host::{HostMrp, Precision};
+use crate::host::{HostMrp, Precision, check_step};
 
 /// File name of a model folder's default MRP module description (`mrp.safetensors` next to
 /// it holds the weights).
@@ -204,20 +204,7 @@ impl<B: Backend> Mrp<B> {
     /// residuals of the earlier steps of a chain). Returns the residuals `h_C`, same layout.
     pub fn step(&self, ids: &[TokenId], hidden: &[f32], n: usize, len: usize) -> Result<Vec<f32>> {
         let rows = n * len;
-        let h = self.hidden;
-        if ids.len() != rows || hidden.len() != rows * h {
-            return Err(ModelError::Request(format!(
-                "MRP step over {n} x {len} positions got {} ids and {} hidden values",
-                ids.len(),
-                hidden.len()
-            )));
-        }
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(ModelError::Request(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                self.vocab
-            )));
-        }
+        check_step((ids, hidden), (n, len), (self.hidden, self.vocab))?;
         let e = self.stack.embed(ids);
         let x = self.stack.rows(hidden.to_vec(), rows);
         let x = Tensor::cat(
