@@ -24,8 +24,9 @@ use spot_core::fastmath::fast_silu as silu;
 use spot_models::hf::Weights;
 use spot_models::{DecoderConfig, ModelError};
 
+use super::attention::grouped_attention;
 use super::int8::QuantRows;
-use super::{Dense, MIN_PART, Precision, dot, grouped_attention};
+use super::{Dense, MIN_PART, Precision, dot};
 
 /// The target's embedding (the module's input) and untied head.
 const EMBED: &str = "model.embed_tokens.weight";
