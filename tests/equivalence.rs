@@ -8,9 +8,9 @@ use common::{case, cases, model};
 use proptest::prelude::*;
 use spot_dlm::sets::JoinPrediction;
 use spot_dlm::{
-    BlockEnds, DecodeOutput, DraftFreeDecoder, JoinModel, MatchRule, OracleScorer, RandomScorer,
-    ScoreContext, SetTreeConfig, SpotDecoder, StaleConfidenceScorer, StaleThresholdJoin, TokenId,
-    TokenOracleScorer, Transition, TreeConfig, TreeError,
+    BlockEnds, DecodeOutput, DraftFreeDecoder, Expand, JoinModel, MatchRule, OracleScorer,
+    RandomScorer, ScoreContext, SetTreeConfig, SpotDecoder, StaleConfidenceScorer,
+    StaleThresholdJoin, TokenId, TokenOracleScorer, Transition, TreeConfig, TreeError,
 };
 
 /// A set drafter with arbitrary (seeded) lead, join, token and hedge probabilities, certain
@@ -103,14 +103,22 @@ fn tree_config() -> impl Strategy<Value = TreeConfig> {
         prop_oneof![Just(0.0f32), Just(0.001), Just(0.02), Just(0.1)],
         prop_oneof![Just(None), Just(Some(0.6f32)), Just(Some(1.0f32))],
         any::<bool>(),
+        prop_oneof![
+            Just(Expand::Layers),
+            Just(Expand::BestFirst { batch: None }),
+            (1usize..=3).prop_map(|k| Expand::BestFirst { batch: Some(k) }),
+        ],
     )
-        .prop_map(|(budget, max_depth, gamma, hedge, sum_orders)| TreeConfig {
-            budget,
-            max_depth,
-            gamma,
-            hedge,
-            sum_orders,
-        })
+        .prop_map(
+            |(budget, max_depth, gamma, hedge, sum_orders, expand)| TreeConfig {
+                budget,
+                max_depth,
+                gamma,
+                hedge,
+                sum_orders,
+                expand,
+            },
+        )
 }
 
 /// Look-ahead completions of 0 to 8 positions, draft refresh on or off.

@@ -14,7 +14,7 @@ use spot_dlm::{BlockDiffusionModel, DecodeConfig, DraftFreeDecoder, SpotReport, 
 
 use crate::bench_report::{Cell, Key, Skipped, write_outputs};
 use crate::methods::{
-    self, BlockEndArgs, DraftFiles, DrafterFileArgs, Method, Precision, Settings,
+    self, BlockEndArgs, DraftFiles, DrafterFileArgs, Expand, Method, Precision, Settings,
 };
 use crate::{load, model_dir};
 use spot_models::Family;
@@ -120,6 +120,13 @@ pub struct BenchArgs {
     /// `full` (the whole vocabulary through the target's reduction: the module's exact choice).
     #[arg(long, default_value_t = methods::ModuleHead::default())]
     pub(crate) module_head: methods::ModuleHead,
+    /// Which nodes each call of a tree's scorer takes: `layers` (every node of a depth that
+    /// could still enter the tree), `best-first` (the heaviest not yet scored, as many a call
+    /// as the scorer scores in the time of one) or `best-first:K` (K a call). Several
+    /// (`layers,best-first`): every method that drafts a tree of commits runs once per
+    /// expansion, side by side, named `METHOD@EXPANSION`.
+    #[arg(long, value_delimiter = ',', default_values_t = [Expand::default()])]
+    pub(crate) expand: Vec<Expand>,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,
     /// Output folder: bench.md, bench.json, bench.svg and samples.jsonl (one line per decode).
@@ -154,24 +161,50 @@ pub const DEFAULT_THRESHOLD_METHODS: [Method; 5] = [
     Method::SetsStale,
 ];
 
-/// Each speculative method with the order network's precision it runs at and its name in
-/// the results: once per precision, `METHOD@PRECISION`, when several are given and it
-/// drafts with the network; else once, under its own name, at the first.
-fn precision_runs(
-    spec: &[Method],
-    precisions: &[Precision],
-) -> Vec<(Method, Precision, &'static str)> {
-    let first = precisions.first().copied().unwrap_or_default();
+/// One speculative method's run: the order network's precision, the tree's expansion, and
+/// its name in the results.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    method: Method,
+    precision: Precision,
+    expand: Expand,
+    name: &'static str,
+}
+
+/// Each speculative method with the order network's precision and the tree expansion it runs
+/// at, and its name in the results: once per precision (when it drafts with the network) and
+/// once per expansion (when it builds a tree of commits), `METHOD@PRECISION`,
+/// `METHOD@EXPANSION` or `METHOD@PRECISION@EXPANSION` where the options were given several
+/// values; else once, under its own name, at the first of each.
+fn variant_runs(spec: &[Method], precisions: &[Precision], expansions: &[Expand]) -> Vec<Run> {
+    // Every value when the method takes several, else the first (the default when none).
+    fn values<T: Copy + Default>(all: &[T], several: bool) -> Vec<T> {
+        match all {
+            [] => vec![T::default()],
+            _ if several => all.to_vec(),
+            [first, ..] => vec![*first],
+        }
+    }
     let mut runs = Vec::new();
-    for &m in spec {
-        if precisions.len() > 1 && m.drafts_with_order_network() {
-            for &p in precisions {
-                // A handful of names per run of the benchmark, kept for its results' keys.
-                let name: &'static str = format!("{}@{}", m.name(), p.name()).leak();
-                runs.push((m, p, name));
+    for &method in spec {
+        let several_p = precisions.len() > 1 && method.drafts_with_order_network();
+        let several_e = expansions.len() > 1 && method.builds_commit_tree();
+        for precision in values(precisions, several_p) {
+            for expand in values(expansions, several_e) {
+                let name = match (several_p, several_e) {
+                    (false, false) => method.name(),
+                    // A handful of names per run of the benchmark, kept for its results' keys.
+                    (true, false) => format!("{}@{precision}", method.name()).leak(),
+                    (false, true) => format!("{}@{expand}", method.name()).leak(),
+                    (true, true) => format!("{}@{precision}@{expand}", method.name()).leak(),
+                };
+                runs.push(Run {
+                    method,
+                    precision,
+                    expand,
+                    name,
+                });
             }
-        } else {
-            runs.push((m, first, m.name()));
         }
     }
     runs
@@ -272,7 +305,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let files = a.files.files(&dir);
     let (spec, skipped) = runnable(a, &files)?;
-    let runs = precision_runs(&spec, &a.drafter_precision);
+    let runs = variant_runs(&spec, &a.drafter_precision, &a.expand);
     let mut model = load(&dir, a.dtype)?;
     let drafters = crate::methods::load_drafters_at(&spec, &files, &a.temperatures)?;
     let tokenizer = model
@@ -365,7 +398,13 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         writeln!(samples, "{row}")?;
                         bar.inc(1);
                     }
-                    for &(m, precision, name) in &runs {
+                    for &Run {
+                        method: m,
+                        precision,
+                        expand,
+                        name,
+                    } in &runs
+                    {
                         for &budget in &a.budgets {
                             bar.set_message(format!(
                                 "{set} T={temperature} {} {id} {name} D={budget}",
@@ -378,6 +417,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                                 block_ends: a.block_ends.into(),
                                 drafter_precision: precision,
                                 module_head: a.module_head,
+                                expand,
                             };
                             let r = methods::run(
                                 m,
@@ -423,4 +463,51 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Several precisions or expansions multiply only the methods they apply to, named by
+    /// the options that took several values.
+    #[test]
+    fn variants_multiply_the_methods_they_apply_to() {
+        let bf = Expand::BestFirst { batch: None };
+        let names = |p: &[Precision], e: &[Expand]| -> Vec<&str> {
+            let spec = [Method::Spiffy, Method::Spot, Method::SetsNet, Method::Ssd];
+            variant_runs(&spec, p, e).iter().map(|r| r.name).collect()
+        };
+        assert_eq!(
+            names(&[Precision::Int8], &[Expand::Layers]),
+            ["spiffy", "spot", "sets-net", "ssd"]
+        );
+        assert_eq!(
+            names(&[Precision::Int8], &[Expand::Layers, bf]),
+            [
+                "spiffy@layers",
+                "spiffy@best-first",
+                "spot@layers",
+                "spot@best-first",
+                "sets-net",
+                "ssd"
+            ]
+        );
+        assert_eq!(
+            names(&[Precision::F32, Precision::Int8], &[bf, Expand::Layers]),
+            [
+                "spiffy@best-first",
+                "spiffy@layers",
+                "spot@f32@best-first",
+                "spot@f32@layers",
+                "spot@int8@best-first",
+                "spot@int8@layers",
+                "sets-net@f32",
+                "sets-net@int8",
+                "ssd"
+            ]
+        );
+        let runs = variant_runs(&[Method::Ssd], &[Precision::Int8], &[bf, Expand::Layers]);
+        assert_eq!((runs.len(), runs[0].expand), (1, bf));
+    }
 }

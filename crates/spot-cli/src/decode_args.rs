@@ -86,6 +86,11 @@ pub struct DecodeArgs {
     /// `full` (the whole vocabulary through the target's reduction: the module's exact choice).
     #[arg(long, default_value_t = methods::ModuleHead::default())]
     pub(crate) module_head: methods::ModuleHead,
+    /// Which nodes each call of a tree's scorer takes: `layers` (every node of a depth that
+    /// could still enter the tree) or `best-first:K` (the K heaviest not yet scored; fewer
+    /// nodes scored, more calls; `best-first` is K = 2).
+    #[arg(long, default_value_t = methods::Expand::default())]
+    pub(crate) expand: methods::Expand,
     #[command(flatten)]
     pub(crate) block_ends: BlockEndArgs,
     /// Decode all blocks even after a stop id (fixed-length protocol).
@@ -116,6 +121,7 @@ impl DecodeArgs {
             block_ends: self.block_ends.into(),
             drafter_precision: self.drafter_precision,
             module_head: self.module_head,
+            expand: self.expand,
         }
     }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use spot_dlm::BlockEnds;
 pub use spot_methods::{
-    DEFAULT_DRAFTER, DEFAULT_DRAFTER_PRECISION, DraftFiles, Method, ModuleHead, Precision,
+    DEFAULT_DRAFTER, DEFAULT_DRAFTER_PRECISION, DraftFiles, Expand, Method, ModuleHead, Precision,
     REUSE_BELOW, Settings, missing_hint, request, run,
 };
 

@@ -50,7 +50,7 @@ pub use spot_core::{
 pub use spot_reduce::{self as reduce, HostHead};
 pub use spot_sets::{self as sets, JoinModel, SetTreeBuilder, SetTreeConfig, StaleThresholdJoin};
 pub use spot_tree::{
-    self as tree, DraftTree, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
+    self as tree, DraftTree, Expand, OracleScorer, OrderScorer, RandomScorer, ScoreContext,
     StaleConfidenceScorer, TokenOracleScorer, TreeBuilder, TreeConfig, TreeError,
 };
 pub use spot_verify::{self as verify, MatchRule, RoundEnd, Verifier};
@@ -133,6 +133,12 @@ impl SpotDecoderBuilder {
     /// Mass floor `γ` (SPOT-γ): drop draft candidates less likely than this.
     pub fn gamma(mut self, gamma: f32) -> Self {
         self.tree.gamma = gamma;
+        self
+    }
+
+    /// Which nodes each scorer call takes ([`Expand::Layers`] by default).
+    pub fn expand(mut self, expand: Expand) -> Self {
+        self.tree.expand = expand;
         self
     }
 

@@ -126,6 +126,15 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
         "spot"
     }
 
+    /// The host path gives each thread whole states; burn's runs a call as one.
+    fn parallel_nodes(&self) -> usize {
+        if self.host.is_some() {
+            rayon::current_num_threads()
+        } else {
+            1
+        }
+    }
+
     fn score(
         &mut self,
         ctx: &ScoreContext<'_>,
@@ -318,6 +327,10 @@ impl<S: OrderScorer> OrderScorer for Calibrated<S> {
 
     fn wants_hidden_states(&self) -> bool {
         self.inner.wants_hidden_states()
+    }
+
+    fn parallel_nodes(&self) -> usize {
+        self.inner.parallel_nodes()
     }
 
     fn score(

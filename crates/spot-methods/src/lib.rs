@@ -46,6 +46,7 @@ use spot_drafter::{
 
 mod error;
 pub use error::MethodError;
+pub use spot_dlm::Expand;
 pub use spot_drafter::Precision;
 pub use spot_drafter::mrp::ModuleHead;
 
@@ -230,6 +231,12 @@ impl Method {
         }
     }
 
+    /// Whether the method drafts a tree of single commits through the best-first builder, so
+    /// that [`Settings::expand`] applies to it (not the chain of `ssd`, not the set trees).
+    pub fn builds_commit_tree(self) -> bool {
+        self.is_speculative() && !self.is_sets() && !matches!(self, Method::Ssd | Method::Specdiff)
+    }
+
     /// Whether the method drafts with SPOT's order network (`--drafter`), so that
     /// [`Settings::drafter_precision`] applies to it.
     pub fn drafts_with_order_network(self) -> bool {
@@ -300,6 +307,8 @@ pub struct Settings {
     /// How the token module chooses the tokens it writes for SPOT: among the stale top list
     /// (default) or over the whole vocabulary (the module's exact choice).
     pub module_head: ModuleHead,
+    /// Which nodes each call of a tree's scorer takes (every tree-drafting method).
+    pub expand: Expand,
 }
 
 impl Default for Settings {
@@ -311,6 +320,7 @@ impl Default for Settings {
             block_ends: BlockEnds::default(),
             drafter_precision: DEFAULT_DRAFTER_PRECISION,
             module_head: ModuleHead::default(),
+            expand: Expand::default(),
         }
     }
 }
@@ -624,6 +634,7 @@ pub fn strategy<B: Backend>(
 ) -> Result<Strategy> {
     let b = SpotDecoder::builder()
         .budget(settings.budget)
+        .expand(settings.expand)
         .gamma(settings.gamma)
         .block_ends(settings.block_ends);
     let sets_cfg = |gamma| SetTreeConfig {

@@ -26,6 +26,71 @@ pub struct TreeConfig {
     /// parent so that a child never outranks its parent. `false` keeps the heaviest path's mass
     /// alone; the tree is then exactly the `D` heaviest states under that rule.
     pub sum_orders: bool,
+    /// Which nodes each scorer call takes ([`Expand`]).
+    pub expand: Expand,
+}
+
+/// How the best-first builder batches its scorer calls.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Expand {
+    /// One call per depth with every node of that depth that could still have a child in the
+    /// best `D` (few calls; some nodes are scored that a heavier sibling's children later push
+    /// out of the tree).
+    #[default]
+    Layers,
+    /// Each call takes the `batch` heaviest nodes not yet scored (across depths) that could
+    /// still have a child in the best `D`; their children may push the lighter ones out before
+    /// they are scored. More calls of fewer nodes; with `batch` 1 no node is scored whose
+    /// children could not enter the tree at that point. With `batch` 1 and without summed
+    /// orders the kept set is the same `D` heaviest states as layer by layer (tested); with
+    /// summed orders, or more nodes a call, a state found again after its node was scored
+    /// keeps its first mass, so the trees can differ slightly.
+    BestFirst {
+        /// Nodes per call, at least 1; `None`: as many as the scorer scores in about the time
+        /// of one ([`OrderScorer::parallel_nodes`]).
+        batch: Option<usize>,
+    },
+}
+
+impl Expand {
+    /// The command-line spelling: `layers`, `best-first` (the scorer's batch) or
+    /// `best-first:K`.
+    pub fn name(self) -> String {
+        match self {
+            Expand::Layers => "layers".into(),
+            Expand::BestFirst { batch: None } => "best-first".into(),
+            Expand::BestFirst { batch: Some(k) } => format!("best-first:{k}"),
+        }
+    }
+}
+
+impl std::fmt::Display for Expand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+impl std::str::FromStr for Expand {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let batch = match s.split_once(':') {
+            None if s == "layers" => return Ok(Expand::Layers),
+            None if s == "best-first" => None,
+            Some(("best-first", k)) => Some(
+                k.parse::<usize>()
+                    .ok()
+                    .filter(|&k| k >= 1)
+                    .ok_or_else(|| format!("best-first:K needs a whole K >= 1, got {k:?}"))?,
+            ),
+            _ => {
+                return Err(format!(
+                    "unknown expansion {s:?} (layers, best-first or best-first:K)"
+                ));
+            }
+        };
+        Ok(Expand::BestFirst { batch })
+    }
 }
 
 impl Default for TreeConfig {
@@ -36,6 +101,7 @@ impl Default for TreeConfig {
             gamma: 0.0,
             hedge: Some(0.6),
             sum_orders: true,
+            expand: Expand::Layers,
         }
     }
 }
@@ -67,6 +133,12 @@ impl TreeConfig {
             return Err(TreeError::config(
                 "hedge",
                 format!("must be in [0, 1], got {h}"),
+            ));
+        }
+        if self.expand == (Expand::BestFirst { batch: Some(0) }) {
+            return Err(TreeError::config(
+                "expand",
+                "best-first needs a batch of at least 1",
             ));
         }
         Ok(())
@@ -175,8 +247,14 @@ pub struct TreeBuilder {
     cfg: TreeConfig,
     arena: DraftTree,
     out: DraftTree,
+    /// The nodes of the current scorer call.
     frontier: Vec<u32>,
-    next_frontier: Vec<u32>,
+    /// Nodes kept so far and not yet scored.
+    waiting: Vec<u32>,
+    /// Per arena node: still among the best `D` (the root always).
+    member: Vec<bool>,
+    /// Per arena node: scored this round.
+    scored: Vec<bool>,
     scores: Vec<f32>,
     cands: Vec<Cand>,
     order: Vec<u32>,
@@ -233,7 +311,9 @@ impl TreeBuilder {
             arena: DraftTree::default(),
             out: DraftTree::default(),
             frontier: Vec::new(),
-            next_frontier: Vec::new(),
+            waiting: Vec::new(),
+            member: Vec::new(),
+            scored: Vec::new(),
             scores: Vec::new(),
             cands: Vec::new(),
             order: Vec::new(),
@@ -298,23 +378,21 @@ impl TreeBuilder {
     ) -> Result<&DraftTree, TreeError> {
         self.prepare(ctx)?;
         self.counts.trees += 1;
-        let l = ctx.root.len();
-        let mask = ctx.root.mask_id();
-        let budget = self.cfg.budget;
-        let gamma = self.cfg.gamma;
         self.arena.reset(ctx.root);
         self.selected.clear();
-        self.frontier.clear();
+        self.waiting.clear();
+        self.member.clear();
+        self.member.push(true);
+        self.scored.clear();
+        self.scored.push(false);
         if !ctx.root.is_complete() {
-            self.frontier.push(0);
+            self.waiting.push(0);
         }
-        for depth in 0..self.cfg.max_depth {
-            if self.frontier.is_empty() {
-                break;
-            }
+        let gamma = self.cfg.gamma;
+        loop {
             // A candidate must beat the mass of the `D`-th best node so far (once there are
             // `D`) and the floor γ.
-            let floor = if self.selected.len() >= budget {
+            let floor = if self.selected.len() >= self.cfg.budget {
                 self.selected
                     .iter()
                     .map(|k| k.mass)
@@ -322,119 +400,228 @@ impl TreeBuilder {
             } else {
                 f32::NEG_INFINITY
             };
-            // 1. One scorer call for the frontier nodes that can still have a child in the
-            // best `D`: a child's mass never exceeds its parent's, so a node at or below the
-            // floor would have every child dropped below, and scoring it changes nothing.
-            let arena = &self.arena;
-            self.frontier.retain(|&id| {
+            // Only nodes that can still have a child in the best `D` are scored: a child's mass
+            // never exceeds its parent's, so a node at or below the floor would have every
+            // child dropped, and scoring it changes nothing.
+            let (arena, member) = (&self.arena, &self.member);
+            self.waiting.retain(|&id| {
                 let m = arena.mass(id as usize);
-                m > 0.0 && m > floor && m >= gamma
+                member[id as usize] && m > 0.0 && m > floor && m >= gamma
             });
-            self.counts.scored_nodes += self.frontier.len() as u64;
-            self.counts.scorer_calls += u64::from(!self.frontier.is_empty());
-            self.scores.clear();
-            self.scores.resize(self.frontier.len() * l, 0.0);
-            let batch = NodeBatch::new(&self.arena, &self.frontier);
-            scorer.score(ctx, &batch, &mut self.scores)?;
-            // 2. Children of every frontier node that could still enter the best `D`: first
-            // the positions whose mass clears the floors (the scorer prepares their token
-            // hypotheses in one go), then their hypotheses.
-            self.wanted.clear();
-            for fi in 0..self.frontier.len() {
-                let m = self.arena.mass(self.frontier[fi] as usize);
-                for s in 0..l {
-                    if batch.tokens(fi)[s] != mask {
-                        continue;
-                    }
-                    let q = self.scores[fi * l + s];
-                    if !(q.is_finite() && q >= 0.0) {
-                        return Err(invalid_score(scorer, fi, s, q));
-                    }
-                    let mq = m * q;
-                    if mq <= 0.0 || mq <= floor || mq < gamma {
-                        continue;
-                    }
-                    self.wanted.push((fi, s));
-                }
+            if self.waiting.is_empty() {
+                break;
             }
-            self.counts.hypothesis_positions += self.wanted.len() as u64;
-            scorer.prepare_hypotheses(ctx, &batch, &self.wanted)?;
-            self.cands.clear();
-            for &(fi, s) in &self.wanted {
-                let node = self.frontier[fi] as usize;
-                let m = self.arena.mass(node);
-                let mq = m * self.scores[fi * l + s];
-                self.hyp_buf.clear();
-                if !scorer.token_hypotheses(ctx, &batch, fi, s, &mut self.hyp_buf) {
-                    let h = self.hyps[s];
-                    self.hyp_buf.extend_from_slice(&h.items[..usize::from(h.n)]);
-                }
-                for &(v, p) in &self.hyp_buf {
-                    if !(0.0..=1.0).contains(&p) {
-                        return Err(invalid_score(scorer, fi, s, p));
-                    }
-                    let mass = mq * p;
-                    if v == mask || mass <= 0.0 || mass <= floor || mass < gamma {
-                        continue;
-                    }
-                    self.cands.push(Cand {
-                        parent: node as u32,
-                        commit: Commit::new(s, v),
-                        mass: mass.min(m),
-                        hash: self.arena.hash(node) ^ zobrist(s, mask) ^ zobrist(s, v),
-                        alive: true,
+            self.frontier.clear();
+            match self.cfg.expand {
+                Expand::Layers => self.frontier.append(&mut self.waiting),
+                Expand::BestFirst { batch } => {
+                    let key = |&id: &u32| {
+                        let id = id as usize;
+                        (arena.mass(id), arena.depth(id), id)
+                    };
+                    self.waiting.sort_unstable_by(|a, b| {
+                        let ((ma, da, ia), (mb, db, ib)) = (key(a), key(b));
+                        mb.total_cmp(&ma).then(da.cmp(&db)).then(ia.cmp(&ib))
                     });
+                    let batch = batch.unwrap_or_else(|| scorer.parallel_nodes()).max(1);
+                    let k = batch.min(self.waiting.len());
+                    self.frontier.extend(self.waiting.drain(..k));
                 }
             }
-            self.dedupe(l);
-            // 3. Keep the best `D` of everything generated so far.
-            let base = self.arena.len() as u32;
-            self.pool.clear();
-            self.pool.extend_from_slice(&self.selected);
-            self.pool
-                .extend(
-                    self.cands
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, c)| c.alive)
-                        .map(|(i, c)| Key {
-                            mass: c.mass,
-                            depth: depth as u16 + 1,
-                            order: base + i as u32,
-                            src: Src::Cand(i as u32),
-                        }),
-                );
-            if self.pool.len() > budget {
-                self.pool.select_nth_unstable_by(budget - 1, better);
-                self.pool.truncate(budget);
-            }
-            // 4. Materialise the new members in creation order; they form the next frontier.
-            self.selected.clear();
-            self.order.clear();
-            for k in &self.pool {
-                match k.src {
-                    Src::Node(_) => self.selected.push(*k),
-                    Src::Cand(i) => self.order.push(i),
-                }
-            }
-            self.order.sort_unstable();
-            self.next_frontier.clear();
-            for &i in &self.order {
-                let c = self.cands[i as usize];
-                let id = self.arena.push(c.parent as usize, c.commit, c.mass)?;
-                self.selected.push(Key {
-                    mass: c.mass,
-                    depth: depth as u16 + 1,
-                    order: id as u32,
-                    src: Src::Node(id as u32),
-                });
-                if depth + 1 < self.cfg.max_depth && !self.arena.is_complete(id) {
-                    self.next_frontier.push(id as u32);
-                }
-            }
-            std::mem::swap(&mut self.frontier, &mut self.next_frontier);
+            self.expand(ctx, scorer, floor)?;
+            self.keep_best()?;
         }
         self.assemble(ctx)
+    }
+
+    /// Scores the frontier (one call) and makes the candidates: the children of every frontier
+    /// node that could still enter the best `D` (first the positions whose mass clears the
+    /// floors, whose token hypotheses the scorer prepares in one go, then their hypotheses),
+    /// duplicate states merged.
+    fn expand(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        scorer: &mut dyn OrderScorer,
+        floor: f32,
+    ) -> Result<(), TreeError> {
+        let l = ctx.root.len();
+        let (mask, gamma) = (ctx.root.mask_id(), self.cfg.gamma);
+        self.counts.scored_nodes += self.frontier.len() as u64;
+        self.counts.scorer_calls += 1;
+        self.scores.clear();
+        self.scores.resize(self.frontier.len() * l, 0.0);
+        let batch = NodeBatch::new(&self.arena, &self.frontier);
+        scorer.score(ctx, &batch, &mut self.scores)?;
+        self.wanted.clear();
+        for fi in 0..self.frontier.len() {
+            let m = self.arena.mass(self.frontier[fi] as usize);
+            for s in 0..l {
+                if batch.tokens(fi)[s] != mask {
+                    continue;
+                }
+                let q = self.scores[fi * l + s];
+                if !(q.is_finite() && q >= 0.0) {
+                    return Err(invalid_score(scorer, fi, s, q));
+                }
+                let mq = m * q;
+                if mq <= 0.0 || mq <= floor || mq < gamma {
+                    continue;
+                }
+                self.wanted.push((fi, s));
+            }
+        }
+        self.counts.hypothesis_positions += self.wanted.len() as u64;
+        scorer.prepare_hypotheses(ctx, &batch, &self.wanted)?;
+        self.cands.clear();
+        for &(fi, s) in &self.wanted {
+            let node = self.frontier[fi] as usize;
+            let m = self.arena.mass(node);
+            let mq = m * self.scores[fi * l + s];
+            self.hyp_buf.clear();
+            if !scorer.token_hypotheses(ctx, &batch, fi, s, &mut self.hyp_buf) {
+                let h = self.hyps[s];
+                self.hyp_buf.extend_from_slice(&h.items[..usize::from(h.n)]);
+            }
+            for &(v, p) in &self.hyp_buf {
+                if !(0.0..=1.0).contains(&p) {
+                    return Err(invalid_score(scorer, fi, s, p));
+                }
+                let mass = mq * p;
+                if v == mask || mass <= 0.0 || mass <= floor || mass < gamma {
+                    continue;
+                }
+                self.cands.push(Cand {
+                    parent: node as u32,
+                    commit: Commit::new(s, v),
+                    mass: mass.min(m),
+                    hash: self.arena.hash(node) ^ zobrist(s, mask) ^ zobrist(s, v),
+                    alive: true,
+                });
+            }
+        }
+        for &id in &self.frontier {
+            self.scored[id as usize] = true;
+        }
+        self.dedupe(l);
+        if self.cfg.expand != Expand::Layers {
+            self.merge_into_members(l);
+        }
+        Ok(())
+    }
+
+    /// Best-first only (layer by layer, a node's children are all made in one call): a
+    /// candidate whose state is already a kept node merges with it as [`Self::dedupe`] merges
+    /// two candidates, while the node is not yet scored: the heavier path stays (the node
+    /// leaves when the candidate's is heavier) and, under [`TreeConfig::sum_orders`], carries
+    /// both masses capped at its parent's. Once the node is scored its children exist, so the
+    /// candidate is dropped and the node keeps its mass (with one node per call a later path
+    /// is never heavier: it comes through a node scored later, so no heavier).
+    fn merge_into_members(&mut self, l: usize) {
+        let sum = self.cfg.sum_orders;
+        for c in self.cands.iter_mut().filter(|c| c.alive) {
+            let parent = c.parent as usize;
+            let arena = &self.arena;
+            let same = |id: usize| {
+                arena.hash(id) == c.hash
+                    && arena.depth(id) == arena.depth(parent) + 1
+                    && (0..l).all(|s| {
+                        let v = if s == c.commit.position {
+                            c.commit.token
+                        } else {
+                            arena.state(parent)[s]
+                        };
+                        arena.state(id)[s] == v
+                    })
+            };
+            let Some(k) = self.selected.iter().position(|k| match k.src {
+                Src::Node(id) => same(id as usize),
+                Src::Cand(_) => false,
+            }) else {
+                continue;
+            };
+            let Src::Node(id) = self.selected[k].src else {
+                continue;
+            };
+            let id = id as usize;
+            let kept = self.selected[k].mass;
+            if self.scored[id] || c.mass <= kept {
+                c.alive = false;
+                if sum && !self.scored[id] {
+                    let cap = self.arena.parent(id).map_or(1.0, |p| self.arena.mass(p));
+                    let merged = (kept + c.mass).min(cap);
+                    self.selected[k].mass = merged;
+                    self.arena.set_mass(id, merged);
+                }
+            } else {
+                // The candidate's path is the heavier: the node leaves, the candidate takes
+                // its place in the selection below.
+                if sum {
+                    c.mass = (c.mass + kept).min(self.arena.mass(parent));
+                }
+                self.member[id] = false;
+                self.selected.swap_remove(k);
+            }
+        }
+    }
+
+    /// Keeps the best `D` of the kept nodes and the candidates: the new members are
+    /// materialised in creation order and wait to be scored; the nodes pushed out leave.
+    fn keep_best(&mut self) -> Result<(), TreeError> {
+        let budget = self.cfg.budget;
+        let base = self.arena.len() as u32;
+        self.pool.clear();
+        self.pool.extend_from_slice(&self.selected);
+        let arena = &self.arena;
+        self.pool.extend(
+            self.cands
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.alive)
+                .map(|(i, c)| Key {
+                    mass: c.mass,
+                    depth: arena.depth(c.parent as usize) as u16 + 1,
+                    order: base + i as u32,
+                    src: Src::Cand(i as u32),
+                }),
+        );
+        if self.pool.len() > budget {
+            self.pool.select_nth_unstable_by(budget - 1, better);
+            self.pool.truncate(budget);
+        }
+        for k in &self.selected {
+            if let Src::Node(id) = k.src {
+                self.member[id as usize] = false;
+            }
+        }
+        self.selected.clear();
+        self.order.clear();
+        for k in &self.pool {
+            match k.src {
+                Src::Node(id) => {
+                    self.member[id as usize] = true;
+                    self.selected.push(*k);
+                }
+                Src::Cand(i) => self.order.push(i),
+            }
+        }
+        self.order.sort_unstable();
+        for &i in &self.order {
+            let c = self.cands[i as usize];
+            let id = self.arena.push(c.parent as usize, c.commit, c.mass)?;
+            self.member.push(true);
+            self.scored.push(false);
+            let depth = self.arena.depth(id);
+            self.selected.push(Key {
+                mass: c.mass,
+                depth: depth as u16,
+                order: id as u32,
+                src: Src::Node(id as u32),
+            });
+            if depth < self.cfg.max_depth && !self.arena.is_complete(id) {
+                self.waiting.push(id as u32);
+            }
+        }
+        Ok(())
     }
 
     /// Marks duplicate states among the candidates dead, keeping the heaviest path of each

@@ -51,7 +51,7 @@ pub mod stale;
 pub mod table;
 mod tree;
 
-pub use builder::{BuildCounts, TreeBuilder, TreeConfig, check_round};
+pub use builder::{BuildCounts, Expand, TreeBuilder, TreeConfig, check_round};
 pub use error::TreeError;
 pub use scorer::{
     NodeBatch, OracleScorer, OrderScorer, RandomScorer, ScoreContext, StaleConfidenceScorer,

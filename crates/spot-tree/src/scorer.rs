@@ -156,6 +156,13 @@ pub trait OrderScorer {
         out: &mut [f32],
     ) -> Result<(), TreeError>;
 
+    /// How many nodes one [`OrderScorer::score`] call scores in about the time of one (the
+    /// states it spreads over threads): the best-first builder's batch when none is set
+    /// ([`Expand::BestFirst`](crate::Expand::BestFirst)). 1 by default.
+    fn parallel_nodes(&self) -> usize {
+        1
+    }
+
     /// Whether the scorer reads the target's hidden states
     /// ([`BlockStats::hidden`](spot_core::BlockStats::hidden)) in [`ScoreContext::stale`]: the
     /// decoder then asks every forward for them

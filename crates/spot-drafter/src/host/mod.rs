@@ -90,7 +90,7 @@ const LN_EPS: f32 = 1e-5;
 
 /// The fewest states a thread takes: below this a call runs on the calling thread (the
 /// hand-off costs more than it saves).
-const MIN_PART: usize = 2;
+const MIN_PART: usize = 1;
 
 /// One encoder layer, packed.
 #[derive(Clone, Debug)]

@@ -367,6 +367,15 @@ impl<B: Backend> OrderScorer for MrpScorer<B> {
         true
     }
 
+    /// The host step gives each thread whole states; burn's runs a call as one.
+    fn parallel_nodes(&self) -> usize {
+        if self.precision.is_some() {
+            rayon::current_num_threads()
+        } else {
+            1
+        }
+    }
+
     fn score(
         &mut self,
         ctx: &ScoreContext<'_>,
@@ -567,6 +576,12 @@ impl<S: OrderScorer + Send, B: Backend> OrderScorer for MrpTokens<S, B> {
 
     fn wants_hidden_states(&self) -> bool {
         true
+    }
+
+    /// The module's step runs beside the order scorer's call on the same nodes, so the two
+    /// share the threads.
+    fn parallel_nodes(&self) -> usize {
+        (self.order.parallel_nodes() / 2).max(1)
     }
 
     /// The order scorer's call and the module's step for every node of the batch with a
