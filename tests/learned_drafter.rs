@@ -335,8 +335,9 @@ fn depth0_hits_are_evaluate_ons(
 
 /// The shipped drafter scores through its packed host path (`LearnedScorer::new`) and through
 /// burn (`LearnedScorer::burn`) to the same trees: on toy prompts (a block of 32) at T = 0
-/// and 1, D = 8 and 20, both decode draft-free's tokens with the same forwards, accepted-node
-/// histogram, round ends and drafter counts. `spot-reuse`'s approximate order (nodes below
+/// and 1, D = 8 and 20, layer by layer and best-first two nodes a call, both decode
+/// draft-free's tokens with the same forwards, accepted-node histogram, round ends and drafter
+/// counts. `spot-reuse`'s approximate order (nodes below
 /// depth 1 take their parent's) and the int8 products (`Precision::Int8`) may change trees,
 /// never the output.
 #[test]
@@ -349,7 +350,11 @@ fn the_host_path_drafts_the_trees_burn_drafts() {
         max_new_tokens: 32,
         ..cfg(t)
     };
-    for t in [0.0, 1.0] {
+    let expansions = [
+        spot_dlm::Expand::Layers,
+        spot_dlm::Expand::BestFirst { batch: Some(2) },
+    ];
+    for (t, expand) in [0.0, 1.0].into_iter().zip(expansions) {
         for budget in [8, 20] {
             let mut scored = 0;
             for seed in 0..(if budget == 8 { 2u64 } else { 1 }) {
@@ -360,6 +365,7 @@ fn the_host_path_drafts_the_trees_burn_drafts() {
                 let run = |scorer: LearnedScorer<B>| {
                     let mut d = SpotDecoder::builder()
                         .budget(budget)
+                        .expand(expand)
                         .scorer(scorer)
                         .build()
                         .unwrap();

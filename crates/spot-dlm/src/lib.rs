@@ -136,7 +136,7 @@ impl SpotDecoderBuilder {
         self
     }
 
-    /// Which nodes each scorer call takes ([`Expand::Layers`] by default).
+    /// Which nodes each scorer call takes (best-first, the scorer's batch, by default; [`Expand`]).
     pub fn expand(mut self, expand: Expand) -> Self {
         self.tree.expand = expand;
         self

@@ -11,7 +11,7 @@ use spot_core::{
 };
 use spot_dlm::{DecodeConfig, DraftFreeDecoder, SpotDecoder, StaleConfidenceScorer};
 use spot_drafter::mrp::{DEFAULT_MRP, ModuleHead, Mrp, MrpFile, MrpScorer, MrpTokens};
-use spot_drafter::{MrpBuffers, Precision};
+use spot_drafter::{HostMrp, MrpBuffers, Precision};
 use spot_models::{CpuBackend, ModelError, Sdar};
 use spot_tree::{NodeBatch, OrderScorer, ScoreContext, TreeError};
 
@@ -77,6 +77,38 @@ fn mrp_reproduces_its_trainer() {
 /// The packed host step computes burn's step: in `f32` within 2e-6 (relative to the largest
 /// residual) on real and random states, in int8 close to it; a state's residuals in either
 /// precision are the same bits whether it is stepped alone or in a batch.
+/// `Mrp::load` reads the weights once and packs its int8 step from its `f32` one, sharing the
+/// embedding: the same step, bit for bit, as packing int8 straight from the files.
+#[test]
+fn the_repacked_step_is_the_one_read_from_the_files() {
+    let dir = model_dir();
+    let mrp = load_mrp();
+    let (cfg, _) = spot_models::DecoderConfig::read(&dir).unwrap();
+    let weights = spot_models::hf::Weights::open(&dir)
+        .unwrap()
+        .with_file(&spot_drafter::mrp::mrp_weights_path(&dir.join(DEFAULT_MRP)))
+        .unwrap();
+    let layers = mrp.file().layers;
+    let direct = HostMrp::load(&cfg, &weights, ("mrp.", layers), Precision::Int8).unwrap();
+    let (h, l, n) = (mrp.hidden_size(), 32, 3);
+    let mut rng = spot_tree::rng::SplitMix(5);
+    let ids: Vec<TokenId> = (0..n * l)
+        .map(|_| (rng.next_u64() % mrp.vocab_size() as u64) as TokenId)
+        .collect();
+    let hidden: Vec<f32> = (0..n * l * h).map(|_| rng.normal()).collect();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let mut buffers = MrpBuffers::default();
+    let kept = mrp.host(Precision::Int8);
+    kept.step(&mut buffers, (&ids, &hidden), (n, l), &mut a)
+        .unwrap();
+    direct
+        .step(&mut buffers, (&ids, &hidden), (n, l), &mut b)
+        .unwrap();
+    assert!(!a.is_empty() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    // An int8 packing has no `f32` values left to pack from.
+    assert!(kept.repacked(Precision::F32).is_none());
+}
+
 #[test]
 fn the_host_step_matches_burn() {
     let mrp = load_mrp();

@@ -287,9 +287,6 @@ pub struct SetTreeBuilder {
     subsets: BinaryHeap<Subset>,
     set_buf: Vec<Commit>,
     order_scores: Vec<f32>,
-    /// Candidates scored ahead this round (node and rank), and their order rows, `L` each.
-    ahead_keys: Vec<(u32, u32)>,
-    ahead_rows: Vec<f32>,
     /// The `(node, position)` pairs whose token hypotheses are asked of the order scorer.
     wanted: Vec<(usize, usize)>,
     /// Per masked position: (position, its options best first as (weight, token or mask)).
@@ -337,8 +334,6 @@ impl SetTreeBuilder {
             subsets: BinaryHeap::new(),
             set_buf: Vec::new(),
             order_scores: Vec::new(),
-            ahead_keys: Vec::new(),
-            ahead_rows: Vec::new(),
             wanted: Vec::new(),
             options: Vec::new(),
             hyps: Vec::new(),
@@ -397,10 +392,8 @@ impl SetTreeBuilder {
         self.seen.clear();
         self.seen.entry(self.out.hash(0)).or_default().push(0);
         self.sets.push(NodeSets::default());
-        self.ahead_keys.clear();
-        self.ahead_rows.clear();
         if !ctx.root.is_complete() {
-            self.expand(ctx, tau, (model, order), (0, None), 0)?;
+            self.expand(ctx, tau, (model, order), 0, 0)?;
         }
         while self.out.draft_count() < self.cfg.budget {
             let Some(c) = self.heap.pop() else {
@@ -427,8 +420,7 @@ impl SetTreeBuilder {
             let hops = self.out.hops(id);
             let room = self.out.draft_count() < self.cfg.budget;
             if room && hops < self.cfg.max_steps && !self.out.is_complete(id) {
-                let key = (c.node, c.rank);
-                self.expand(ctx, tau, (model, &mut *order), (id, Some(key)), hops)?;
+                self.expand(ctx, tau, (model, &mut *order), id, hops)?;
             }
         }
         Ok(&self.out)
@@ -535,63 +527,6 @@ impl SetTreeBuilder {
         }
     }
 
-    /// The order scorer's `q` for node `id` (drafted from candidate `key`) into
-    /// `order_scores`: the row scored ahead when `id`'s candidate was the heaviest waiting at
-    /// an earlier call, else one call. Where the scorer scores two nodes in the time of one
-    /// ([`OrderScorer::parallel_nodes`]), that call also takes the heaviest waiting candidate,
-    /// the one most likely drafted next, its node added to the tree for the call only: the
-    /// same row as scoring it when it is drafted (a node's scores depend on its state and
-    /// path, not on the call), so the tree is the same with one call fewer whenever it is.
-    fn score_order(
-        &mut self,
-        ctx: &ScoreContext<'_>,
-        order: &mut dyn OrderScorer,
-        id: usize,
-        key: Option<(u32, u32)>,
-    ) -> Result<(), TreeError> {
-        let l = ctx.root.len();
-        self.order_scores.clear();
-        if let Some(i) = key.and_then(|k| self.ahead_keys.iter().position(|&a| a == k)) {
-            self.order_scores
-                .extend_from_slice(&self.ahead_rows[i * l..(i + 1) * l]);
-            return Ok(());
-        }
-        let nodes = self.out.len();
-        let mut ids = [id as u32, 0];
-        let mut ahead = None;
-        if order.parallel_nodes() > 1
-            && self.out.draft_count() + 1 < self.cfg.budget
-            && let Some(&c) = self.heap.peek()
-        {
-            let node = c.node as usize;
-            self.set_buf.clear();
-            self.set_buf
-                .extend_from_slice(self.sets[node].set(c.rank as usize));
-            if self.out.hops(node) + 1 < self.cfg.max_steps && self.lookup(node).is_none() {
-                let next = self.out.push_set(node, &self.set_buf, c.mass)?;
-                if !self.out.is_complete(next) {
-                    ids[1] = next as u32;
-                    ahead = Some((c.node, c.rank));
-                }
-            }
-        }
-        let n = 1 + usize::from(ahead.is_some());
-        self.order_scores.resize(n * l, 0.0);
-        let scored = order.score(
-            ctx,
-            &NodeBatch::new(&self.out, &ids[..n]),
-            &mut self.order_scores,
-        );
-        self.out.truncate(nodes);
-        scored?;
-        if let Some(k) = ahead {
-            self.ahead_keys.push(k);
-            self.ahead_rows.extend_from_slice(&self.order_scores[l..]);
-            self.order_scores.truncate(l);
-        }
-        Ok(())
-    }
-
     /// Predicts node `id`'s next step and records its most probable sets.
     ///
     /// The step is modelled as a *leader*, the position the target is most confident about
@@ -600,14 +535,12 @@ impl SetTreeBuilder {
     /// `join`; otherwise the step is the leader alone (the fallback). A committed position
     /// carries the stale token or the hedge, weighted by the order scorer's token hypotheses
     /// when it gives them (SPOT's calibration), else by the join model's `token` and `hedge`.
-    ///
-    /// `key` is the candidate (parent and rank) `id` was drafted from.
     fn expand(
         &mut self,
         ctx: &ScoreContext<'_>,
         tau: f32,
         (model, order): (&mut dyn JoinModel, &mut dyn OrderScorer),
-        (id, key): (usize, Option<(u32, u32)>),
+        id: usize,
         steps: usize,
     ) -> Result<(), TreeError> {
         let l = ctx.root.len();
@@ -624,9 +557,11 @@ impl SetTreeBuilder {
         self.pred.choices.clear();
         self.pred.leader.clear();
         model.predict(ctx, self.out.state(id), steps, tau, &mut self.pred)?;
-        self.score_order(ctx, order, id, key)?;
+        self.order_scores.clear();
+        self.order_scores.resize(l, 0.0);
         let one = [id as u32];
         let batch = NodeBatch::new(&self.out, &one);
+        order.score(ctx, &batch, &mut self.order_scores)?;
         let state = self.out.state(id);
         // Each masked position has up to three follower options: out (`1 - join`), in with
         // the stale token (`join · token`), in with the hedge (`join · hedge`). Followers are
@@ -925,21 +860,17 @@ mod tests {
         }
     }
 
-    /// Eight masked positions of mixed stale confidence and a fixed join model.
-    fn eight_positions() -> (BlockStats, BlockState, Fixed) {
+    #[test]
+    fn masses_fall_along_the_build_and_limits_hold() {
         let conf = [0.5, 0.4, 0.95, 0.2, 0.3, 0.7, 0.1, 0.9];
+        let st = stale(&conf);
+        let root = BlockState::masked(8, 0);
         let m = Fixed {
             lead: vec![0.8; 8],
             join: vec![0.7, 0.2, 0.9, 0.1, 0.4, 0.6, 0.5, 0.8],
             token: vec![0.9; 8],
             hedge: vec![0.05; 8],
         };
-        (stale(&conf), BlockState::masked(8, 0), m)
-    }
-
-    #[test]
-    fn masses_fall_along_the_build_and_limits_hold() {
-        let (st, root, m) = eight_positions();
         for (budget, max_steps, gamma) in [(20, 3, 0.0), (40, 8, 0.01), (5, 1, 0.0)] {
             let cfg = SetTreeConfig {
                 budget,
@@ -965,59 +896,6 @@ mod tests {
                 assert!(seen.insert(tree.state(i).to_vec()), "states are unique");
             }
         }
-    }
-
-    /// A random order that claims two nodes a call (so the builder scores ahead), counting
-    /// its calls.
-    struct Ahead(spot_tree::RandomScorer, usize, usize);
-
-    impl OrderScorer for Ahead {
-        fn name(&self) -> &str {
-            "ahead"
-        }
-        fn parallel_nodes(&self) -> usize {
-            self.1
-        }
-        fn score(
-            &mut self,
-            ctx: &ScoreContext<'_>,
-            nodes: &NodeBatch<'_>,
-            out: &mut [f32],
-        ) -> Result<(), TreeError> {
-            self.2 += 1;
-            self.0.score(ctx, nodes, out)
-        }
-    }
-
-    /// Scoring the heaviest waiting candidate ahead drafts the same trees (structure, edges
-    /// and masses), with fewer calls where it pays.
-    #[test]
-    fn scoring_ahead_changes_no_tree() {
-        let (st, root, m) = eight_positions();
-        let mut hits = 0;
-        for seed in 0..20u64 {
-            for (budget, max_steps) in [(8, 4), (20, 3), (3, 2)] {
-                let cfg = SetTreeConfig {
-                    budget,
-                    max_steps,
-                    ..SetTreeConfig::default()
-                };
-                let mut trees = Vec::new();
-                let mut asked = Vec::new();
-                for parallel in [1, 2] {
-                    let mut order = Ahead(spot_tree::RandomScorer { seed }, parallel, 0);
-                    let mut b = SetTreeBuilder::new(cfg).unwrap();
-                    let ctx = root_ctx(&root, &st);
-                    let tree = b.build(&ctx, 0.5, &mut m.clone(), &mut order).unwrap();
-                    trees.push(format!("{tree:?}"));
-                    asked.push(order.2);
-                }
-                assert_eq!(trees[0], trees[1], "seed {seed}, D {budget}");
-                assert!(asked[1] <= asked[0], "seed {seed}, D {budget}: more calls");
-                hits += usize::from(asked[1] < asked[0]);
-            }
-        }
-        assert!(hits > 0, "no call saved by scoring ahead");
     }
 
     #[test]

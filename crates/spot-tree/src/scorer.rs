@@ -1,9 +1,9 @@
 //! Order scorers: who ranks the masked positions of a hypothesised state.
 //!
 //! An [`OrderScorer`] returns `q(s | y)`, a distribution over the positions still masked in
-//! each node `y` of a batch, from the round's stale statistics. The tree builder calls it once
-//! per depth with every node it expands at that depth. The learned SPOT drafter implements this
-//! trait; the baselines here need no training.
+//! each node `y` of a batch, from the round's stale statistics. The tree builder calls it with
+//! batches of the nodes it expands ([`TreeConfig::expand`](crate::TreeConfig::expand)). The
+//! learned SPOT drafter implements this trait; the baselines here need no training.
 
 use std::collections::HashMap;
 

@@ -127,36 +127,6 @@ impl DraftTree {
         Ok(self.parent.len() - 1)
     }
 
-    /// Removes the nodes added after the first `nodes` (the root always stays): a builder that
-    /// adds a node for a moment (to score it ahead) takes it back.
-    ///
-    /// ```
-    /// use spot_core::{BlockState, Commit};
-    /// use spot_tree::DraftTree;
-    /// let mut tree = DraftTree::new(&BlockState::masked(2, 9));
-    /// let a = tree.push(0, Commit::new(0, 1), 0.5)?;
-    /// let before = tree.clone();
-    /// tree.push(a, Commit::new(1, 2), 0.25)?;
-    /// tree.truncate(2);
-    /// assert_eq!(tree.len(), 2);
-    /// assert_eq!(format!("{tree:?}"), format!("{before:?}"));
-    /// # Ok::<(), spot_core::Error>(())
-    /// ```
-    pub fn truncate(&mut self, nodes: usize) {
-        let nodes = nodes.max(1);
-        if nodes >= self.len() {
-            return;
-        }
-        self.tokens.truncate(nodes * self.len);
-        self.parent.truncate(nodes);
-        self.edge_end.truncate(nodes);
-        self.edges.truncate(self.edge_end[nodes - 1] as usize);
-        self.mass.truncate(nodes);
-        self.depth.truncate(nodes);
-        self.hash.truncate(nodes);
-        self.masked.truncate(nodes);
-    }
-
     /// Copies every node of `sub` below node `at`, whose state must equal `sub`'s root; each
     /// copy keeps its edge and its mass times `at`'s. Fails (and leaves the nodes added so far)
     /// when the roots differ.

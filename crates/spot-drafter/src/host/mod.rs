@@ -141,6 +141,15 @@ impl Dense {
         Self { w, k, n }
     }
 
+    /// The same matrix packed for `precision` from its `f32` values (`None` once packed in
+    /// int8).
+    fn repacked(&self, precision: Precision) -> Option<Self> {
+        match &self.w {
+            DenseWeights::F32(w) => Some(Self::new(w.clone(), (self.k, self.n), precision)),
+            DenseWeights::Int8(_) => None,
+        }
+    }
+
     /// `out[rows, n] += a[rows, k] · w`: in `f32`, or quantised when packed in int8.
     #[inline(always)]
     fn add_product(&self, out: &mut [f32], a: &[f32], quant: &mut QuantRows, rows: usize) {

@@ -18,6 +18,8 @@
 //! state's residuals depend on that state alone, not on the batch it is stepped in (tested bit
 //! for bit), because every row goes through the same operations whatever the call holds.
 
+use std::sync::Arc;
+
 use rayon::iter::{ParallelBridge, ParallelIterator};
 use spot_core::TokenId;
 use spot_core::fastmath::fast_silu as silu;
@@ -105,10 +107,10 @@ pub struct MrpBuffers {
 #[derive(Clone, Debug)]
 pub struct HostMrp {
     shape: Shape,
-    /// `[vocab, h]`: the target's embedding.
-    embed: Vec<f32>,
+    /// `[vocab, h]`: the target's embedding (shared by the module's packings).
+    embed: Arc<[f32]>,
     /// `[vocab, h]`: the target's head where it is not the embedding.
-    head: Option<Vec<f32>>,
+    head: Option<Arc<[f32]>>,
     enorm: Vec<f32>,
     hnorm: Vec<f32>,
     /// `[2h, h]`.
@@ -210,11 +212,11 @@ impl HostMrp {
                 vocab: cfg.vocab_size,
                 eps: cfg.rms_norm_eps as f32,
             },
-            embed: load(EMBED, &[cfg.vocab_size, h])?,
+            embed: load(EMBED, &[cfg.vocab_size, h])?.into(),
             head: if cfg.tie_word_embeddings {
                 None
             } else {
-                Some(load(HEAD, &[cfg.vocab_size, h])?)
+                Some(load(HEAD, &[cfg.vocab_size, h])?.into())
             },
             enorm: own("enorm.weight", &[h])?,
             hnorm: own("hnorm.weight", &[h])?,
@@ -231,6 +233,37 @@ impl HostMrp {
     /// The arithmetic of the products.
     pub fn precision(&self) -> Precision {
         self.precision
+    }
+
+    /// The same module with its products in `precision`, packed from this one's `f32` values
+    /// (the embedding and head shared, nothing read again): `None` when this one is packed in
+    /// int8 (its `f32` values are gone).
+    pub fn repacked(&self, precision: Precision) -> Option<Self> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            layers.push(Layer {
+                input_norm: l.input_norm.clone(),
+                qkv: l.qkv.repacked(precision)?,
+                q_norm: l.q_norm.clone(),
+                k_norm: l.k_norm.clone(),
+                o: l.o.repacked(precision)?,
+                post_norm: l.post_norm.clone(),
+                gate_up: l.gate_up.repacked(precision)?,
+                down: l.down.repacked(precision)?,
+            });
+        }
+        Some(Self {
+            shape: self.shape,
+            embed: Arc::clone(&self.embed),
+            head: self.head.clone(),
+            enorm: self.enorm.clone(),
+            hnorm: self.hnorm.clone(),
+            eh_proj: self.eh_proj.repacked(precision)?,
+            layers,
+            norm: self.norm.clone(),
+            inv_freq: self.inv_freq.clone(),
+            precision,
+        })
     }
 
     /// Width of the hidden states.

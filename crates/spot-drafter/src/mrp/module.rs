@@ -162,9 +162,13 @@ impl<B: Backend> Mrp<B> {
         let weights = Weights::open(target)?.with_file(&mrp_weights_path(file))?;
         let stack = LayerStack::load(&cfg, meta.layers, MRP_NAMES, &weights, device)?;
         let h = cfg.hidden_size;
-        let packed = |p| HostMrp::load(&cfg, &weights, ("mrp.", meta.layers), p);
+        let exact = HostMrp::load(&cfg, &weights, ("mrp.", meta.layers), Precision::F32)?;
+        let int8 = match exact.repacked(Precision::Int8) {
+            Some(m) => m,
+            None => HostMrp::load(&cfg, &weights, ("mrp.", meta.layers), Precision::Int8)?,
+        };
         Ok(Self {
-            host: [packed(Precision::F32)?, packed(Precision::Int8)?],
+            host: [exact, int8],
             enorm: stack.row(&weights, "mrp.enorm.weight", h)?,
             hnorm: stack.row(&weights, "mrp.hnorm.weight", h)?,
             eh_proj: stack.linear(&weights, "mrp.eh_proj.weight", (h, 2 * h))?,
