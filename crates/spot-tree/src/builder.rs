@@ -227,7 +227,8 @@ pub fn check_round(ctx: &ScoreContext<'_>) -> Result<usize, TreeError> {
 /// among everything generated (with `sum_orders` off, exactly the best `D` of the whole
 /// candidate tree under the depth limit, because only nodes currently in the best `D` are
 /// expanded and a child never outranks its parent). [`TreeConfig::expand`] sets which nodes
-/// each scorer call takes: the heaviest not yet scored (the default) or every node of a depth. Identical states reached by different commit orders are merged: the
+/// each scorer call takes: the heaviest not yet scored (the default) or every node of a
+/// depth. Identical states reached by different commit orders are merged: the
 /// heaviest path stays and, under [`TreeConfig::sum_orders`] (the default), carries the sum of
 /// their masses (capped at its parent's), so a node's mass estimates the probability of its
 /// state, not of one order. [`build_chain`](Self::build_chain) is the SSD-style single path.
@@ -511,7 +512,7 @@ impl TreeBuilder {
         }
         self.dedupe(l);
         if self.cfg.expand != Expand::Layers {
-            self.merge_into_members(l);
+            self.merge_into_members();
         }
         Ok(())
     }
@@ -523,23 +524,13 @@ impl TreeBuilder {
     /// both masses capped at its parent's. Once the node is scored its children exist, so the
     /// candidate is dropped and the node keeps its mass (with one node per call a later path
     /// is never heavier: it comes through a node scored later, so no heavier).
-    fn merge_into_members(&mut self, l: usize) {
+    fn merge_into_members(&mut self) {
         let sum = self.cfg.sum_orders;
         for c in self.cands.iter_mut().filter(|c| c.alive) {
             let parent = c.parent as usize;
             let arena = &self.arena;
-            let same = |id: usize| {
-                arena.hash(id) == c.hash
-                    && arena.depth(id) == arena.depth(parent) + 1
-                    && (0..l).all(|s| {
-                        let v = if s == c.commit.position {
-                            c.commit.token
-                        } else {
-                            arena.state(parent)[s]
-                        };
-                        arena.state(id)[s] == v
-                    })
-            };
+            let same =
+                |id: usize| arena.hash(id) == c.hash && arena.is_successor(id, parent, &[c.commit]);
             let Some(k) = self.selected.iter().position(|k| match k.src {
                 Src::Node(id) => same(id as usize),
                 Src::Cand(_) => false,
