@@ -318,6 +318,33 @@ impl BlockStats {
         &self.confidence
     }
 
+    /// Whether `other` holds the same statistics bit for bit (floats compared by their bits:
+    /// `0.0` and `-0.0` differ, a NaN equals itself), hidden states included. What a cache of
+    /// values computed from the statistics checks before reusing them.
+    pub fn same_bits(&self, other: &BlockStats) -> bool {
+        fn bits(a: &[f32], b: &[f32]) -> bool {
+            // A branch-free fold (vectorises): every element is read.
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b)
+                    .fold(true, |eq, (x, y)| eq & (x.to_bits() == y.to_bits()))
+        }
+        let hidden = match (&self.hidden, &other.hidden) {
+            (None, None) => true,
+            (Some((d, a)), Some((e, b))) => d == e && bits(a, b),
+            _ => false,
+        };
+        self.top_k == other.top_k
+            && self.token == other.token
+            && self.top_ids == other.top_ids
+            && bits(&self.confidence, &other.confidence)
+            && bits(&self.token_prob, &other.token_prob)
+            && bits(&self.entropy, &other.entropy)
+            && bits(&self.tail_mass, &other.tail_mass)
+            && bits(&self.top_probs, &other.top_probs)
+            && hidden
+    }
+
     /// Hidden states, if the model attached them: `(dim, values)`.
     pub fn hidden(&self) -> Option<(usize, &[f32])> {
         self.hidden.as_ref().map(|(d, v)| (*d, v.as_slice()))

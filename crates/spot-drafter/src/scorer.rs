@@ -45,6 +45,8 @@ pub struct LearnedScorer<B: Backend> {
     /// A parent's order ([`LearnedScorer::parent_row`]).
     parent: Vec<f32>,
     path: Vec<spot_core::Commit>,
+    /// The round's stale statistics as the features read them, kept across its calls.
+    stale: LiveStale,
 }
 
 impl<B: Backend> LearnedScorer<B> {
@@ -83,6 +85,7 @@ impl<B: Backend> LearnedScorer<B> {
             fresh: Vec::new(),
             parent: Vec::new(),
             path: Vec::new(),
+            stale: LiveStale::default(),
         }
     }
 
@@ -175,11 +178,13 @@ impl<B: Backend> OrderScorer for LearnedScorer<B> {
         let m = self.fresh.len();
         self.features.resize(m * l * nf, 0.0);
         self.valid.resize(m * l, 0.0);
-        let stale = LiveStale::new(ctx.stale, ctx.block_start, ctx.noise, mask);
+        self.stale
+            .update(ctx.stale, ctx.block_start, ctx.noise, mask);
+        let stale = &self.stale;
         for (j, &i) in self.fresh.iter().enumerate() {
             let y = nodes.tokens(i);
             write_features(
-                &stale,
+                stale,
                 y,
                 mask,
                 nodes.depth(i),

@@ -257,6 +257,14 @@ struct Leader {
     tokens: [(TokenId, f32); 2],
 }
 
+/// A list from `spare` (or a new one) holding a copy of `from`.
+fn reuse(spare: &mut Vec<Vec<u16>>, from: &[u16]) -> Vec<u16> {
+    let mut v = spare.pop().unwrap_or_default();
+    v.clear();
+    v.extend_from_slice(from);
+    v
+}
+
 /// Adds `set` with `factor` to `sets`, summing the factors when it is already there (the
 /// fallback of an empty step and the same position joining alone).
 fn add_set(sets: &mut NodeSets, set: &[Commit], factor: f32) {
@@ -285,6 +293,8 @@ pub struct SetTreeBuilder {
     /// Option switches: (cost, option row).
     flips: Vec<(f32, usize)>,
     subsets: BinaryHeap<Subset>,
+    /// Member lists of finished subsets, kept for the next ones (no allocation per subset).
+    spare: Vec<Vec<u16>>,
     set_buf: Vec<Commit>,
     order_scores: Vec<f32>,
     /// The `(node, position)` pairs whose token hypotheses are asked of the order scorer.
@@ -332,6 +342,7 @@ impl SetTreeBuilder {
             seen: HashMap::new(),
             flips: Vec::new(),
             subsets: BinaryHeap::new(),
+            spare: Vec::new(),
             set_buf: Vec::new(),
             order_scores: Vec::new(),
             wanted: Vec::new(),
@@ -379,8 +390,8 @@ impl SetTreeBuilder {
         &mut self,
         ctx: &ScoreContext<'_>,
         tau: f32,
-        model: &mut dyn JoinModel,
-        order: &mut dyn OrderScorer,
+        model: &mut (dyn JoinModel + Send),
+        order: &mut (dyn OrderScorer + Send),
     ) -> Result<&DraftTree, TreeError> {
         spot_tree::check_round(ctx)?;
         if tau.is_nan() {
@@ -461,11 +472,9 @@ impl SetTreeBuilder {
         // popped subset (extend by the next flip; replace its last flip by the next one). A
         // subset switching one row twice, or the leader's row, is no follower set, but its
         // successors are generated.
-        self.subsets.clear();
-        self.subsets.push(Subset {
-            cost: 0.0,
-            members: Vec::new(),
-        });
+        self.spare.extend(self.subsets.drain().map(|s| s.members));
+        let members = reuse(&mut self.spare, &[]);
+        self.subsets.push(Subset { cost: 0.0, members });
         let mut produced = 0usize;
         let mut added = 0usize;
         while produced < 4 * k + 4 && added < k {
@@ -475,14 +484,14 @@ impl SetTreeBuilder {
             produced += 1;
             let next = sub.members.last().map_or(0, |&m| usize::from(m) + 1);
             if next < self.flips.len() {
-                let mut ext = sub.members.clone();
+                let mut ext = reuse(&mut self.spare, &sub.members);
                 ext.push(next as u16);
                 self.subsets.push(Subset {
                     cost: sub.cost + self.flips[next].0,
                     members: ext,
                 });
                 if let Some(&last) = sub.members.last() {
-                    let mut rep = sub.members.clone();
+                    let mut rep = reuse(&mut self.spare, &sub.members);
                     if let Some(end) = rep.last_mut() {
                         *end = next as u16;
                     }
@@ -508,8 +517,10 @@ impl SetTreeBuilder {
                 self.choice[row] = 1 + earlier as u8;
             }
             if !valid {
+                self.spare.push(sub.members);
                 continue;
             }
+            self.spare.push(sub.members);
             self.set_buf.clear();
             for (row, &(s, opts)) in self.options.iter().enumerate() {
                 let v = if row == leader {
@@ -539,7 +550,7 @@ impl SetTreeBuilder {
         &mut self,
         ctx: &ScoreContext<'_>,
         tau: f32,
-        (model, order): (&mut dyn JoinModel, &mut dyn OrderScorer),
+        (model, order): (&mut (dyn JoinModel + Send), &mut (dyn OrderScorer + Send)),
         id: usize,
         steps: usize,
     ) -> Result<(), TreeError> {
@@ -556,13 +567,20 @@ impl SetTreeBuilder {
         }
         self.pred.choices.clear();
         self.pred.leader.clear();
-        model.predict(ctx, self.out.state(id), steps, tau, &mut self.pred)?;
         self.order_scores.clear();
         self.order_scores.resize(l, 0.0);
         let one = [id as u32];
         let batch = NodeBatch::new(&self.out, &one);
-        order.score(ctx, &batch, &mut self.order_scores)?;
         let state = self.out.state(id);
+        // The join model and the order scorer read the same node and nothing of each other:
+        // one runs on each thread of the pool (a one-state order call keeps one busy).
+        let (pred, scores) = (&mut self.pred, &mut self.order_scores);
+        let (scored, predicted) = rayon::join(
+            || order.score(ctx, &batch, scores),
+            || model.predict(ctx, state, steps, tau, pred),
+        );
+        predicted?;
+        scored?;
         // Each masked position has up to three follower options: out (`1 - join`), in with
         // the stale token (`join · token`), in with the hedge (`join · hedge`). Followers are
         // independent: the best subset takes every row's best option, the others switch the

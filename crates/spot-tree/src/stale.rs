@@ -71,9 +71,23 @@ pub trait StaleSource {
 /// and training compute the same features, hedge and noised margin included.
 ///
 /// [`BlockStats`]: spot_core::BlockStats
-#[derive(Debug)]
+///
+/// A scorer called several times a round keeps one and [updates](LiveStale::update) it: the
+/// positions are recomputed only when the statistics change.
+#[derive(Debug, Default)]
 pub struct LiveStale {
     positions: Vec<StoredPosition>,
+    /// What `positions` were computed from (`None`: nothing yet).
+    key: Option<LiveKey>,
+}
+
+/// The inputs of a [`LiveStale`].
+#[derive(Debug)]
+struct LiveKey {
+    stats: spot_core::BlockStats,
+    block_start: usize,
+    noise: Option<GumbelNoise>,
+    mask: TokenId,
 }
 
 impl LiveStale {
@@ -85,10 +99,49 @@ impl LiveStale {
         noise: Option<GumbelNoise>,
         mask: TokenId,
     ) -> Self {
-        let positions = (0..stats.len())
-            .map(|s| StoredPosition::from_stats(stats, s, block_start, noise, mask))
-            .collect();
-        Self { positions }
+        let mut live = Self::default();
+        live.update(stats, block_start, noise, mask);
+        live
+    }
+
+    /// Makes `self` what [`LiveStale::new`] with these arguments gives, recomputing the
+    /// positions only when an argument differs from the previous call's (the statistics
+    /// compared bit for bit, [`BlockStats::same_bits`](spot_core::BlockStats::same_bits)):
+    /// a round's calls after its first reuse them.
+    pub fn update(
+        &mut self,
+        stats: &spot_core::BlockStats,
+        block_start: usize,
+        noise: Option<GumbelNoise>,
+        mask: TokenId,
+    ) {
+        if let Some(k) = &self.key
+            && k.block_start == block_start
+            && k.noise == noise
+            && k.mask == mask
+            && k.stats.same_bits(stats)
+        {
+            return;
+        }
+        self.positions.clear();
+        self.positions.extend(
+            (0..stats.len())
+                .map(|s| StoredPosition::from_stats(stats, s, block_start, noise, mask)),
+        );
+        match &mut self.key {
+            Some(k) => {
+                k.stats.clone_from(stats);
+                (k.block_start, k.noise, k.mask) = (block_start, noise, mask);
+            }
+            None => {
+                self.key = Some(LiveKey {
+                    stats: stats.clone(),
+                    block_start,
+                    noise,
+                    mask,
+                })
+            }
+        }
     }
 }
 
@@ -224,5 +277,77 @@ mod tests {
         let live = LiveStale::new(&st, 64, Some(g), 99);
         let want = 0.7f32.ln() + g.value(64, 3) - 0.2f32.ln() - g.value(64, 4);
         assert!((live.position(0).unwrap().margin - want.clamp(0.0, MARGIN_CAP)).abs() < 1e-5);
+    }
+
+    /// Statistics of `n` positions, `v` mixed into every value, with hidden states of width 2.
+    fn stats(n: usize, v: f32) -> spot_core::BlockStats {
+        let mut st = spot_core::BlockStats::new(2);
+        for s in 0..n {
+            let c = 0.5 + v + s as f32 * 0.01;
+            st.push(spot_core::stats::PositionStats {
+                token: 3 + s as u32,
+                confidence: c,
+                token_prob: c,
+                entropy: 0.9,
+                tail_mass: 0.1 - v,
+                top_ids: &[3 + s as u32, 40],
+                top_probs: &[c, 0.2],
+            })
+            .unwrap();
+        }
+        st.set_hidden(2, (0..2 * n).map(|i| i as f32 + v).collect())
+            .unwrap();
+        st
+    }
+
+    /// Every position of `live` as stored, to compare two sources exactly.
+    fn positions(live: &LiveStale) -> Vec<StoredPosition> {
+        live.positions.clone()
+    }
+
+    #[test]
+    fn an_updated_source_is_the_new_one_whatever_changed() {
+        let (a, b) = (stats(4, 0.0), stats(4, 0.125));
+        let g = Some(GumbelNoise::new(5));
+        let mut live = LiveStale::default();
+        // Each change of an argument recomputes; repeating one keeps the same values.
+        let calls: [(&spot_core::BlockStats, usize, Option<GumbelNoise>, TokenId); 7] = [
+            (&a, 64, None, 99),
+            (&a, 64, None, 99),
+            (&b, 64, None, 99),
+            (&b, 96, None, 99),
+            (&b, 96, g, 99),
+            (&b, 96, g, 40),
+            (&stats(3, 0.125), 96, g, 40),
+        ];
+        for (st, start, noise, mask) in calls {
+            live.update(st, start, noise, mask);
+            assert_eq!(
+                positions(&live),
+                positions(&LiveStale::new(st, start, noise, mask))
+            );
+        }
+        // A change in the hidden states alone, or in a zero's sign, is a change.
+        let mut c = stats(3, 0.125);
+        c.set_hidden(2, vec![9.0; 6]).unwrap();
+        live.update(&c, 96, g, 40);
+        assert_eq!(live.positions[0].hidden, vec![9.0, 9.0]);
+        let (x, y) = (stats(2, 0.1), stats(2, 0.1));
+        assert!(x.same_bits(&y));
+        let mut neg_zero = spot_core::BlockStats::new(2);
+        let mut pos_zero = spot_core::BlockStats::new(2);
+        for (st, e) in [(&mut neg_zero, -0.0f32), (&mut pos_zero, 0.0)] {
+            st.push(spot_core::stats::PositionStats {
+                token: 1,
+                confidence: 1.0,
+                token_prob: 1.0,
+                entropy: e,
+                tail_mass: 0.0,
+                top_ids: &[1, 2],
+                top_probs: &[1.0, 0.0],
+            })
+            .unwrap();
+        }
+        assert!(!neg_zero.same_bits(&pos_zero) && pos_zero.same_bits(&pos_zero.clone()));
     }
 }
