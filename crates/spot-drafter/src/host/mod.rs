@@ -25,7 +25,7 @@
 
 use burn_tensor::Tensor;
 use burn_tensor::backend::Backend;
-use rayon::iter::{ParallelBridge, ParallelIterator};
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
 
 use spot_core::fastmath::fast_erf;
 
@@ -370,7 +370,10 @@ impl HostOrderNet {
         if parts == 1 {
             work.for_each(run);
         } else {
-            work.par_bridge().for_each(run);
+            // An indexed split (`join` underneath): the calling thread runs the first part at
+            // once while another takes the rest (`par_bridge` handed every part through a
+            // shared iterator).
+            work.collect::<Vec<_>>().into_par_iter().for_each(run);
         }
         self.scratch = scratch;
     }

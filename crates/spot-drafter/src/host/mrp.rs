@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use rayon::iter::{ParallelBridge, ParallelIterator};
+use rayon::iter::{IntoParallelIterator, ParallelIterator};
 use spot_core::TokenId;
 use spot_core::fastmath::fast_silu as silu;
 use spot_models::hf::Weights;
@@ -337,7 +337,10 @@ impl HostMrp {
         if parts == 1 {
             work.for_each(run);
         } else {
-            work.par_bridge().for_each(run);
+            // An indexed split (`join` underneath): the calling thread runs the first part at
+            // once while another takes the rest (`par_bridge` handed every part through a
+            // shared iterator).
+            work.collect::<Vec<_>>().into_par_iter().for_each(run);
         }
         Ok(())
     }

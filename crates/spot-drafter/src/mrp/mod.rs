@@ -608,9 +608,11 @@ impl<S: OrderScorer + Send, B: Backend> OrderScorer for MrpTokens<S, B> {
             .filter(|&i| nodes.tokens(i).contains(&mask))
             .collect();
         let (order, mrp) = (&mut self.order, &mut self.mrp);
-        let (scored, stepped) = rayon::join(
-            || order.score(ctx, nodes, out),
+        // The step on the calling thread, which starts at once: it is the longer of the two
+        // in a one-state call (0.22 against 0.21 ms here), and the other waits for a thread.
+        let (stepped, scored) = rayon::join(
             || mrp.step_nodes(ctx, nodes, &open, base),
+            || order.score(ctx, nodes, out),
         );
         scored.and(stepped)
     }
