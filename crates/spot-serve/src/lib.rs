@@ -242,14 +242,27 @@ impl Server {
         let max_batch = config.max_batch;
         let engine = std::thread::Builder::new()
             .name("spot-engine".into())
-            .spawn(move || match load() {
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                    Ok(())
-                }
-                Ok((frontend, engine)) => {
-                    let _ = ready_tx.send(Ok(frontend));
-                    engine::run(engine, max_batch, submissions, engine_stats, engine_abort)
+            .spawn(move || {
+                let serve = move || match load() {
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        Ok(())
+                    }
+                    Ok((frontend, engine)) => {
+                        let _ = ready_tx.send(Ok(frontend));
+                        engine::run(engine, max_batch, submissions, engine_stats, engine_abort)
+                    }
+                };
+                // The model loads and decodes on a worker of a rayon pool, so the drafters'
+                // and the model's small parallel calls start inside it instead of being
+                // handed in from this thread and waited for (`docs/drafter.md`); where no
+                // pool can be made, here.
+                match rayon::ThreadPoolBuilder::new()
+                    .thread_name(|i| format!("spot-engine-{i}"))
+                    .build()
+                {
+                    Ok(pool) => pool.install(serve),
+                    Err(_) => serve(),
                 }
             })?;
         let frontend = match ready_rx.recv() {

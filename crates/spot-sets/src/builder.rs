@@ -234,9 +234,19 @@ struct NodeSets {
     factors: Vec<f32>,
     ends: Vec<u32>,
     commits: Vec<Commit>,
+    /// Per set, [`set_key`] of its commits (kept by [`add_set`] only: the scratch sets of an
+    /// expansion, where each new set is looked up among the earlier ones).
+    keys: Vec<u64>,
 }
 
 impl NodeSets {
+    fn clear(&mut self) {
+        self.factors.clear();
+        self.ends.clear();
+        self.commits.clear();
+        self.keys.clear();
+    }
+
     fn set(&self, r: usize) -> &[Commit] {
         let start = if r == 0 { 0 } else { self.ends[r - 1] as usize };
         &self.commits[start..self.ends[r] as usize]
@@ -271,14 +281,25 @@ fn add_set(sets: &mut NodeSets, set: &[Commit], factor: f32) {
     if factor <= 0.0 || !factor.is_finite() {
         return;
     }
-    match (0..sets.factors.len()).find(|&r| sets.set(r) == set) {
+    let key = set_key(set);
+    match (0..sets.factors.len()).find(|&r| sets.keys[r] == key && sets.set(r) == set) {
         Some(r) => sets.factors[r] = (sets.factors[r] + factor).min(1.0),
         None => {
             sets.commits.extend_from_slice(set);
             sets.ends.push(sets.commits.len() as u32);
             sets.factors.push(factor.min(1.0));
+            sets.keys.push(key);
         }
     }
+}
+
+/// A hash of a set's commits in order (FNV-1a over positions and tokens): equal sets have
+/// equal keys, so [`add_set`] compares commits only where the keys agree.
+fn set_key(set: &[Commit]) -> u64 {
+    set.iter().fold(0xcbf2_9ce4_8422_2325, |h, c| {
+        let v = ((c.position as u64) << 32) | u64::from(c.token);
+        (h ^ v).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Builds set-valued draft trees; keeps its buffers between rounds.
@@ -296,6 +317,8 @@ pub struct SetTreeBuilder {
     /// Member lists of finished subsets, kept for the next ones (no allocation per subset).
     spare: Vec<Vec<u16>>,
     set_buf: Vec<Commit>,
+    /// The candidate sets of the node being expanded (kept for the next expansion's).
+    scratch: NodeSets,
     order_scores: Vec<f32>,
     /// The `(node, position)` pairs whose token hypotheses are asked of the order scorer.
     wanted: Vec<(usize, usize)>,
@@ -344,6 +367,7 @@ impl SetTreeBuilder {
             subsets: BinaryHeap::new(),
             spare: Vec::new(),
             set_buf: Vec::new(),
+            scratch: NodeSets::default(),
             order_scores: Vec::new(),
             wanted: Vec::new(),
             options: Vec::new(),
@@ -691,7 +715,8 @@ impl SetTreeBuilder {
             .sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         self.flips.truncate(usize::from(u16::MAX));
         let k = self.cfg.sets_per_node;
-        let mut sets = NodeSets::default();
+        let mut sets = std::mem::take(&mut self.scratch);
+        sets.clear();
         for li in 0..self.leaders.len().min(k) {
             let c = self.leaders[li];
             for &(v, t) in c.tokens.iter().filter(|(v, t)| *v != mask && *t > 0.0) {
@@ -717,6 +742,7 @@ impl SetTreeBuilder {
             sorted.ends.push(sorted.commits.len() as u32);
             sorted.factors.push(sets.factors[r]);
         }
+        self.scratch = sets;
         let mass = sorted.factors.first().map(|f| self.out.mass(id) * f);
         self.sets[id] = sorted;
         if let Some(mass) = mass {
