@@ -74,9 +74,6 @@ fn mrp_reproduces_its_trainer() {
     }
 }
 
-/// The packed host step computes burn's step: in `f32` within 2e-6 (relative to the largest
-/// residual) on real and random states, in int8 close to it; a state's residuals in either
-/// precision are the same bits whether it is stepped alone or in a batch.
 /// `Mrp::load` reads the weights once and packs its int8 step from its `f32` one, sharing the
 /// embedding: the same step, bit for bit, as packing int8 straight from the files.
 #[test]
@@ -109,6 +106,9 @@ fn the_repacked_step_is_the_one_read_from_the_files() {
     assert!(kept.repacked(Precision::F32).is_none());
 }
 
+/// The packed host step computes burn's step: in `f32` within 2e-6 (relative to the largest
+/// residual) on real and random states, in int8 close to it; a state's residuals in either
+/// precision are the same bits whether it is stepped alone or in a batch.
 #[test]
 fn the_host_step_matches_burn() {
     let mrp = load_mrp();

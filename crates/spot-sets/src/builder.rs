@@ -540,11 +540,11 @@ impl SetTreeBuilder {
                     .count();
                 self.choice[row] = 1 + earlier as u8;
             }
+            // The member list has been read: it goes back for the next subsets.
+            self.spare.push(sub.members);
             if !valid {
-                self.spare.push(sub.members);
                 continue;
             }
-            self.spare.push(sub.members);
             self.set_buf.clear();
             for (row, &(s, opts)) in self.options.iter().enumerate() {
                 let v = if row == leader {
