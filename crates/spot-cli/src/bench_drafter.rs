@@ -1,12 +1,13 @@
 //! `spot bench-drafter`: time one call of the order network and one step of the token module
 //! (MRP) at several batch sizes, through the packed host paths (in `f32` and with int8
-//! products) and through burn, side by side.
+//! products) and through burn, side by side; and SPOT-Sets' set network on as many states.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use spot_dlm::TokenId;
+use spot_dlm::sets::{DEFAULT_SETS_NET, JoinPrediction, SetsNet};
+use spot_dlm::{BlockState, BlockStats, JoinModel, PositionStats, ScoreContext, TokenId};
 use spot_drafter::mrp::{DEFAULT_MRP, Mrp};
 use spot_drafter::{HostOrderNet, MrpBuffers, OrderModel, Precision};
 
@@ -18,8 +19,9 @@ pub struct BenchDrafterArgs {
     /// Order-network checkpoint (default: `MODEL/spot-drafter.safetensors`).
     #[arg(long)]
     drafter: Option<PathBuf>,
-    /// Model folder whose drafter is timed when `--drafter` is not given, and whose token
-    /// module (`mrp.json`) the `mrp-*` paths time (default: the shipped
+    /// Model folder whose drafter is timed when `--drafter` is not given, whose token
+    /// module (`mrp.json`) the `mrp-*` paths time and whose set network
+    /// (`spot-sets-net.json`) the `sets-net` path times (default: the shipped
     /// `models/sdar-tiny-code`).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -34,7 +36,7 @@ pub struct BenchDrafterArgs {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "host,int8,burn,mrp-host,mrp-int8,mrp-burn"
+        default_value = "host,int8,burn,mrp-host,mrp-int8,mrp-burn,sets-net"
     )]
     paths: Vec<Path>,
 }
@@ -64,6 +66,13 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
     } else {
         None
     };
+    let mut sets = if a.paths.contains(&Path::SetsNet) {
+        let file = dir.join(DEFAULT_SETS_NET);
+        let net = SetsNet::load(&file).with_context(|| format!("loading {}", file.display()))?;
+        Some(net)
+    } else {
+        None
+    };
     let mut buffers = MrpBuffers::default();
     let mut residuals = Vec::new();
     let mut results = serde_json::Map::new();
@@ -90,6 +99,26 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
             ),
             None => (Vec::new(), Vec::new()),
         };
+        // The set network's inputs: `n` states of a block whose every position has a stale
+        // top list and a hidden state, a third of each state's positions committed.
+        let (root, stale) = match &sets {
+            Some(net) => sets_stale(l, net.config().hidden_dim)?,
+            None => (BlockState::masked(l, 0), BlockStats::default()),
+        };
+        let states: Vec<Vec<TokenId>> = (0..n)
+            .map(|j| {
+                (0..l)
+                    .map(|s| {
+                        if (s + j) % 3 == 0 {
+                            1 + s as TokenId
+                        } else {
+                            0
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut prediction = JoinPrediction::default();
         let mut medians = std::collections::HashMap::new();
         for p in &a.paths {
             let mut ms = match p {
@@ -128,6 +157,39 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
                     });
                     if let Some(e) = failed {
                         return Err(e).context("stepping the token module");
+                    }
+                    ms
+                }
+                Path::SetsNet => {
+                    let Some(net) = &mut sets else {
+                        bail!("internal: the set network was not loaded");
+                    };
+                    let ctx = ScoreContext {
+                        root: &root,
+                        stale: &stale,
+                        block_start: 64,
+                        noise: None,
+                        temperature: 0.0,
+                    };
+                    let mut failed = None;
+                    let ms = time(a.reps, || {
+                        for state in &states {
+                            for v in [
+                                &mut prediction.lead,
+                                &mut prediction.join,
+                                &mut prediction.token,
+                                &mut prediction.hedge,
+                            ] {
+                                v.clear();
+                                v.resize(l, 0.0);
+                            }
+                            if let Err(e) = net.predict(&ctx, state, 1, 0.9, &mut prediction) {
+                                failed = Some(e);
+                            }
+                        }
+                    });
+                    if let Some(e) = failed {
+                        return Err(e).context("predicting with the set network");
                     }
                     ms
                 }
@@ -174,6 +236,9 @@ pub enum Path {
     MrpInt8,
     /// The token module through burn (`Mrp::step`, the training definition).
     MrpBurn,
+    /// SPOT-Sets' set network (`SetsNet`, its token head included): one prediction per
+    /// state, as the set builder asks them (one a node), at `T = 0`.
+    SetsNet,
 }
 
 impl Path {
@@ -185,6 +250,7 @@ impl Path {
             Path::MrpHost => "mrp-host",
             Path::MrpInt8 => "mrp-int8",
             Path::MrpBurn => "mrp-burn",
+            Path::SetsNet => "sets-net",
         }
     }
 
@@ -192,6 +258,35 @@ impl Path {
     fn module(self) -> bool {
         matches!(self, Path::MrpHost | Path::MrpInt8 | Path::MrpBurn)
     }
+}
+
+/// A root of `l` masked positions (mask id 0) and stale statistics for it: top lists of 32
+/// tokens with falling probabilities, hidden states of width `dim` at unit scale.
+fn sets_stale(l: usize, dim: usize) -> Result<(BlockState, BlockStats)> {
+    const TOP: usize = 32;
+    let mut stats = BlockStats::new(TOP);
+    let mut ids = [0 as TokenId; TOP];
+    let mut probs = [0.0f32; TOP];
+    for s in 0..l {
+        for (k, (id, p)) in ids.iter_mut().zip(&mut probs).enumerate() {
+            *id = (1 + (s * 131 + k * 17) % 4000) as TokenId;
+            *p = 0.6 / (1 + k * (1 + s % 4)) as f32;
+        }
+        stats.push(PositionStats {
+            token: ids[0],
+            confidence: probs[0],
+            token_prob: probs[0],
+            entropy: 1.5,
+            tail_mass: 0.05,
+            top_ids: &ids,
+            top_probs: &probs,
+        })?;
+    }
+    let hidden = (0..l * dim)
+        .map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0)
+        .collect();
+    stats.set_hidden(dim, hidden)?;
+    Ok((BlockState::masked(l, 0), stats))
 }
 
 /// Milliseconds of `reps` calls of `f`, after two untimed ones.

@@ -23,6 +23,8 @@ use spot_core::{Commit, TokenId};
 
 use spot_tree::{DraftTree, NodeBatch, OrderScorer, ScoreContext, TreeError};
 
+use crate::beside::{Helper, with_helper};
+
 /// Shape limits of a set-valued draft tree.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SetTreeConfig {
@@ -302,6 +304,27 @@ fn set_key(set: &[Commit]) -> u64 {
     })
 }
 
+/// The join model's prediction at one node: what the builder's helper runs.
+struct Predict<'a, 'c> {
+    model: &'a mut (dyn JoinModel + Send),
+    ctx: &'a ScoreContext<'c>,
+    /// The node's state.
+    state: Vec<TokenId>,
+    /// Its edges below the root.
+    steps: usize,
+    tau: f32,
+    pred: JoinPrediction,
+    result: Result<(), TreeError>,
+}
+
+impl Predict<'_, '_> {
+    fn run(&mut self) {
+        self.result =
+            self.model
+                .predict(self.ctx, &self.state, self.steps, self.tau, &mut self.pred);
+    }
+}
+
 /// Builds set-valued draft trees; keeps its buffers between rounds.
 #[derive(Clone, Debug)]
 pub struct SetTreeBuilder {
@@ -427,8 +450,33 @@ impl SetTreeBuilder {
         self.seen.clear();
         self.seen.entry(self.out.hash(0)).or_default().push(0);
         self.sets.push(NodeSets::default());
+        let job = Predict {
+            model,
+            ctx,
+            state: Vec::new(),
+            steps: 0,
+            tau,
+            pred: JoinPrediction::default(),
+            result: Ok(()),
+        };
+        // The join model predicts on the pool's other thread while this one runs the order
+        // scorer (a one-state call keeps one thread busy), through a helper kept for the
+        // whole tree ([`with_helper`]).
+        let (grown, _) = with_helper(job, &Predict::run, |helper| self.grow(ctx, helper, order));
+        grown?;
+        Ok(&self.out)
+    }
+
+    /// Drafts the tree's nodes best-first, from the root, until the budget is spent or no
+    /// candidate is left.
+    fn grow(
+        &mut self,
+        ctx: &ScoreContext<'_>,
+        helper: &Helper<'_, Predict<'_, '_>>,
+        order: &mut (dyn OrderScorer + Send),
+    ) -> Result<(), TreeError> {
         if !ctx.root.is_complete() {
-            self.expand(ctx, tau, (model, order), 0, 0)?;
+            self.expand(ctx, (helper, &mut *order), 0, 0)?;
         }
         while self.out.draft_count() < self.cfg.budget {
             let Some(c) = self.heap.pop() else {
@@ -455,10 +503,10 @@ impl SetTreeBuilder {
             let hops = self.out.hops(id);
             let room = self.out.draft_count() < self.cfg.budget;
             if room && hops < self.cfg.max_steps && !self.out.is_complete(id) {
-                self.expand(ctx, tau, (model, &mut *order), id, hops)?;
+                self.expand(ctx, (helper, &mut *order), id, hops)?;
             }
         }
-        Ok(&self.out)
+        Ok(())
     }
 
     /// The node already holding `node`'s state plus `set_buf`, if any.
@@ -573,38 +621,40 @@ impl SetTreeBuilder {
     fn expand(
         &mut self,
         ctx: &ScoreContext<'_>,
-        tau: f32,
-        (model, order): (&mut (dyn JoinModel + Send), &mut (dyn OrderScorer + Send)),
+        (helper, order): (&Helper<'_, Predict<'_, '_>>, &mut (dyn OrderScorer + Send)),
         id: usize,
         steps: usize,
     ) -> Result<(), TreeError> {
         let l = ctx.root.len();
         let mask = ctx.root.mask_id();
-        for v in [
-            &mut self.pred.lead,
-            &mut self.pred.join,
-            &mut self.pred.token,
-            &mut self.pred.hedge,
-        ] {
-            v.clear();
-            v.resize(l, 0.0);
-        }
-        self.pred.choices.clear();
-        self.pred.leader.clear();
+        let state = self.out.state(id);
+        helper.post(|job| {
+            job.state.clear();
+            job.state.extend_from_slice(state);
+            job.steps = steps;
+            let pred = &mut job.pred;
+            for v in [
+                &mut pred.lead,
+                &mut pred.join,
+                &mut pred.token,
+                &mut pred.hedge,
+            ] {
+                v.clear();
+                v.resize(l, 0.0);
+            }
+            pred.choices.clear();
+            pred.leader.clear();
+        });
         self.order_scores.clear();
         self.order_scores.resize(l, 0.0);
         let one = [id as u32];
         let batch = NodeBatch::new(&self.out, &one);
-        let state = self.out.state(id);
-        // The join model and the order scorer read the same node and nothing of each other:
-        // one runs on each thread of the pool (a one-state order call keeps one busy).
-        let (pred, scores) = (&mut self.pred, &mut self.order_scores);
-        let (scored, predicted) = rayon::join(
-            || order.score(ctx, &batch, scores),
-            || model.predict(ctx, state, steps, tau, pred),
-        );
-        predicted?;
+        let scored = order.score(ctx, &batch, &mut self.order_scores);
+        let mut job = helper.wait();
+        std::mem::swap(&mut self.pred, &mut job.pred);
+        std::mem::replace(&mut job.result, Ok(()))?;
         scored?;
+        let model = &*job.model;
         // Each masked position has up to three follower options: out (`1 - join`), in with
         // the stale token (`join · token`), in with the hedge (`join · hedge`). Followers are
         // independent: the best subset takes every row's best option, the others switch the

@@ -11,6 +11,7 @@
 //! threshold-decoding trajectories by `spot-train` (`sets_fit`, `sets_train`). No tensor
 //! library is involved.
 
+mod beside;
 pub mod builder;
 pub mod file;
 pub mod net;
