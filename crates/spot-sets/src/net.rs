@@ -33,7 +33,7 @@ use spot_tree::{ScoreContext, TreeError};
 
 use spot_tree::TableError;
 use spot_tree::rng::SplitMix;
-use spot_tree::stale::{MARGIN_CAP, StoredPosition};
+use spot_tree::stale::{LiveStale, MARGIN_CAP, StoredPosition};
 
 use crate::builder::{JoinModel, JoinPrediction};
 use crate::file::{SetsError, check_header, load_json, save_json};
@@ -277,6 +277,42 @@ pub struct SetsNet {
     leader: LeaderMode,
     /// The thresholds and temperatures of the trajectories it was trained on.
     trained_on: Vec<(f32, f32)>,
+    /// What the round's predictions share, and their buffers.
+    round: RoundCache,
+}
+
+/// What every prediction of a round computes alike, per position of the block, kept until
+/// the stale statistics change (a round's nodes share them), and the buffers a prediction
+/// reuses. Not part of the network's value: any two caches compare equal.
+#[derive(Clone, Debug, Default)]
+struct RoundCache {
+    /// The positions' stale statistics as the features read them.
+    stale: LiveStale,
+    /// The projected hidden state with its bias, `proj` values a position.
+    proj: Vec<f32>,
+    /// The token head's candidates at each position (neighbours set per prediction).
+    inputs: Vec<TokenInput>,
+    /// The token head's context from the hidden state, `dim` values a position.
+    context: Vec<f32>,
+    /// One prediction's buffers: the network's layers, the head's context and its
+    /// probabilities.
+    layers: Layers,
+    c: Vec<f32>,
+    probs: Vec<f32>,
+}
+
+impl PartialEq for RoundCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// The network's activations after the projection.
+#[derive(Clone, Debug, Default)]
+struct Layers {
+    z0: Vec<f32>,
+    z1: Vec<f32>,
+    z2: Vec<f32>,
 }
 
 /// Inputs per position: the hidden state, then the scalars.
@@ -307,6 +343,7 @@ impl SetsNet {
             tokens: None,
             leader: LeaderMode::default(),
             trained_on: Vec::new(),
+            round: RoundCache::default(),
         }
     }
 
@@ -320,6 +357,7 @@ impl SetsNet {
             tokens: None,
             leader: LeaderMode::default(),
             trained_on: Vec::new(),
+            round: RoundCache::default(),
         })
     }
 
@@ -353,6 +391,8 @@ impl SetsNet {
             }
         }
         self.tokens = head;
+        // The round's candidates and contexts were the previous head's.
+        self.round = RoundCache::default();
         Ok(())
     }
 
@@ -385,22 +425,10 @@ impl SetsNet {
     /// The four logits (lead, join, stale token, hedge) of one input row.
     pub fn logits(&self, x: &[f32]) -> [f32; N_OUT] {
         let c = &self.cfg;
-        let (h, p, w) = (c.hidden_dim, c.proj, c.width);
-        let ps = &self.params;
-        let mut z0 = vec![0.0f32; p + c.n_scalar];
-        z0[..p].copy_from_slice(&ps[1]);
-        affine_into(&x[..h], &ps[0], p, &mut z0[..p]);
-        z0[p..].copy_from_slice(&x[h..h + c.n_scalar]);
-        let mut z1 = ps[3].clone();
-        affine_into(&z0, &ps[2], w, &mut z1);
-        z1.iter_mut().for_each(|v| *v = v.max(0.0));
-        let mut z2 = ps[5].clone();
-        affine_into(&z1, &ps[4], w, &mut z2);
-        z2.iter_mut().for_each(|v| *v = v.max(0.0));
-        let mut out = [0.0f32; N_OUT];
-        out.copy_from_slice(&ps[7]);
-        affine_into(&z2, &ps[6], N_OUT, &mut out);
-        out
+        let mut proj = Vec::new();
+        project(c, &self.params, &x[..c.hidden_dim], &mut proj);
+        let scalars = &x[c.hidden_dim..c.hidden_dim + c.n_scalar];
+        layers(c, &self.params, &proj, scalars, &mut Layers::default())
     }
 
     /// The file's JSON text.
@@ -513,6 +541,39 @@ fn affine_into(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
     }
 }
 
+/// The projection of a hidden state with its bias (`proj` values into `out`); a hidden state
+/// of another width counts as zeros.
+fn project(cfg: &SetsNetConfig, ps: &[Vec<f32>], hidden: &[f32], out: &mut Vec<f32>) {
+    out.clear();
+    out.extend_from_slice(&ps[1]);
+    if hidden.len() == cfg.hidden_dim {
+        affine_into(hidden, &ps[0], cfg.proj, out);
+    }
+}
+
+/// The logits from a position's projection and scalars, through the two hidden layers.
+fn layers(
+    cfg: &SetsNetConfig,
+    ps: &[Vec<f32>],
+    proj: &[f32],
+    scalars: &[f32],
+    z: &mut Layers,
+) -> [f32; N_OUT] {
+    z.z0.clear();
+    z.z0.extend_from_slice(proj);
+    z.z0.extend_from_slice(scalars);
+    z.z1.clone_from(&ps[3]);
+    affine_into(&z.z0, &ps[2], cfg.width, &mut z.z1);
+    z.z1.iter_mut().for_each(|v| *v = v.max(0.0));
+    z.z2.clone_from(&ps[5]);
+    affine_into(&z.z1, &ps[4], cfg.width, &mut z.z2);
+    z.z2.iter_mut().for_each(|v| *v = v.max(0.0));
+    let mut out = [0.0f32; N_OUT];
+    out.copy_from_slice(&ps[7]);
+    affine_into(&z.z2, &ps[6], N_OUT, &mut out);
+    out
+}
+
 /// The logistic function.
 pub fn sigmoid(z: f32) -> f32 {
     1.0 / (1.0 + (-z).exp())
@@ -578,6 +639,35 @@ impl JoinModel for SetsNet {
             });
         }
         let mask = ctx.root.mask_id();
+        let (c, ps, head) = (&self.cfg, &self.params, self.tokens.as_ref());
+        let round = &mut self.round;
+        let fresh = round
+            .stale
+            .update(ctx.stale, ctx.block_start, ctx.noise, mask);
+        let (pw, e) = (c.proj, head.map_or(0, |h| h.cfg.dim));
+        let l = ctx.stale.len();
+        if fresh || round.proj.len() != l * pw || round.context.len() != l * e {
+            // What every node of the round reads alike: the projections, and the token
+            // head's candidates and hidden-state context.
+            round.proj.clear();
+            round.context.clear();
+            round.inputs.clear();
+            for s in 0..l {
+                let Some(p) = round.stale.stored(s) else {
+                    break;
+                };
+                project(c, ps, &p.hidden, &mut round.c);
+                round.proj.extend_from_slice(&round.c);
+                if let Some(head) = head {
+                    let at = (ctx.block_start + s) as u64;
+                    let input =
+                        TokenInput::candidates(p, head.cfg.candidates, (ctx.noise, at), mask);
+                    round.inputs.push(input);
+                    head.hidden_context(&p.hidden, &mut round.c);
+                    round.context.extend_from_slice(&round.c);
+                }
+            }
+        }
         let view = NodeView {
             root: ctx.root.tokens(),
             node: state,
@@ -590,13 +680,12 @@ impl JoinModel for SetsNet {
             (t < ctx.stale.len()).then(|| (ctx.stale.confidence(t), ctx.stale.entropy(t)))
         };
         let mut scalars = [0.0f32; N_SCALAR];
-        let mut x = Vec::with_capacity(input_width(&self.cfg));
         let unseen = |t: usize| {
             let n = *state.get(t)?;
             let (c, e) = conf(t)?;
             (n != mask && (c < 1.0 || e > 0.0)).then_some(n)
         };
-        if self.tokens.is_some() {
+        if head.is_some() {
             out.choices.clear();
             out.choices.resize(state.len(), [mask; 2]);
         }
@@ -604,12 +693,13 @@ impl JoinModel for SetsNet {
         if self.leader != LeaderMode::Off {
             out.leader.resize(state.len(), 0.0);
         }
-        for s in (0..state.len()).filter(|&s| state[s] == mask && s < ctx.stale.len()) {
-            let p = StoredPosition::from_stats(ctx.stale, s, ctx.block_start, ctx.noise, mask);
-            write_scalars(&view, s, &p, &conf, &mut scalars);
-            x.clear();
-            write_inputs(&self.cfg, &p.hidden, &scalars, &mut x);
-            let z = self.logits(&x);
+        for s in (0..state.len()).filter(|&s| state[s] == mask && s < l) {
+            let Some(p) = round.stale.stored(s) else {
+                continue;
+            };
+            write_scalars(&view, s, p, &conf, &mut scalars);
+            let proj = &round.proj[s * pw..(s + 1) * pw];
+            let z = layers(c, ps, proj, &scalars, &mut round.layers);
             out.lead[s] = sigmoid(z[0]);
             out.join[s] = sigmoid(z[1]);
             out.token[s] = sigmoid(z[2]);
@@ -618,19 +708,15 @@ impl JoinModel for SetsNet {
                 // The odds that it leads, capped so that one position cannot take all mass.
                 *w = z[4].clamp(-30.0, 30.0).exp();
             }
-            if let Some(head) = &self.tokens {
-                let position = (ctx.block_start + s) as u64;
-                let input = TokenInput::new(
-                    &p,
-                    head.cfg.candidates,
-                    (ctx.noise, position),
-                    mask,
-                    s,
-                    &unseen,
-                );
-                let probs = head.probabilities(&input, &p.hidden);
+            if let (Some(head), Some(input)) = (head, round.inputs.get_mut(s)) {
+                input.set_near(s, &unseen);
+                round.c.clear();
+                round
+                    .c
+                    .extend_from_slice(&round.context[s * e..(s + 1) * e]);
+                head.probabilities_from(&mut round.c, input, &mut round.probs);
                 let mut best = [(0.0f32, mask); 2];
-                for (&pr, &id) in probs.iter().zip(&input.ids) {
+                for (&pr, &id) in round.probs.iter().zip(&input.ids) {
                     if pr > best[0].0 {
                         best = [(pr, id), best[0]];
                     } else if pr > best[1].0 {
@@ -671,6 +757,171 @@ mod tests {
         assert!(matches!(e, TableError::Size { .. }), "{e}");
         let e = SetsNet::load(Path::new("/nonexistent/spot-sets-net.json")).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/spot-sets-net.json"));
+    }
+
+    /// The uncached path: every position's statistics, input row and token input built
+    /// from scratch, as predictions were computed before the round cache.
+    fn uncached(net: &SetsNet, ctx: &ScoreContext<'_>, state: &[TokenId]) -> JoinPrediction {
+        let (mask, l, tau) = (ctx.root.mask_id(), state.len(), 0.7);
+        let mut out = JoinPrediction {
+            lead: vec![0.0; l],
+            join: vec![0.0; l],
+            token: vec![0.0; l],
+            hedge: vec![0.0; l],
+            choices: vec![[mask; 2]; l],
+            leader: vec![0.0; l],
+        };
+        let view = NodeView {
+            root: ctx.root.tokens(),
+            node: state,
+            mask,
+            steps: 1,
+            tau,
+            temperature: ctx.temperature,
+        };
+        let conf = |t: usize| {
+            (t < ctx.stale.len()).then(|| (ctx.stale.confidence(t), ctx.stale.entropy(t)))
+        };
+        let unseen = |t: usize| {
+            let (n, (c, e)) = (*state.get(t)?, conf(t)?);
+            (n != mask && (c < 1.0 || e > 0.0)).then_some(n)
+        };
+        let head = net.token_head().unwrap();
+        for s in (0..l).filter(|&s| state[s] == mask) {
+            let p = StoredPosition::from_stats(ctx.stale, s, ctx.block_start, ctx.noise, mask);
+            let mut scalars = [0.0; N_SCALAR];
+            write_scalars(&view, s, &p, &conf, &mut scalars);
+            let mut x = Vec::new();
+            net.inputs(&p.hidden, &scalars, &mut x);
+            let z = net.logits(&x);
+            (out.lead[s], out.join[s]) = (sigmoid(z[0]), sigmoid(z[1]));
+            out.leader[s] = z[4].clamp(-30.0, 30.0).exp();
+            let at = (ctx.block_start + s) as u64;
+            let k = head.cfg.candidates;
+            let input = TokenInput::new(&p, k, (ctx.noise, at), mask, s, &unseen);
+            let probs = head.probabilities(&input, &p.hidden);
+            let mut order: Vec<usize> = (0..probs.len()).collect();
+            // The first of equal probabilities wins, as in the builder's pick.
+            order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+            let (a, b) = (order[0], order[1]);
+            out.choices[s] = [input.ids[a], input.ids[b]];
+            out.token[s] = probs[a].clamp(0.0, 1.0);
+            out.hedge[s] = probs[b].clamp(0.0, 1.0 - out.token[s]);
+        }
+        out
+    }
+
+    /// Predictions through the round cache (projections, candidates and contexts computed
+    /// once per position while the statistics stay the same) equal the uncached path bit
+    /// for bit, node after node of a round and after the statistics, the noise or the
+    /// block change.
+    #[test]
+    fn a_round_s_predictions_are_the_uncached_ones_bit_for_bit() {
+        use spot_core::{BlockState, BlockStats, GumbelNoise, PositionStats};
+        use spot_tree::rng::SplitMix;
+        const MASK: TokenId = 49;
+        let (l, dim, top) = (12, 16, 8);
+        let mut rng = SplitMix(11);
+        let below = |rng: &mut SplitMix, n: usize| (rng.uniform() * n as f64) as usize % n;
+        let mut net = SetsNet::init(SetsNetConfig::new(dim), 5);
+        for b in [1, 3, 5, 7] {
+            net.params[b]
+                .iter_mut()
+                .for_each(|v| *v = rng.normal() * 0.3);
+        }
+        let hc = TokenHeadConfig {
+            vocab: 50,
+            dim: 8,
+            candidates: 6,
+            hidden_dim: dim,
+        };
+        let mut head = TokenHead::init(hc, None, 2);
+        for p in head.params.iter_mut().skip(1) {
+            p.iter_mut().for_each(|v| *v = rng.normal() * 0.5);
+        }
+        net.set_token_head(Some(head)).unwrap();
+        let stats = |rng: &mut SplitMix| {
+            let mut st = BlockStats::new(top);
+            for s in 0..l {
+                let ids: Vec<TokenId> = (0..top)
+                    .map(|k| ((s * 7 + k * 5 + below(rng, 3)) % 49) as TokenId)
+                    .collect();
+                let mut probs: Vec<f32> = (0..top).map(|_| rng.uniform() as f32).collect();
+                probs.sort_by(|a, b| b.total_cmp(a));
+                let committed = s % 5 == 1;
+                let c = if committed { 1.0 } else { probs[0] };
+                st.push(PositionStats {
+                    token: ids[0],
+                    confidence: c,
+                    token_prob: c,
+                    entropy: if committed { 0.0 } else { 1.2 },
+                    tail_mass: 0.1,
+                    top_ids: &ids,
+                    top_probs: &probs,
+                })
+                .unwrap();
+            }
+            let hidden = (0..l * dim).map(|_| rng.normal()).collect();
+            st.set_hidden(dim, hidden).unwrap();
+            st
+        };
+        let root_tokens: Vec<TokenId> = (0..l).map(|s| if s % 5 == 1 { 3 } else { MASK }).collect();
+        let root = BlockState::from_tokens(root_tokens.clone(), MASK);
+        for (round, (noise, temperature, start)) in [
+            (None, 0.0, 32),
+            (None, 0.0, 32),
+            (Some(GumbelNoise::new(3)), 1.0, 32),
+            (Some(GumbelNoise::new(3)), 1.0, 64),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            // Rounds 0 and 1 share their statistics (the cache carries over); the others
+            // draw new ones.
+            let st = if round == 1 {
+                let mut r = SplitMix(100);
+                stats(&mut r)
+            } else {
+                let mut r = SplitMix(100 + round as u64);
+                stats(&mut r)
+            };
+            let ctx = ScoreContext {
+                root: &root,
+                stale: &st,
+                block_start: start,
+                noise,
+                temperature,
+            };
+            for node in 0..6 {
+                let mut state = root_tokens.clone();
+                for _ in 0..node {
+                    let s = below(&mut rng, l);
+                    if state[s] == MASK {
+                        state[s] = below(&mut rng, 49) as TokenId;
+                    }
+                }
+                let want = uncached(&net, &ctx, &state);
+                let mut got = JoinPrediction {
+                    lead: vec![0.0; l],
+                    join: vec![0.0; l],
+                    token: vec![0.0; l],
+                    hedge: vec![0.0; l],
+                    ..JoinPrediction::default()
+                };
+                net.predict(&ctx, &state, 1, 0.7, &mut got).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                for (name, a, b) in [
+                    ("lead", &got.lead, &want.lead),
+                    ("join", &got.join, &want.join),
+                    ("token", &got.token, &want.token),
+                    ("hedge", &got.hedge, &want.hedge),
+                    ("leader", &got.leader, &want.leader),
+                ] {
+                    assert_eq!(bits(a), bits(b), "{name}, round {round}, node {node}");
+                }
+                assert_eq!(got.choices, want.choices, "round {round}, node {node}");
+            }
+        }
     }
 
     #[test]

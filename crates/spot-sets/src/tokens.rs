@@ -113,10 +113,24 @@ impl TokenInput {
     pub fn new(
         p: &StoredPosition,
         k: usize,
-        (noise, position): (Option<GumbelNoise>, u64),
+        noise: (Option<GumbelNoise>, u64),
         mask: TokenId,
         s: usize,
         near: &dyn Fn(usize) -> Option<TokenId>,
+    ) -> Self {
+        let mut x = Self::candidates(p, k, noise, mask);
+        x.set_near(s, near);
+        x
+    }
+
+    /// The input's candidates as [`TokenInput::new`] ranks them, with no neighbour
+    /// ([`NO_TOKEN`] in every [`TokenInput::near`] slot): what a position's input holds
+    /// whatever the state, so a round computes it once per position.
+    pub fn candidates(
+        p: &StoredPosition,
+        k: usize,
+        (noise, position): (Option<GumbelNoise>, u64),
+        mask: TokenId,
     ) -> Self {
         let lnp = |pr: f32| if pr > 0.0 { pr.ln().max(-30.0) } else { -30.0 };
         let g = |id: TokenId| noise.map_or(0.0, |g| g.value(position, id));
@@ -132,7 +146,10 @@ impl TokenInput {
         // Stable: ties keep the probability order.
         cands.sort_by(|a, b| (b.1 + b.2).total_cmp(&(a.1 + a.2)));
         cands.truncate(k);
-        let mut x = TokenInput::default();
+        let mut x = TokenInput {
+            near: [NO_TOKEN; 4],
+            ..TokenInput::default()
+        };
         for (id, l, n) in cands {
             x.ids.push(id);
             x.lnp.push(l);
@@ -143,10 +160,15 @@ impl TokenInput {
             x.lnp.push(PAD_LNP);
             x.noise.push(0.0);
         }
-        for (slot, d) in x.near.iter_mut().zip(NEAR) {
+        x
+    }
+
+    /// Sets [`TokenInput::near`] for position `s`: the token newly committed at each
+    /// [`NEAR`] offset, `near(t)` at block position `t` ([`NO_TOKEN`]: none).
+    pub fn set_near(&mut self, s: usize, near: &dyn Fn(usize) -> Option<TokenId>) {
+        for (slot, d) in self.near.iter_mut().zip(NEAR) {
             *slot = s.checked_add_signed(d).and_then(near).unwrap_or(NO_TOKEN);
         }
-        x
     }
 }
 
@@ -199,8 +221,19 @@ impl TokenHead {
     /// The probability of each candidate of `x` given the stale hidden state `hidden`
     /// (padding gets 0).
     pub fn probabilities(&self, x: &TokenInput, hidden: &[f32]) -> Vec<f32> {
+        let mut c = Vec::new();
+        self.hidden_context(hidden, &mut c);
+        let mut out = Vec::new();
+        self.probabilities_from(&mut c, x, &mut out);
+        out
+    }
+
+    /// The part of the head's context that the hidden state gives (`dim` values into `c`):
+    /// the same at a position whatever the state, so a round computes it once per position.
+    pub(crate) fn hidden_context(&self, hidden: &[f32], c: &mut Vec<f32>) {
         let e = self.cfg.dim;
-        let mut c = vec![0.0f32; e];
+        c.clear();
+        c.resize(e, 0.0);
         if hidden.len() == self.cfg.hidden_dim {
             for (&hv, row) in hidden.iter().zip(self.params[1].chunks_exact(e)) {
                 for (o, &w) in c.iter_mut().zip(row) {
@@ -208,6 +241,12 @@ impl TokenHead {
                 }
             }
         }
+    }
+
+    /// [`TokenHead::probabilities`] from the hidden state's context `c`
+    /// ([`TokenHead::hidden_context`], which the neighbours are added to here) into `out`.
+    pub(crate) fn probabilities_from(&self, c: &mut [f32], x: &TokenInput, out: &mut Vec<f32>) {
+        let e = self.cfg.dim;
         for (d, &w) in x.near.iter().enumerate() {
             let Some(ew) = self.emb(w) else { continue };
             let block = &self.params[2][d * e * e..(d + 1) * e * e];
@@ -218,23 +257,20 @@ impl TokenHead {
             }
         }
         let (a, g) = (self.params[3][0], self.params[3][1]);
-        let z: Vec<f32> = (0..x.ids.len())
-            .map(|k| {
-                let dot = self
-                    .emb(x.ids[k])
-                    .map_or(0.0, |ev| ev.iter().zip(&c).map(|(p, q)| p * q).sum());
-                a * x.lnp[k] + g * x.noise[k] + self.params[4].get(k).copied().unwrap_or(0.0) + dot
-            })
-            .collect();
-        let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let ex: Vec<f32> = z
-            .iter()
-            .zip(&x.lnp)
-            .map(|(&v, &l)| if l <= PAD_LNP { 0.0 } else { (v - m).exp() })
-            .collect();
-        let sum: f32 = ex.iter().sum();
-        ex.into_iter()
-            .map(|v| if sum > 0.0 { v / sum } else { 0.0 })
-            .collect()
+        out.clear();
+        out.extend((0..x.ids.len()).map(|k| {
+            let dot = self
+                .emb(x.ids[k])
+                .map_or(0.0, |ev| ev.iter().zip(&*c).map(|(p, q)| p * q).sum());
+            a * x.lnp[k] + g * x.noise[k] + self.params[4].get(k).copied().unwrap_or(0.0) + dot
+        }));
+        let m = out.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for (v, &l) in out.iter_mut().zip(&x.lnp) {
+            *v = if l <= PAD_LNP { 0.0 } else { (*v - m).exp() };
+        }
+        let sum: f32 = out.iter().sum();
+        for v in out.iter_mut() {
+            *v = if sum > 0.0 { *v / sum } else { 0.0 };
+        }
     }
 }

@@ -74,7 +74,7 @@ pub trait StaleSource {
 ///
 /// A scorer called several times a round keeps one and [updates](LiveStale::update) it: the
 /// positions are recomputed only when the statistics change.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LiveStale {
     positions: Vec<StoredPosition>,
     /// What `positions` were computed from (`None`: nothing yet).
@@ -82,7 +82,7 @@ pub struct LiveStale {
 }
 
 /// The inputs of a [`LiveStale`].
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct LiveKey {
     stats: spot_core::BlockStats,
     block_start: usize,
@@ -107,21 +107,21 @@ impl LiveStale {
     /// Makes `self` what [`LiveStale::new`] with these arguments gives, recomputing the
     /// positions only when an argument differs from the previous call's (the statistics
     /// compared bit for bit, [`BlockStats::same_bits`](spot_core::BlockStats::same_bits)):
-    /// a round's calls after its first reuse them.
+    /// a round's calls after its first reuse them. Returns whether they were recomputed.
     pub fn update(
         &mut self,
         stats: &spot_core::BlockStats,
         block_start: usize,
         noise: Option<GumbelNoise>,
         mask: TokenId,
-    ) {
+    ) -> bool {
         if let Some(k) = &self.key
             && k.block_start == block_start
             && k.noise == noise
             && k.mask == mask
             && k.stats.same_bits(stats)
         {
-            return;
+            return false;
         }
         self.positions.clear();
         self.positions.extend(
@@ -142,6 +142,12 @@ impl LiveStale {
                 })
             }
         }
+        true
+    }
+
+    /// Position `s` as [`StoredPosition::from_stats`] gives it.
+    pub fn stored(&self, s: usize) -> Option<&StoredPosition> {
+        self.positions.get(s)
     }
 }
 
