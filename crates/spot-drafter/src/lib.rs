@@ -31,6 +31,7 @@
 struct ReadmeDoctests;
 
 pub mod analysis;
+mod awake;
 pub mod checkpoint;
 pub mod error;
 pub mod features;

@@ -372,7 +372,8 @@ impl HostOrderNet {
         } else {
             // An indexed split (`join` underneath): the calling thread runs the first part at
             // once while another takes the rest (`par_bridge` handed every part through a
-            // shared iterator).
+            // shared iterator), with the other worker kept awake between the round's calls.
+            crate::awake::keep_awake();
             work.collect::<Vec<_>>().into_par_iter().for_each(run);
         }
         self.scratch = scratch;

@@ -340,6 +340,7 @@ impl HostMrp {
             // An indexed split (`join` underneath): the calling thread runs the first part at
             // once while another takes the rest (`par_bridge` handed every part through a
             // shared iterator).
+            crate::awake::keep_awake();
             work.collect::<Vec<_>>().into_par_iter().for_each(run);
         }
         Ok(())
