@@ -531,6 +531,7 @@ pub fn write_inputs(
 }
 
 /// `out[j] += Σ_i x[i] · w[i * cols + j]`.
+#[inline(always)]
 fn affine_into(x: &[f32], w: &[f32], cols: usize, out: &mut [f32]) {
     for (&xi, row) in x.iter().zip(w.chunks_exact(cols)) {
         if xi != 0.0 {
@@ -551,8 +552,47 @@ fn project(cfg: &SetsNetConfig, ps: &[Vec<f32>], hidden: &[f32], out: &mut Vec<f
     }
 }
 
-/// The logits from a position's projection and scalars, through the two hidden layers.
+/// The logits from a position's projection and scalars, through the two hidden layers,
+/// compiled for the widest SIMD the CPU has. Each output sums its inputs in the same order
+/// whatever the vector width (and Rust fuses no multiply-add), so every width gives the same
+/// bits (tested against [`layers_portable`]).
 fn layers(
+    cfg: &SetsNetConfig,
+    ps: &[Vec<f32>],
+    proj: &[f32],
+    scalars: &[f32],
+    z: &mut Layers,
+) -> [f32; N_OUT] {
+    pulp::Arch::new().dispatch(LayersCall {
+        cfg,
+        ps,
+        proj,
+        scalars,
+        z,
+    })
+}
+
+/// One call of [`layers_portable`] for [`pulp`]'s dispatch.
+struct LayersCall<'a> {
+    cfg: &'a SetsNetConfig,
+    ps: &'a [Vec<f32>],
+    proj: &'a [f32],
+    scalars: &'a [f32],
+    z: &'a mut Layers,
+}
+
+impl pulp::WithSimd for LayersCall<'_> {
+    type Output = [f32; N_OUT];
+
+    #[inline(always)]
+    fn with_simd<V: pulp::Simd>(self, _: V) -> [f32; N_OUT] {
+        layers_portable(self.cfg, self.ps, self.proj, self.scalars, self.z)
+    }
+}
+
+/// [`layers`] for whatever target the crate is compiled for.
+#[inline(always)]
+fn layers_portable(
     cfg: &SetsNetConfig,
     ps: &[Vec<f32>],
     proj: &[f32],
@@ -921,6 +961,22 @@ mod tests {
                 }
                 assert_eq!(got.choices, want.choices, "round {round}, node {node}");
             }
+        }
+    }
+
+    /// The dispatched layers give the portable build's bits.
+    #[test]
+    fn the_layers_give_the_same_bits_at_every_simd_width() {
+        use spot_tree::rng::SplitMix;
+        let mut rng = SplitMix(7);
+        let net = SetsNet::init(SetsNetConfig::new(24), 9);
+        let c = net.config().clone();
+        for _ in 0..200 {
+            let proj: Vec<f32> = (0..c.proj).map(|_| rng.normal()).collect();
+            let scalars: Vec<f32> = (0..c.n_scalar).map(|_| rng.normal()).collect();
+            let a = layers(&c, net.params(), &proj, &scalars, &mut Layers::default());
+            let b = layers_portable(&c, net.params(), &proj, &scalars, &mut Layers::default());
+            assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits));
         }
     }
 
