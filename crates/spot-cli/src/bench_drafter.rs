@@ -174,15 +174,7 @@ pub fn run(a: &BenchDrafterArgs) -> Result<()> {
                     let mut failed = None;
                     let ms = time(a.reps, || {
                         for state in &states {
-                            for v in [
-                                &mut prediction.lead,
-                                &mut prediction.join,
-                                &mut prediction.token,
-                                &mut prediction.hedge,
-                            ] {
-                                v.clear();
-                                v.resize(l, 0.0);
-                            }
+                            prediction.reset(l);
                             if let Err(e) = net.predict(&ctx, state, 1, 0.9, &mut prediction) {
                                 failed = Some(e);
                             }

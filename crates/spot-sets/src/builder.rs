@@ -105,6 +105,24 @@ pub struct JoinPrediction {
     pub leader: Vec<f32>,
 }
 
+impl JoinPrediction {
+    /// Makes it what [`JoinModel::predict`] expects: `lead`, `join`, `token` and `hedge` sized
+    /// to a block of `len` positions and zeroed, no `choices` and no `leader` weights.
+    pub fn reset(&mut self, len: usize) {
+        for v in [
+            &mut self.lead,
+            &mut self.join,
+            &mut self.token,
+            &mut self.hedge,
+        ] {
+            v.clear();
+            v.resize(len, 0.0);
+        }
+        self.choices.clear();
+        self.leader.clear();
+    }
+}
+
 /// Predicts the target's next threshold step at a hypothesised state: the interface a set
 /// drafter implements.
 pub trait JoinModel {
@@ -632,18 +650,7 @@ impl SetTreeBuilder {
             job.state.clear();
             job.state.extend_from_slice(state);
             job.steps = steps;
-            let pred = &mut job.pred;
-            for v in [
-                &mut pred.lead,
-                &mut pred.join,
-                &mut pred.token,
-                &mut pred.hedge,
-            ] {
-                v.clear();
-                v.resize(l, 0.0);
-            }
-            pred.choices.clear();
-            pred.leader.clear();
+            job.pred.reset(l);
         });
         self.order_scores.clear();
         self.order_scores.resize(l, 0.0);

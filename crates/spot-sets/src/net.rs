@@ -555,7 +555,7 @@ fn project(cfg: &SetsNetConfig, ps: &[Vec<f32>], hidden: &[f32], out: &mut Vec<f
 /// The logits from a position's projection and scalars, through the two hidden layers,
 /// compiled for the widest SIMD the CPU has. Each output sums its inputs in the same order
 /// whatever the vector width (and Rust fuses no multiply-add), so every width gives the same
-/// bits (tested against [`layers_portable`]).
+/// bits (tested against [`LayersCall::run`] called directly).
 fn layers(
     cfg: &SetsNetConfig,
     ps: &[Vec<f32>],
@@ -572,7 +572,8 @@ fn layers(
     })
 }
 
-/// One call of [`layers_portable`] for [`pulp`]'s dispatch.
+/// One call of [`layers`]: [`LayersCall::run`] compiled for the widest SIMD the CPU has
+/// through [`pulp`]'s dispatch, or for the crate's own target when called directly.
 struct LayersCall<'a> {
     cfg: &'a SetsNetConfig,
     ps: &'a [Vec<f32>],
@@ -586,32 +587,34 @@ impl pulp::WithSimd for LayersCall<'_> {
 
     #[inline(always)]
     fn with_simd<V: pulp::Simd>(self, _: V) -> [f32; N_OUT] {
-        layers_portable(self.cfg, self.ps, self.proj, self.scalars, self.z)
+        self.run()
     }
 }
 
-/// [`layers`] for whatever target the crate is compiled for.
-#[inline(always)]
-fn layers_portable(
-    cfg: &SetsNetConfig,
-    ps: &[Vec<f32>],
-    proj: &[f32],
-    scalars: &[f32],
-    z: &mut Layers,
-) -> [f32; N_OUT] {
-    z.z0.clear();
-    z.z0.extend_from_slice(proj);
-    z.z0.extend_from_slice(scalars);
-    z.z1.clone_from(&ps[3]);
-    affine_into(&z.z0, &ps[2], cfg.width, &mut z.z1);
-    z.z1.iter_mut().for_each(|v| *v = v.max(0.0));
-    z.z2.clone_from(&ps[5]);
-    affine_into(&z.z1, &ps[4], cfg.width, &mut z.z2);
-    z.z2.iter_mut().for_each(|v| *v = v.max(0.0));
-    let mut out = [0.0f32; N_OUT];
-    out.copy_from_slice(&ps[7]);
-    affine_into(&z.z2, &ps[6], N_OUT, &mut out);
-    out
+impl LayersCall<'_> {
+    #[inline(always)]
+    fn run(self) -> [f32; N_OUT] {
+        let Self {
+            cfg,
+            ps,
+            proj,
+            scalars,
+            z,
+        } = self;
+        z.z0.clear();
+        z.z0.extend_from_slice(proj);
+        z.z0.extend_from_slice(scalars);
+        z.z1.clone_from(&ps[3]);
+        affine_into(&z.z0, &ps[2], cfg.width, &mut z.z1);
+        z.z1.iter_mut().for_each(|v| *v = v.max(0.0));
+        z.z2.clone_from(&ps[5]);
+        affine_into(&z.z1, &ps[4], cfg.width, &mut z.z2);
+        z.z2.iter_mut().for_each(|v| *v = v.max(0.0));
+        let mut out = [0.0f32; N_OUT];
+        out.copy_from_slice(&ps[7]);
+        affine_into(&z.z2, &ps[6], N_OUT, &mut out);
+        out
+    }
 }
 
 /// The logistic function.
@@ -686,7 +689,8 @@ impl JoinModel for SetsNet {
             .update(ctx.stale, ctx.block_start, ctx.noise, mask);
         let (pw, e) = (c.proj, head.map_or(0, |h| h.cfg.dim));
         let l = ctx.stale.len();
-        if fresh || round.proj.len() != l * pw || round.context.len() != l * e {
+        // `fresh` also on the first call and after `set_token_head` (a new cache).
+        if fresh {
             // What every node of the round reads alike: the projections, and the token
             // head's candidates and hidden-state context.
             round.proj.clear();
@@ -941,13 +945,8 @@ mod tests {
                     }
                 }
                 let want = uncached(&net, &ctx, &state);
-                let mut got = JoinPrediction {
-                    lead: vec![0.0; l],
-                    join: vec![0.0; l],
-                    token: vec![0.0; l],
-                    hedge: vec![0.0; l],
-                    ..JoinPrediction::default()
-                };
+                let mut got = JoinPrediction::default();
+                got.reset(l);
                 net.predict(&ctx, &state, 1, 0.7, &mut got).unwrap();
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 for (name, a, b) in [
@@ -975,7 +974,14 @@ mod tests {
             let proj: Vec<f32> = (0..c.proj).map(|_| rng.normal()).collect();
             let scalars: Vec<f32> = (0..c.n_scalar).map(|_| rng.normal()).collect();
             let a = layers(&c, net.params(), &proj, &scalars, &mut Layers::default());
-            let b = layers_portable(&c, net.params(), &proj, &scalars, &mut Layers::default());
+            let b = LayersCall {
+                cfg: &c,
+                ps: net.params(),
+                proj: &proj,
+                scalars: &scalars,
+                z: &mut Layers::default(),
+            }
+            .run();
             assert_eq!(a.map(f32::to_bits), b.map(f32::to_bits));
         }
     }
