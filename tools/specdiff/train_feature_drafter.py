@@ -1,279 +1,298 @@
 #!/usr/bin/env python3
-"""Trains a block drafter that reads the target's hidden states (issue 47, DFlash's layout), and
-reports its held-out acceptance curve: the first step of issue 47, to see whether a one-layer
-drafter on a 135M target accepts enough to pay before the Rust inference path is built.
+"""Trains SpecDiff-2's drafter that reads the target (issue 47; DFlash's layout, our code) on the
+set `feature_data.py` builds, and writes the folder `spot_specdiff::FeatureDrafter` loads.
 
-The layout (docs/notes/2026-12-05-dflash-drafter-design.md): the target's hidden states at
-`--taps` layers (default: the middle one) for the committed context are concatenated,
-projected to the model width by a bias-free linear map and RMS-normed, once per position. A
-draft block is 1 + `--gamma` positions: the last committed token (its target embedding) then
-`--gamma` mask embeddings (one learned vector). Each draft layer is a Llama decoder layer whose
-keys and values are the projected context features followed by the block's own states (the same
-K/V weights for both, RoPE at true positions), with non-causal attention inside the block; the
-queries are the block's. The target's final norm is copied and trained; its tied embeddings and
-output head stay frozen. One forward drafts all `--gamma` positions.
+The model (`docs/specdiff.md`, "The feature drafter"): the target's hidden states at the tapped
+layers of every committed position are concatenated, projected to the model width by `fc`
+(no bias) and RMS-normed (`fc_norm`): the context features, made once per position. A draft
+block is the committed tokens the target has not yet run (usually one: the round's own token),
+embedded with the target's input embedding, then `γ` copies of a learned mask vector. One
+Llama decoder layer runs over the block: its queries are the block's rows; its keys and values
+are those of the context features (`k_proj`/`v_proj` of the features, RoPE at their positions)
+followed by the block's own (the same weights; RoPE at the block's positions); attention is not
+causal. A final RMS norm and the target's tied output head give every mask row's distribution
+over the token at its position. One pass drafts `γ` tokens.
 
-Training data: the target's own continuations (`spot generate --json` lines; the lookup store's
-`specdiff-lookup.jsonl` from tools/specdiff/setup_lookup.sh), split by id into training and
-held-out rows (`train_drafter.split`). The tapped features of every row come from one target
-forward per row, cached in `--out/features.pt`. Each step samples `--blocks` anchors per
-sequence; the loss is streak distillation as in train_drafter.py (`--no-streak`: plain
-cross-entropy). Resumes from `--out/train.pt`. Prints the held-out acceptance (the share of
-blocks whose greedy draft equals the target's continuation on at least i leading tokens).
+Training: anchors in the generated part of each continuation; the labels are the float32
+target's own argmax given the true prefix (`greedy`), which is what verification accepts. The
+loss is streak distillation: position i's cross-entropy is weighted by the drafter's
+probability of the labels before it (detached), so early positions, which every accepted streak
+needs, weigh most; `--no-streak` trains plain cross-entropy (the ablation). bfloat16 autocast
+(AMX on the development machine). Resumable (`OUT/train.pt`); every `--eval-every` steps it
+prints the held-out acceptance curve (share of blocks whose greedy draft matches the labels on
+at least i leading tokens) and writes the drafter folder `OUT/drafter/`.
 
-    python tools/specdiff/train_feature_drafter.py --target ~/.cache/spot-smollm2 \
-        --teacher ~/.cache/spot-smollm2/specdiff-lookup.jsonl --out work/feature-drafter \
-        --minutes 15
+    python tools/specdiff/train_feature_drafter.py --target ~/.cache/spot-smollm2 \\
+        --data ~/.cache/spot-feature-data --out ~/.cache/spot-feature-train --minutes 45
 """
 
 import argparse
-import copy
+import json
 import math
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from train_drafter import load_teacher, split, streak_loss
-from transformers import AutoModelForCausalLM
+from llama_torch import Llama, rms, rope, rope_tables
+from safetensors.torch import save_file
 
-
-def rms(x, w, eps):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rope(x, pos, theta):
-    """Rotary embedding of `x` [heads, rows, dim] at positions `pos` [rows] (Llama's halves)."""
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-    ang = pos[:, None].float() * inv[None, :]
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-    half = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
-    return x * cos + half * sin
+FORMAT = "spot-feature-drafter"
 
 
 class FeatureDrafter(torch.nn.Module):
-    def __init__(self, target, taps, layers, gamma, mask_id):
+    def __init__(self, target: Llama, taps, gamma, init_layer):
         super().__init__()
-        cfg = target.config
-        self.cfg, self.taps, self.gamma, self.mask_id = cfg, taps, gamma, mask_id
-        d = cfg.hidden_size
-        self.heads, self.kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.hd = d // self.heads
-        self.embed = target.get_input_embeddings()
-        self.head = target.lm_head
-        self.fc = torch.nn.Linear(len(taps) * d, d, bias=False)
+        d = target.d
+        self.t, self.taps, self.gamma = target, list(taps), gamma
+        self.fc = torch.nn.Parameter(torch.randn(d, len(taps) * d) / math.sqrt(len(taps) * d))
         self.fc_norm = torch.nn.Parameter(torch.ones(d))
-        self.mask_vec = torch.nn.Parameter(self.embed.weight[mask_id].detach().clone())
-        # Draft layers start as copies of the target's last layers (a warm start).
-        src = target.model.layers[len(target.model.layers) - layers :]
-        self.layers = torch.nn.ModuleList([_copy(layer) for layer in src])
-        self.norm = torch.nn.Parameter(target.model.norm.weight.detach().clone())
+        self.mask = torch.nn.Parameter(target.embed.mean(0).clone())
+        src = target.layers[init_layer]
+        self.w = torch.nn.ParameterDict(
+            {n: torch.nn.Parameter(src[n].clone()) for n in ("in", "post", "q", "k", "v", "o", "gate", "up", "down")}
+        )
+        self.norm = torch.nn.Parameter(target.norm.clone())
 
-    def features(self, hidden_taps):
-        """Projected context features of [rows, taps × d] target states."""
-        return rms(self.fc(hidden_taps), self.fc_norm, self.cfg.rms_norm_eps)
+    def features(self, f):
+        return rms(F.linear(f, self.fc), self.fc_norm, self.t.eps)
 
-    def draft_hidden(self, ctx, ctx_pos, blocks):
-        """States of every block row. `ctx` [n, d] projected features at positions `ctx_pos`;
-        `blocks` a list of (anchor position c, anchor token): block rows are positions c..c+γ,
-        reading context positions < c and their own block."""
-        cfg, eps = self.cfg, self.cfg.rms_norm_eps
-        gamma = self.gamma
-        toks, pos, owner = [], [], []
-        for b, (c, tok) in enumerate(blocks):
-            toks.append(tok)
-            toks += [self.mask_id] * gamma
-            pos += list(range(c, c + 1 + gamma))
-            owner += [b] * (1 + gamma)
-        toks, pos = torch.tensor(toks), torch.tensor(pos)
-        x = self.embed(toks)
-        is_mask = torch.tensor([i % (1 + gamma) != 0 for i in range(len(owner))])
-        x = torch.where(is_mask[:, None], self.mask_vec.expand_as(x), x)
-        owner = torch.tensor(owner)
-        anchors = torch.tensor([c for c, _ in blocks])
-        # Each block row sees context positions before its anchor and its own block.
-        see_ctx = ctx_pos[None, :] < anchors[owner][:, None]
-        see_blk = owner[:, None] == owner[None, :]
-        allow = torch.cat([see_ctx, see_blk], 1)
-        rep = self.heads // self.kv
-        for layer in self.layers:
-            a = layer.self_attn
-            h = rms(x, layer.input_layernorm.weight, eps)
-            q = a.q_proj(h).view(-1, self.heads, self.hd).transpose(0, 1)
-            kb = a.k_proj(h).view(-1, self.kv, self.hd).transpose(0, 1)
-            vb = a.v_proj(h).view(-1, self.kv, self.hd).transpose(0, 1)
-            kc = a.k_proj(ctx).view(-1, self.kv, self.hd).transpose(0, 1)
-            vc = a.v_proj(ctx).view(-1, self.kv, self.hd).transpose(0, 1)
-            q = rope(q, pos, cfg.rope_theta)
-            k = torch.cat([rope(kc, ctx_pos, cfg.rope_theta), rope(kb, pos, cfg.rope_theta)], 1)
-            v = torch.cat([vc, vb], 1)
-            k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
-            o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=allow[None, None])
-            x = x + a.o_proj(o[0].transpose(0, 1).reshape(-1, self.heads * self.hd))
-            h = rms(x, layer.post_attention_layernorm.weight, eps)
-            x = x + layer.mlp(h)
-        return rms(x, self.norm, eps)
+    def blocks(self, ctx, anchors, known, ids):
+        """Mask-row states [B, γ, d] of blocks whose known tokens are ids[c - k + 1 .. c] (anchor
+        c, `known` k), reading context features ctx[: c - k + 1] ([n, d], positions 0..n-1)."""
+        t, w, g = self.t, self.w, self.gamma
+        B = len(anchors)
+        L = max(known) + g
+        d, hd, H, KV = t.d, t.hd, t.heads, t.kv
+        rows = torch.zeros(B, L, dtype=torch.long)
+        pos = torch.zeros(B, L, dtype=torch.long)
+        is_tok = torch.zeros(B, L, dtype=torch.bool)
+        valid = torch.zeros(B, L, dtype=torch.bool)
+        first = []
+        for b, (c, k) in enumerate(zip(anchors, known)):
+            s = c - k + 1
+            first.append(s)
+            rows[b, :k] = torch.tensor(ids[s : c + 1])
+            is_tok[b, :k] = True
+            valid[b, : k + g] = True
+            pos[b, : k + g] = torch.arange(s, c + 1 + g)
+        x = torch.where(is_tok[..., None], t.embed[rows], self.mask.expand(B, L, d))
+        n = ctx.shape[0]
+        see_ctx = torch.arange(n)[None, :] < torch.tensor(first)[:, None]
+        mask = torch.cat([see_ctx[:, None, :].expand(B, L, n), valid[:, None, :].expand(B, L, L)], -1)
+        mask = mask | ~valid[:, :, None]  # padded rows attend somewhere (ignored)
+        cos, sin = rope_tables(pos, hd, t.theta)
+        ccos, csin = rope_tables(torch.arange(n), hd, t.theta)
+        h = rms(x, w["in"], t.eps)
+        q = rope(F.linear(h, w["q"]).view(B, L, H, hd).transpose(1, 2), cos[:, None], sin[:, None])
+        kb = rope(F.linear(h, w["k"]).view(B, L, KV, hd).transpose(1, 2), cos[:, None], sin[:, None])
+        vb = F.linear(h, w["v"]).view(B, L, KV, hd).transpose(1, 2)
+        kc = rope(F.linear(ctx, w["k"]).view(n, KV, hd).transpose(0, 1), ccos, csin)
+        vc = F.linear(ctx, w["v"]).view(n, KV, hd).transpose(0, 1)
+        k = torch.cat([kc[None].expand(B, -1, -1, -1), kb], 2)
+        v = torch.cat([vc[None].expand(B, -1, -1, -1), vb], 2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+        x = x + F.linear(o.transpose(1, 2).reshape(B, L, -1), w["o"])
+        h = rms(x, w["post"], t.eps)
+        x = x + F.linear(F.silu(F.linear(h, w["gate"])) * F.linear(h, w["up"]), w["down"])
+        x = rms(x, self.norm, t.eps)
+        idx = torch.tensor(known)[:, None] + torch.arange(g)[None, :]
+        return x.gather(1, idx[..., None].expand(B, g, d))
+
+    def logits(self, h):
+        # The frozen head, cast once (autocast would cast 28M weights every step).
+        if not hasattr(self, "_head16"):
+            self._head16 = self.t.head.to(torch.bfloat16)
+        return F.linear(h.to(torch.bfloat16), self._head16)
+
+    def export(self, folder: Path, shortlist, description):
+        folder.mkdir(parents=True, exist_ok=True)
+        w = {
+            "fc.weight": self.fc,
+            "fc_norm.weight": self.fc_norm,
+            "mask_embedding": self.mask,
+            "norm.weight": self.norm,
+        }
+        names = {
+            "in": "layer.input_layernorm.weight",
+            "post": "layer.post_attention_layernorm.weight",
+            "q": "layer.self_attn.q_proj.weight",
+            "k": "layer.self_attn.k_proj.weight",
+            "v": "layer.self_attn.v_proj.weight",
+            "o": "layer.self_attn.o_proj.weight",
+            "gate": "layer.mlp.gate_proj.weight",
+            "up": "layer.mlp.up_proj.weight",
+            "down": "layer.mlp.down_proj.weight",
+        }
+        w.update({names[n]: p for n, p in self.w.items()})
+        save_file({n: p.detach().float().contiguous() for n, p in w.items()}, str(folder / "model.safetensors"))
+        meta = {
+            "format": FORMAT,
+            "version": 1,
+            "taps": self.taps,
+            "draft_positions": self.gamma,
+            "shortlist": shortlist,
+            "description": description,
+        }
+        (folder / "specdiff-drafter.json").write_text(json.dumps(meta) + "\n")
 
 
-def _copy(module):
-    m = copy.deepcopy(module)
-    for p in m.parameters():
-        p.requires_grad_(True)
-    return m
+def load(data: Path):
+    rows, feats = [], {}
+    for p in sorted(data.glob("chunk-*.pt")):
+        feats.update(torch.load(p))
+        rows += [json.loads(line) for line in p.with_suffix(".jsonl").open()]
+    return [r for r in rows if len(r["ids"]) - r["prompt_len"] >= 4], feats
 
 
-def tap_features(target, rows, taps, path):
-    """The target's hidden states at `taps` for every row (cached in `path`)."""
-    if path.exists():
-        return torch.load(path)
-    feats = {}
-    with torch.no_grad():
-        for k, r in enumerate(rows):
-            out = target(torch.tensor([r["ids"]]), output_hidden_states=True)
-            # hidden_states[0] is the embeddings; layer i's output is hidden_states[i + 1].
-            feats[r["id"]] = torch.cat([out.hidden_states[t + 1][0] for t in taps], -1).half()
-            if k % 50 == 0:
-                print(f"features: {k}/{len(rows)}", flush=True)
-    torch.save(feats, path)
-    return feats
+def split(rows, frac, seed):
+    ids = sorted(r["id"] for r in rows)
+    random.Random(seed).shuffle(ids)
+    held = set(ids[: max(1, int(len(ids) * frac))])
+    return [r for r in rows if r["id"] not in held], [r for r in rows if r["id"] in held]
 
 
-def blocks_of(r, n_blocks, gamma, rng):
-    """Anchors c in the generated part with at least one token after them."""
-    p0, n = r["prompt_len"], len(r["ids"])
-    cand = range(p0, n - 1)
-    cs = sorted(rng.sample(cand, min(n_blocks, len(cand))))
-    return [(c, r["ids"][c]) for c in cs]
+def sample_blocks(r, n, gamma, rng, multi=0.25):
+    """Anchors c (the last known token) in the generated part, and known counts."""
+    p0, m = r["prompt_len"], len(r["ids"])
+    cand = list(range(p0, m - 2))
+    cs = rng.sample(cand, min(n, len(cand)))
+    ks = [1 if rng.random() > multi else rng.randint(2, 4) for _ in cs]
+    return cs, ks
 
 
-def block_logprobs(model, r, feats, blocks):
-    gamma = model.gamma
-    ids = r["ids"]
-    n = len(ids)
-    last = max(c for c, _ in blocks)
-    ctx_pos = torch.arange(last)
-    ctx = model.features(feats[:last].float())
-    h = model.draft_hidden(ctx, ctx_pos, blocks)
-    rows, targets, owner = [], [], []
-    for b, (c, _) in enumerate(blocks):
+def labels(r, cs, gamma):
+    """[B, γ] labels (-1 past the end): mask row i of anchor c predicts position c + 1 + i."""
+    g, m = r["greedy"], len(r["ids"])
+    out = torch.full((len(cs), gamma), -1, dtype=torch.long)
+    for b, c in enumerate(cs):
         for i in range(gamma):
-            if c + 1 + i < n:
-                rows.append(b * (1 + gamma) + 1 + i)
-                targets.append(ids[c + 1 + i])
-                owner.append((b, i))
-    logits = model.head(h[rows]).float()
-    tgt = torch.tensor(targets)
-    picked = torch.log_softmax(logits, -1).gather(1, tgt[:, None])[:, 0]
-    hit = logits.argmax(-1) == tgt
-    per = [[None] * gamma for _ in blocks]
-    hits = [[None] * gamma for _ in blocks]
-    for k, (b, i) in enumerate(owner):
-        per[b][i] = picked[k]
-        hits[b][i] = bool(hit[k])
-    return per, hits
+            if c + i < m - 1:
+                out[b, i] = g[c + i]
+    return out
 
 
-def evaluate(model, rows, feats, n_blocks, seed):
+def block_loss(model, r, f, rng, n_blocks, streak):
+    cs, ks = sample_blocks(r, n_blocks, model.gamma, rng)
+    lab = labels(r, cs, model.gamma)
+    ctx = model.features(f[: max(cs)].float())
+    h = model.blocks(ctx, cs, ks, r["ids"])
+    lp = torch.log_softmax(model.logits(h).float(), -1)
+    ok = lab >= 0
+    picked = lp.gather(-1, lab.clamp(min=0)[..., None])[..., 0] * ok
+    if streak:
+        w = torch.cumprod(torch.cat([torch.ones(len(cs), 1), picked.detach().exp()[:, :-1]], 1), 1)
+    else:
+        w = torch.ones_like(picked)
+    return -(w * picked).sum() / ok.sum().clamp(min=1)
+
+
+@torch.no_grad()
+def evaluate(model, rows, feats, seed, n_blocks=16):
     rng = random.Random(seed)
-    gamma = model.gamma
-    curve, total = [0] * (gamma + 1), 0
-    model.eval()
-    with torch.no_grad():
-        for r in rows:
-            blocks = blocks_of(r, n_blocks, gamma, rng)
-            _, hits = block_logprobs(model, r, feats[r["id"]], blocks)
-            for blk in hits:
-                k = 0
-                while k < gamma and blk[k]:
-                    k += 1
-                for i in range(k + 1):
-                    curve[i] += 1
-                total += 1
-    model.train()
-    return [c / max(total, 1) for c in curve[1:]], total
+    g = model.gamma
+    curve, total = [0] * g, 0
+    for r in rows:
+        cs, _ = sample_blocks(r, n_blocks, g, rng, multi=0.0)
+        ks = [1] * len(cs)
+        lab = labels(r, cs, g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ctx = model.features(feats[r["id"]][: max(cs)].float())
+            h = model.blocks(ctx, cs, ks, r["ids"])
+            arg = model.logits(h).float().argmax(-1)
+        hit = (arg == lab).long()
+        run = torch.cumprod(hit, 1).sum(1)
+        for s in run.tolist():
+            for i in range(s):
+                curve[i] += 1
+        total += len(cs)
+    return [c / max(total, 1) for c in curve], total
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", type=Path, required=True)
-    ap.add_argument("--teacher", type=Path, nargs="+", required=True)
+    ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--taps", type=int, nargs="+", help="target layers read (default: the middle one)")
-    ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--gamma", type=int, default=15)
-    ap.add_argument("--blocks", type=int, default=8)
-    ap.add_argument("--mask-id", type=int, default=16, help="SmolLM2's <empty_output>")
-    ap.add_argument("--lr", type=float, default=5e-4)
-    ap.add_argument("--minutes", type=float, default=15.0)
+    ap.add_argument("--gamma", type=int, default=8)
+    ap.add_argument("--blocks", type=int, default=16)
+    ap.add_argument("--init-layer", type=int, default=-1)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--minutes", type=float, default=45.0)
     ap.add_argument("--no-streak", action="store_true")
-    ap.add_argument("--heldout", type=float, default=0.05)
-    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--heldout", type=float, default=0.04)
+    ap.add_argument("--eval-every", type=int, default=1000)
+    ap.add_argument("--shortlist", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    target = AutoModelForCausalLM.from_pretrained(a.target, dtype=torch.float32)
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
-    n_layers = target.config.num_hidden_layers
-    taps = a.taps or [n_layers // 2]
-    rows = load_teacher(a.teacher)
+    meta = json.loads((a.data / "meta.json").read_text())
+    target = Llama(a.target)
+    rows, feats = load(a.data)
     train, held = split(rows, a.heldout, a.seed)
-    print(f"{len(train)} training and {len(held)} held-out continuations; taps {taps}", flush=True)
+    n_gen = sum(len(r["ids"]) - r["prompt_len"] for r in train)
+    print(f"{len(train)} training continuations ({n_gen} tokens), {len(held)} held out; taps {meta['taps']}", flush=True)
+    # The shortlist: the most frequent tokens of the training continuations (the drafter's head
+    # scores these and the prompt's tokens).
+    freq = Counter(t for r in train for t in r["ids"][r["prompt_len"] :])
+    shortlist = sorted(t for t, _ in freq.most_common(a.shortlist))
+    cover = sum(freq[t] for t in shortlist) / max(1, sum(freq.values()))
+    print(f"shortlist: {len(shortlist)} tokens cover {cover:.4f} of the training continuations' tokens", flush=True)
+    model = FeatureDrafter(target, meta["taps"], a.gamma, a.init_layer % target.n_layers)
+    params = list(model.parameters())
+    print(f"drafter: {sum(p.numel() for p in params):,} trained parameters", flush=True)
+    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0, betas=(0.9, 0.98))
     a.out.mkdir(parents=True, exist_ok=True)
-    tag = "-".join(map(str, taps))
-    feats = tap_features(target, rows, taps, a.out / f"features-{tag}.pt")
-    model = FeatureDrafter(target, taps, a.layers, a.gamma, a.mask_id)
-    params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith(("embed", "head"))]
-    print(f"drafter: {a.layers} layer(s), {sum(p.numel() for p in params):,} trained parameters", flush=True)
-    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0)
     ckpt = a.out / "train.pt"
-    step = 0
+    step, spent = 0, 0.0
     if ckpt.exists():
         st = torch.load(ckpt)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
-        step = st["step"]
-        print(f"resumed at step {step}", flush=True)
-
-    def report(label):
-        curve, nb = evaluate(model, held, feats, 32, 1)
-        print(f"{label}: held-out acceptance (>= 1, 2, 4, 8 tokens) {curve[0]:.3f} {curve[1]:.3f} "
-              f"{curve[3]:.3f} {curve[7]:.3f} over {nb} blocks; mean accepted "
-              f"{sum(curve):.2f}", flush=True)
-        return curve
-
-    report(f"step {step}")
+        step, spent = st["step"], st["seconds"]
+        print(f"resumed at step {step} ({spent:.0f} s trained)", flush=True)
+    budget = a.minutes * 60
     rng = random.Random(a.seed + step)
-    t0 = time.time()
+
+    def checkpoint(label):
+        curve, nb = evaluate(model, held, feats, 1)
+        line = " ".join(f"{c:.3f}" for c in curve)
+        print(f"{label}: held-out acceptance >= 1..{a.gamma} tokens: {line} ({nb} blocks; mean accepted {sum(curve):.2f})", flush=True)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": spent}, ckpt)
+        desc = (
+            f"SpecDiff-2 feature drafter for {Path(meta['target']).name}: taps {meta['taps']}, one layer, "
+            f"{len(train)} continuations ({n_gen} tokens), {step} steps x {a.blocks} blocks, "
+            f"{'streak distillation' if not a.no_streak else 'plain cross-entropy'}, {spent / 60:.1f} min on "
+            f"{torch.get_num_threads()} threads; held-out acceptance >= 1/2/4: {curve[0]:.3f}/{curve[1]:.3f}/{curve[3]:.3f}"
+        )
+        model.export(a.out / "drafter", shortlist, desc)
+
+    t0 = time.time() - spent
     running = None
-    while time.time() < t0 + a.minutes * 60:
-        frac = (time.time() - t0) / (a.minutes * 60)
+    while time.time() - t0 < budget:
+        frac = (time.time() - t0) / budget
         for g in opt.param_groups:
-            g["lr"] = a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            g["lr"] = a.lr * min(1.0, (step + 1) / 200) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         r = rng.choice(train)
-        blocks = blocks_of(r, a.blocks, a.gamma, rng)
-        per, _ = block_logprobs(model, r, feats[r["id"]], blocks)
-        loss = streak_loss(per, not a.no_streak)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = block_loss(model, r, feats[r["id"]], rng, a.blocks, not a.no_streak)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
-        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
-        if step % 50 == 0:
-            print(f"step {step}: loss {running:.4f}, {time.time() - t0:.0f} s", flush=True)
+        spent = time.time() - t0
+        running = loss.item() if running is None else 0.99 * running + 0.01 * loss.item()
+        if step % 100 == 0:
+            print(f"step {step}: loss {running:.4f}, {spent:.0f} s", flush=True)
         if step % a.eval_every == 0:
-            report(f"step {step}")
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
-    curve = report(f"final, step {step}")
-    print("held-out acceptance curve (i = 1..γ): " + " ".join(f"{c:.3f}" for c in curve), flush=True)
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt)
+            checkpoint(f"step {step}")
+    checkpoint(f"final, step {step}")
 
 
 if __name__ == "__main__":

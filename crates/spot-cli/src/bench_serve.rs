@@ -219,10 +219,13 @@ fn autoregressive_driver(
         .cloned()
         .context("bench-serve needs tokenizer.json")?;
     let info = model.ar_info().clone();
-    let mut drafter = ar::drafter(a.decode.files.drafter.as_deref(), dir, info.vocab_size)?;
+    let mut drafter = ar::drafter(a.decode.files.drafter.as_deref(), dir, &mut model)?;
     let encoded = a.chat.encode_all(dir, Some(&tokenizer), set)?;
     let cfg = ar::ar_config(&a.decode, &info);
-    let sd = (a.specdiff.config(a.decode.seed), drafter.vocab_size());
+    let sd = (
+        a.specdiff.config(a.decode.seed, drafter.recommended()),
+        drafter.vocab_size(),
+    );
     let mut batch = SpecDiffBatch::new(a.batch as usize)?;
     for (_, ids) in &encoded {
         let r = ar::request(a.decode.method, ids, (&cfg, &info), sd)

@@ -317,17 +317,18 @@ fn start_autoregressive(
         a.max_n as usize,
     );
     let server = Server::start(config, move || {
-        let model = crate::generate::ar::load_target(&dir, dtype)?;
+        let mut model = crate::generate::ar::load_target(&dir, dtype)?;
         let tokenizer = model
             .tokenizer()
             .cloned()
             .context("spot serve needs tokenizer.json in the model folder")?;
         let info = model.ar_info().clone();
         let drafter =
-            crate::generate::ar::drafter(decode.files.drafter.as_deref(), &dir, info.vocab_size)?;
+            crate::generate::ar::drafter(decode.files.drafter.as_deref(), &dir, &mut model)?;
         let drafter_vocab = drafter.vocab_size();
+        let recommended = drafter.recommended();
         // The server's settings must be valid now, not at the first request.
-        specdiff.config(decode.seed).validate()?;
+        specdiff.config(decode.seed, recommended).validate()?;
         let frontend = frontend(
             (model_id, tokenizer, template),
             (&info.stop_ids, info.max_positions, info.vocab_size),
@@ -353,7 +354,7 @@ fn start_autoregressive(
                 stop_ids: m.ar_info().stop_ids.clone(),
                 early_stop: !decode.no_early_stop,
             };
-            let sd = (specdiff.config(job.seed), drafter_vocab);
+            let sd = (specdiff.config(job.seed, recommended), drafter_vocab);
             let Some(r) =
                 crate::generate::ar::request(method, &job.prompt, (&cfg, m.ar_info()), sd)
             else {

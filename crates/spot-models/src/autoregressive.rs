@@ -45,6 +45,61 @@ pub struct CausalLm<B: Backend> {
     pub(crate) frame: Frame<B>,
     info: ArInfo,
     pub(crate) slots: Slots<PrefixSlot<B>>,
+    /// Where [`AutoregressiveModel::forward`] leaves the tapped layers' rows, when a
+    /// [`CausalLm::tap_features`] asked for them.
+    tap: Option<FeatureTap>,
+}
+
+/// One contiguous run of rows a forward processed for one request: `tokens` at positions
+/// `start..start + tokens.len()` of `slot`'s sequence, and their features (the chosen layers'
+/// outputs, concatenated per row: `[tokens.len(), width]` row-major). A run is either the
+/// tokens the forward appended to the cache or one scored branch after them (whose features
+/// hold only where the branch is the text that follows).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TapRun {
+    /// The request's cache slot.
+    pub slot: CacheSlot,
+    /// Absolute position of the run's first token.
+    pub start: usize,
+    /// The run's tokens.
+    pub tokens: Vec<TokenId>,
+    /// `[tokens.len(), width]` row-major: per row, the tapped layers' hidden states in the
+    /// order the tap named them.
+    pub features: Vec<f32>,
+}
+
+/// A shared handle on the runs a [`CausalLm`]'s last forward tapped (a drafter that reads the
+/// target's hidden states holds one; the target fills it in the verification forward it runs
+/// anyway, so reading features costs no extra pass). Each forward replaces the runs of the one
+/// before, so a tap nobody reads holds one forward's rows, not a decode's. Cheap to clone; all
+/// clones share the runs.
+#[derive(Clone, Debug, Default)]
+pub struct FeatureTap {
+    layers: Vec<usize>,
+    width: usize,
+    runs: std::sync::Arc<std::sync::Mutex<Vec<TapRun>>>,
+}
+
+impl FeatureTap {
+    /// The tapped layers (0-based; each row's features are their outputs in this order).
+    pub fn layers(&self) -> &[usize] {
+        &self.layers
+    }
+
+    /// Features per row (`layers().len() × hidden`).
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// The last forward's runs (unless taken since), leaving none.
+    pub fn take(&self) -> Vec<TapRun> {
+        let mut r = self.runs.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *r)
+    }
+
+    fn replace(&self, runs: Vec<TapRun>) {
+        *self.runs.lock().unwrap_or_else(|e| e.into_inner()) = runs;
+    }
 }
 
 /// The slot of single-sequence use (tests, tools, the masked continuation).
@@ -94,7 +149,35 @@ impl<B: Backend> CausalLm<B> {
             frame,
             info,
             slots: Slots::new(),
+            tap: None,
         })
+    }
+
+    /// From now on, every [`AutoregressiveModel::forward`] leaves in the returned handle, per
+    /// request, the outputs of `layers` (0-based, each below the layer count; the residual
+    /// stream after the layer) for the rows it appended and for every scored branch
+    /// ([`TapRun`]), each forward replacing the last one's. A second call replaces the first
+    /// (its handle then receives nothing more).
+    pub fn tap_features(&mut self, layers: &[usize]) -> Result<FeatureTap> {
+        let n = self.cfg.num_hidden_layers;
+        if layers.is_empty() {
+            return Err(ModelError::Request(
+                "a feature tap needs at least one layer".into(),
+            ));
+        }
+        if let Some(&l) = layers.iter().find(|&&l| l >= n) {
+            return Err(ModelError::Request(format!(
+                "feature tap: layer {l} is outside the model's {n} layers"
+            )));
+        }
+        self.net.set_taps(layers);
+        let tap = FeatureTap {
+            layers: layers.to_vec(),
+            width: layers.len() * self.cfg.hidden_size,
+            runs: Default::default(),
+        };
+        self.tap = Some(tap.clone());
+        Ok(tap)
     }
 
     crate::frame::folder_accessors!(DecoderConfig);
@@ -187,6 +270,59 @@ impl<B: Backend> CausalLm<B> {
         Net::extend_cache(&mut s.cache, kv);
         s.prefix.extend_from_slice(tokens);
         Ok(hidden)
+    }
+}
+
+impl<B: Backend> CausalLm<B> {
+    /// The [`TapRun`]s of one forward over `groups` laid out as `at` (`rows` per segment;
+    /// `width` features per row).
+    fn tap_runs(
+        &self,
+        groups: &[ArGroup<'_>],
+        at: &[GroupRows],
+        (rows, width): (&[usize], usize),
+    ) -> Result<Vec<TapRun>> {
+        let tapped = self.net.take_tapped();
+        if tapped.is_empty() {
+            return Ok(Vec::new());
+        }
+        let all = crate::values::host_values(Tensor::cat(tapped, 1));
+        let total: usize = rows.iter().sum();
+        if all.len() != total * width {
+            return Err(ModelError::Request(format!(
+                "feature tap: {} values for {total} rows of {width}",
+                all.len()
+            )));
+        }
+        let row0 = |si: usize| rows[..si].iter().sum::<usize>();
+        let feats = |r: usize, n: usize| all[r * width..(r + n) * width].to_vec();
+        let mut out = Vec::new();
+        for (g, seg) in groups.iter().zip(at) {
+            let start = self.slots.get(g.slot)?.prefix.len();
+            out.push(TapRun {
+                slot: g.slot,
+                start,
+                tokens: g.shared.to_vec(),
+                features: feats(row0(seg.shared), g.shared.len()),
+            });
+            let after = start + g.shared.len();
+            let nonempty = g.branches.iter().filter(|b| !b.is_empty());
+            for (k, b) in nonempty.enumerate() {
+                // Together: one segment, branch k at k·len; else one segment per branch.
+                let r = if seg.together {
+                    row0(seg.branches[0]) + k * b.len()
+                } else {
+                    row0(seg.branches[k])
+                };
+                out.push(TapRun {
+                    slot: g.slot,
+                    start: after,
+                    tokens: b.clone(),
+                    features: feats(r, b.len()),
+                });
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -297,6 +433,9 @@ impl<B: Backend> AutoregressiveModel for CausalLm<B> {
         let rows: Vec<usize> = segments.iter().map(|s| s.n * s.len).collect();
         drop(segments);
         let row0 = |si: usize| rows[..si].iter().sum::<usize>();
+        if let Some(tap) = &self.tap {
+            tap.replace(self.tap_runs(groups, &at, (&rows, tap.width))?);
+        }
         let mut out = Vec::with_capacity(groups.len());
         for (g, seg) in groups.iter().zip(&at) {
             let slot = self.slots.get_mut(g.slot)?;

@@ -74,7 +74,7 @@ mod transformer;
 mod values;
 
 pub use any::DiffusionModel;
-pub use autoregressive::CausalLm;
+pub use autoregressive::{CausalLm, FeatureTap, TapRun};
 pub use block_causal::BlockCausal;
 pub use config::DecoderConfig;
 pub use dream::{Dream, DreamConfig};

@@ -108,6 +108,10 @@ pub(crate) struct Net<B: Backend> {
     host_layers: Vec<HostLayer>,
     inv_freq: Vec<f64>,
     parameters: usize,
+    /// Layers whose outputs a run keeps ([`Net::take_tapped`]; empty: none).
+    taps: Vec<usize>,
+    /// The last run's outputs of the `taps` layers, `[rows, hidden]` each, in `taps` order.
+    tapped: std::sync::Mutex<Vec<Tensor<B, 2>>>,
 }
 
 impl<B: Backend> Layer<B> {
@@ -162,7 +166,23 @@ impl<B: Backend> Net<B> {
             host_layers: Vec::new(),
             inv_freq,
             parameters,
+            taps: Vec::new(),
+            tapped: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// Keeps, from every later run, the outputs of `layers` (0-based: the residual stream after
+    /// that layer, before the final norm), for [`Net::take_tapped`]. Empty: none.
+    pub fn set_taps(&mut self, layers: &[usize]) {
+        self.taps = layers.to_vec();
+        self.take_tapped();
+    }
+
+    /// The last run's tapped layer outputs (`[rows, hidden]` each, in [`Net::taps`] order),
+    /// leaving none.
+    pub fn take_tapped(&self) -> Vec<Tensor<B, 2>> {
+        let mut t = self.tapped.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut *t)
     }
 
     /// On a CPU backend with f32 weights and dense layers, packs every layer's projections for
@@ -303,6 +323,7 @@ impl<B: Backend> Net<B> {
             .map(|_| Vec::with_capacity(self.layers.len()))
             .collect();
         let single = segments.len() == 1;
+        let mut tapped = vec![None; self.taps.len()];
         for (li, layer) in self.layers.iter().enumerate() {
             // Per segment that others extend: the prefix it attended to in this layer, extended
             // by its own keys and values (made once, however many segments read it).
@@ -388,6 +409,13 @@ impl<B: Backend> Net<B> {
                 Mlp::Dense(m) => m.forward(hn, host, packed),
                 Mlp::Moe(m) => m.forward(hn, host),
             };
+            for (t, _) in self.taps.iter().enumerate().filter(|(_, l)| **l == li) {
+                tapped[t] = Some(x.clone());
+            }
+        }
+        if !self.taps.is_empty() {
+            *self.tapped.lock().unwrap_or_else(|e| e.into_inner()) =
+                tapped.into_iter().flatten().collect();
         }
         (rms_norm(x, &self.norm, c.eps), new_kv)
     }

@@ -165,8 +165,10 @@ impl SpecDiffBatch {
             self.live.push(live);
         }
         for l in self.live.iter_mut().filter(|l| l.error.is_none()) {
+            let (temperature, noise) = l.request.target_sampling();
             if let ArNeed::Draft { context, gamma } = l.request.need() {
                 let t0 = Instant::now();
+                drafter.target_sampling(temperature, noise);
                 let drafted = drafter
                     .propose(context, gamma, &mut self.marginals)
                     .and_then(|()| l.request.drafted(&self.marginals));

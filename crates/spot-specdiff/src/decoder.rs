@@ -363,6 +363,12 @@ impl SpecDiffRequest {
         self.cancel.clone()
     }
 
+    /// The target's temperature and coupled noise (what
+    /// [`DiffusionDrafter::target_sampling`] is told).
+    pub fn target_sampling(&self) -> (f32, spot_core::GumbelNoise) {
+        (self.query.temperature, self.query.noise)
+    }
+
     /// The tokens generated so far.
     pub fn tokens(&self) -> &[TokenId] {
         &self.context[self.context.len() - self.generated..]
@@ -402,13 +408,15 @@ impl SpecDiffRequest {
         }
     }
 
-    /// The answer to [`ArNeed::Draft`]: samples the round's `K` drafts from `m`.
+    /// The answer to [`ArNeed::Draft`]: samples the round's `K` drafts from `m`, which holds
+    /// at most the `gamma` positions asked for (fewer: shorter drafts; none: the round is a
+    /// plain forward).
     pub fn drafted(&mut self, m: &Marginals) -> Result<()> {
         self.expect(Phase::Draft)?;
         let gamma = self.gamma();
-        if m.len() != gamma {
+        if m.len() > gamma {
             return self.fail(Error::ShapeMismatch {
-                what: "drafted positions",
+                what: "drafted positions (at most the round's gamma)",
                 expected: gamma,
                 actual: m.len(),
             });
@@ -445,7 +453,7 @@ impl SpecDiffRequest {
             return self.fail(e);
         }
         let keep = confident_length(m, &self.drafts, self.cfg.min_draft_prob);
-        if keep == 0 {
+        if keep == 0 || m.is_empty() {
             self.drafts.clear();
         }
         for d in &mut self.drafts {
@@ -752,6 +760,8 @@ impl SpecDiffDecoder {
         let mut req = SpecDiffRequest::new(prompt, cfg, self.cfg, &info, drafter.vocab_size())?;
         let mut target = MeteredArModel::new(target);
         target.truncate(0)?;
+        let (temperature, noise) = req.target_sampling();
+        drafter.target_sampling(temperature, noise);
         let (mut draft_time, mut target_time) = (Duration::ZERO, Duration::ZERO);
         loop {
             let t0 = Instant::now();

@@ -2,7 +2,9 @@
 //! tokens, and the `K` drafts sampled from them.
 
 use spot_core::state::mix64;
-use spot_core::{Error, Result, TokenId};
+use spot_core::{Error, GumbelNoise, Result, TokenId};
+
+use crate::SpecDiffConfig;
 
 /// Per-position marginals of one denoising step: for each of the `γ` drafted positions, its
 /// most probable tokens and their probabilities (most probable first).
@@ -81,8 +83,25 @@ pub trait DiffusionDrafter {
     /// Vocabulary size (it shares the target's tokenizer).
     fn vocab_size(&self) -> usize;
 
-    /// The marginals of the `gamma` positions after `context` (cleared first).
+    /// The marginals of up to `gamma` positions after `context` (cleared first): the first
+    /// `out.len()` of them; none makes the round a plain forward.
     fn propose(&mut self, context: &[TokenId], gamma: usize, out: &mut Marginals) -> Result<()>;
+
+    /// The sampling of the request the next [`propose`](Self::propose) calls draft for: the
+    /// target's temperature and the coupled noise its token at each absolute position is
+    /// decided by (`argmax_v(logit_v / T + G[p, v])`). A drafter may put first the candidate
+    /// that noise favours, so that its draft follows the target's sample; the default ignores
+    /// it. Drafts never change the output (verification is coupled), only the forwards.
+    fn target_sampling(&mut self, temperature: f32, noise: GumbelNoise) {
+        let _ = (temperature, noise);
+    }
+
+    /// The settings this drafter runs with when the caller names none (`spot generate
+    /// --method specdiff` without `--k`, `--draft-tokens`, ...): the ones measured to pay
+    /// for it. The default is [`SpecDiffConfig::default`].
+    fn recommended(&self) -> SpecDiffConfig {
+        SpecDiffConfig::default()
+    }
 }
 
 impl<D: DiffusionDrafter + ?Sized> DiffusionDrafter for &mut D {
@@ -94,6 +113,12 @@ impl<D: DiffusionDrafter + ?Sized> DiffusionDrafter for &mut D {
     }
     fn propose(&mut self, context: &[TokenId], gamma: usize, out: &mut Marginals) -> Result<()> {
         (**self).propose(context, gamma, out)
+    }
+    fn target_sampling(&mut self, temperature: f32, noise: GumbelNoise) {
+        (**self).target_sampling(temperature, noise)
+    }
+    fn recommended(&self) -> SpecDiffConfig {
+        (**self).recommended()
     }
 }
 

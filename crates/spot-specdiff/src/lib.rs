@@ -20,6 +20,9 @@
 //! - [`store`]: retrieval for it: the target's own continuations of training-side prompts,
 //!   indexed by n-gram, with acceptance rates measured on them (calibrated probabilities);
 //! - [`toy`]: a toy target and drafter for tests and examples;
+//! - `feature` (the `models` feature): `FeatureDrafter`, a one-layer block drafter that reads
+//!   the target's own hidden states (tapped in the verification forward) and drafts `γ`
+//!   tokens in one pass;
 //! - `masked` (the `models` feature): `MaskedDrafter`, the masked-diffusion drafter on burn (a
 //!   drafter folder next to an autoregressive target, over `spot_models::CausalLm`).
 //!
@@ -42,6 +45,8 @@
 pub mod batch;
 pub mod decoder;
 pub mod drafter;
+#[cfg(feature = "models")]
+pub mod feature;
 pub mod lookup;
 #[cfg(feature = "models")]
 pub mod masked;
@@ -55,6 +60,10 @@ pub use decoder::{
     SpecDiffRequest,
 };
 pub use drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts};
+#[cfg(feature = "models")]
+pub use feature::{
+    FEATURE_DRAFTER_FILE, FEATURE_DRAFTER_FORMAT, FeatureDrafter, FeatureDrafterFile,
+};
 pub use lookup::LookupDrafter;
 #[cfg(feature = "models")]
 pub use masked::{DRAFTER_FILE, DRAFTER_FORMAT, DrafterFile, MaskedDrafter};

@@ -29,11 +29,14 @@ pub struct ArBenchArgs {
     /// `specdiff-lookup.jsonl` when present, and `lookup`).
     #[arg(long, value_delimiter = ',')]
     specdiff_drafters: Vec<PathBuf>,
-    /// Autoregressive folders: drafts per round K, each a configuration (1 to 8).
-    #[arg(long = "k", value_delimiter = ',', default_value = "1,8")]
+    /// Autoregressive folders: drafts per round K, each a configuration (1 to 8). With none
+    /// of `--k`, `--draft-tokens`, `--min-draft-prob` and `--drafter-temperature`, each
+    /// drafter runs once, with its own recommended settings (what `spot generate` uses);
+    /// with any of them, the grid (defaults K 1,8, γ 16, floor 0, temperature 1.5).
+    #[arg(long = "k", value_delimiter = ',')]
     ks: Vec<usize>,
     /// Autoregressive folders: drafted tokens per round γ, each a configuration (1 to 32).
-    #[arg(long = "draft-tokens", value_delimiter = ',', default_value = "16")]
+    #[arg(long = "draft-tokens", value_delimiter = ',')]
     gammas: Vec<usize>,
     /// Autoregressive folders: branch selections, each a configuration.
     #[arg(
@@ -44,11 +47,11 @@ pub struct ArBenchArgs {
     )]
     selections: Vec<SelectionArg>,
     /// Autoregressive folders: the drafter's sampling temperature.
-    #[arg(long, default_value_t = 1.5)]
-    drafter_temperature: f32,
+    #[arg(long)]
+    drafter_temperature: Option<f32>,
     /// Autoregressive folders: adaptive draft length floors, each a configuration (0: always
     /// γ tokens; see `spot generate --min-draft-prob`).
-    #[arg(long = "min-draft-prob", value_delimiter = ',', default_value = "0")]
+    #[arg(long = "min-draft-prob", value_delimiter = ',')]
     floors: Vec<f32>,
     /// Autoregressive folders: acceptance rules, each a configuration. `classic` (`min(1, p/q)`,
     /// distribution-preserving, not token-identical) runs with K = 1 only; its decodes are
@@ -155,6 +158,22 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
         );
     }
     let g = &a.ar;
+    // No grid named: each drafter's own settings; else the grid with its defaults.
+    let recommended = g.ks.is_empty()
+        && g.gammas.is_empty()
+        && g.floors.is_empty()
+        && g.drafter_temperature.is_none();
+    let mut g = g.clone();
+    if g.ks.is_empty() {
+        g.ks = vec![1, 8];
+    }
+    if g.gammas.is_empty() {
+        g.gammas = vec![16];
+    }
+    if g.floors.is_empty() {
+        g.floors = vec![0.0];
+    }
+    let g = &g;
     if let Some(k) = g.ks.iter().find(|k| !(1..=8).contains(*k)) {
         bail!("--k must be in [1, 8], got {k}");
     }
@@ -165,7 +184,6 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
         bail!("--acceptance classic runs with one draft: add 1 to --k");
     }
     let mut model = crate::generate::ar::load_target(dir, a.dtype)?;
-    let vocab = model.ar_info().vocab_size;
     let choices: Vec<PathBuf> = if g.specdiff_drafters.is_empty() {
         let own = dir.join(DEFAULT_SPECDIFF_DRAFTER);
         let own = own
@@ -185,7 +203,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
     let mut names = Vec::new();
     if methods.contains(&Method::Specdiff) {
         for c in &choices {
-            drafters.push(drafter(Some(c), dir, vocab)?);
+            drafters.push(drafter(Some(c), dir, &mut model)?);
             names.push(c.file_name().map_or(c.display().to_string(), |f| {
                 f.to_string_lossy().into_owned()
             }));
@@ -198,6 +216,26 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
         .flat_map(|&rule| g.ks.iter().map(move |&k| (rule, k)))
         .filter(|&(rule, k)| rule == AcceptanceArg::Coupled || k == 1);
     for (d, name) in names.iter().enumerate() {
+        if recommended {
+            let cfg = SpecDiffConfig {
+                draft_seed: a.seed,
+                ..drafters[d].recommended()
+            };
+            let floor = if cfg.min_draft_prob > 0.0 {
+                format!(" p>={}", cfg.min_draft_prob)
+            } else {
+                String::new()
+            };
+            configs.push(Config {
+                label: format!(
+                    "specdiff {name} K={} γ={}{floor} (its default)",
+                    cfg.k, cfg.gamma
+                ),
+                drafter: d,
+                cfg,
+            });
+            continue;
+        }
         for (rule, k) in rules.clone() {
             for &gamma in &g.gammas {
                 for (&sel, &floor) in g
@@ -208,7 +246,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
                     let cfg = SpecDiffConfig {
                         k,
                         gamma,
-                        drafter_temperature: g.drafter_temperature,
+                        drafter_temperature: g.drafter_temperature.unwrap_or(1.5),
                         selection: sel.selection(),
                         draft_seed: a.seed,
                         min_draft_prob: floor,

@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use spot_dlm::{ArConfig, ArInfo, ArOutput, AutoregressiveModel, TokenId, decode_autoregressive};
 use spot_models::CausalLm;
 use spot_specdiff::{
-    Acceptance, DiffusionDrafter, LookupDrafter, LookupStore, MaskedDrafter, Selection,
-    SpecDiffBatch, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport, SpecDiffRequest,
+    Acceptance, DiffusionDrafter, FeatureDrafter, LookupDrafter, LookupStore, MaskedDrafter,
+    Selection, SpecDiffBatch, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport, SpecDiffRequest,
 };
 
 use crate::decode_args::DecodeArgs;
@@ -18,51 +18,36 @@ use crate::generate::GenerateArgs;
 use crate::methods::Method;
 use crate::{Backend, DtypeArg};
 
-/// SpecDiff-2's settings on the command line.
-#[derive(clap::Args, Clone, Debug)]
+/// SpecDiff-2's settings on the command line. Each one left out takes the drafter's own
+/// recommendation ([`DiffusionDrafter::recommended`]: what was measured to pay for it).
+#[derive(clap::Args, Clone, Debug, Default)]
 pub struct SpecDiffArgs {
-    /// `--method specdiff`: drafts per round (K).
-    #[arg(long, default_value_t = DEFAULT.k, value_parser = clap::value_parser!(u64).range(1..=8))]
-    k: u64,
+    /// `--method specdiff`: drafts per round (K; default: the drafter's recommendation).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=8))]
+    k: Option<u64>,
     /// `--method specdiff`: drafted tokens per round (the paper's γ; `--gamma` is the mass
-    /// floor of the SPOT methods).
-    #[arg(long, default_value_t = DEFAULT.draft_tokens, value_parser = clap::value_parser!(u64).range(1..=32))]
-    draft_tokens: u64,
-    /// `--method specdiff`: the drafter's sampling temperature (draft 0 is its argmax).
-    #[arg(long, default_value_t = DEFAULT.drafter_temperature)]
-    drafter_temperature: f32,
+    /// floor of the SPOT methods; default: the drafter's recommendation).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=32))]
+    draft_tokens: Option<u64>,
+    /// `--method specdiff`: the drafter's sampling temperature (draft 0 is its argmax;
+    /// default: the drafter's recommendation).
+    #[arg(long)]
+    drafter_temperature: Option<f32>,
     /// `--method specdiff`: which branch a round commits: `longest` (the longest accepted
     /// streak, exact under coupled verification) or `expected-streak` (self-selection).
-    #[arg(long, value_enum, default_value_t = DEFAULT.selection)]
-    selection: SelectionArg,
+    #[arg(long, value_enum)]
+    selection: Option<SelectionArg>,
     /// `--method specdiff`: adaptive draft length: draft only the leading positions whose
     /// running drafter probability stays at least this (0: always `--draft-tokens`); a round
-    /// with none is a plain forward.
-    #[arg(long, default_value_t = DEFAULT.min_draft_prob)]
-    min_draft_prob: f32,
+    /// with none is a plain forward (default: the drafter's recommendation).
+    #[arg(long)]
+    min_draft_prob: Option<f32>,
     /// `--method specdiff`: how drafted tokens are accepted: `coupled` (a drafted token is
     /// accepted iff it is the target's own choice: the output is `df`'s, token for token) or
     /// `classic` (`min(1, p/q)` with residual resampling, `--k 1` only: each token is
     /// distributed as `df`'s, but the tokens differ from `df`'s with the same seed at T > 0).
-    #[arg(long, value_enum, default_value_t = DEFAULT.acceptance)]
-    acceptance: AcceptanceArg,
-}
-
-/// The command line's defaults.
-const DEFAULT: SpecDiffArgs = SpecDiffArgs {
-    k: 8,
-    draft_tokens: 16,
-    drafter_temperature: 1.5,
-    selection: SelectionArg::Longest,
-    min_draft_prob: 0.0,
-    acceptance: AcceptanceArg::Coupled,
-};
-
-impl Default for SpecDiffArgs {
-    /// The settings `spot generate` uses when none is given.
-    fn default() -> Self {
-        DEFAULT
-    }
+    #[arg(long, value_enum)]
+    acceptance: Option<AcceptanceArg>,
 }
 
 /// [`Acceptance`] on the command line.
@@ -112,17 +97,20 @@ impl SelectionArg {
 }
 
 impl SpecDiffArgs {
-    /// The decoder's settings, drafting with `seed`.
-    pub(crate) fn config(&self, seed: u64) -> SpecDiffConfig {
+    /// The decoder's settings, drafting with `seed`: each setting given, else `recommended`'s.
+    pub(crate) fn config(&self, seed: u64, recommended: SpecDiffConfig) -> SpecDiffConfig {
+        let r = recommended;
         SpecDiffConfig {
-            k: self.k as usize,
-            gamma: self.draft_tokens as usize,
-            drafter_temperature: self.drafter_temperature,
-            selection: self.selection.selection(),
+            k: self.k.map_or(r.k, |k| k as usize),
+            gamma: self.draft_tokens.map_or(r.gamma, |g| g as usize),
+            drafter_temperature: self.drafter_temperature.unwrap_or(r.drafter_temperature),
+            selection: self.selection.map_or(r.selection, SelectionArg::selection),
             draft_seed: seed,
-            min_draft_prob: self.min_draft_prob,
-            acceptance: self.acceptance.acceptance(),
-            ..SpecDiffConfig::default()
+            min_draft_prob: self.min_draft_prob.unwrap_or(r.min_draft_prob),
+            acceptance: self
+                .acceptance
+                .map_or(r.acceptance, AcceptanceArg::acceptance),
+            ..r
         }
     }
 }
@@ -134,16 +122,19 @@ pub const DEFAULT_SPECDIFF_DRAFTER: &str = "specdiff-drafter";
 /// (`tools/specdiff/setup_lookup.sh` writes it).
 pub const DEFAULT_LOOKUP_STORE: &str = "specdiff-lookup.jsonl";
 
-/// The drafter of `--method specdiff`: `lookup` (prompt lookup, training-free), a lookup
-/// store file (`spot_specdiff::LookupStore`: prompt lookup plus retrieval from the target's
-/// own continuations, calibrated), a drafter folder (`spot_specdiff::MaskedDrafter`), or by
-/// default (`None`) `DIR/specdiff-drafter/` when it exists, else `DIR/specdiff-lookup.jsonl`
-/// when it exists, else the lookup drafter.
+/// The drafter of `--method specdiff` for `model` (the target, loaded from `dir`): `lookup`
+/// (prompt lookup, training-free), a lookup store file (`spot_specdiff::LookupStore`: prompt
+/// lookup plus retrieval from the target's own continuations, calibrated), a drafter folder
+/// (`spot_specdiff::FeatureDrafter`, which taps `model`'s hidden states, or
+/// `spot_specdiff::MaskedDrafter`, by the folder file's `format`), or by default (`None`)
+/// `DIR/specdiff-drafter/` when it exists, else `DIR/specdiff-lookup.jsonl` when it exists,
+/// else the lookup drafter.
 pub(crate) fn drafter(
     choice: Option<&Path>,
     dir: &Path,
-    vocab: usize,
+    model: &mut CausalLm<Backend>,
 ) -> Result<Box<dyn DiffusionDrafter>> {
+    let vocab = model.ar_info().vocab_size;
     let lookup = || -> Box<dyn DiffusionDrafter> { Box::new(LookupDrafter::new(vocab, 3, 4)) };
     let folder = match choice {
         Some(p) if p == Path::new("lookup") => return Ok(lookup()),
@@ -168,9 +159,28 @@ pub(crate) fn drafter(
             d
         }
     };
+    let context = || format!("loading the SpecDiff-2 drafter {}", folder.display());
+    if drafter_format(&folder).with_context(context)?.as_deref()
+        == Some(spot_specdiff::FEATURE_DRAFTER_FORMAT)
+    {
+        let d = FeatureDrafter::load(&folder, model).with_context(context)?;
+        return Ok(Box::new(d));
+    }
     let d = MaskedDrafter::<Backend>::load(&folder, &crate::backend::device()?)
-        .with_context(|| format!("loading the SpecDiff-2 drafter {}", folder.display()))?;
+        .with_context(context)?;
     Ok(Box::new(d))
+}
+
+/// The `format` field of a drafter folder's `specdiff-drafter.json` (`None` when the file or
+/// the field is missing: the loader then names what is wrong).
+fn drafter_format(folder: &Path) -> Result<Option<String>> {
+    let path = folder.join(spot_specdiff::DRAFTER_FILE);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+    Ok(v.get("format").and_then(|f| f.as_str()).map(str::to_owned))
 }
 
 /// Loads the autoregressive folder `dir` with `dtype`'s precision.
@@ -228,16 +238,17 @@ pub fn run(a: &GenerateArgs, dir: &Path) -> Result<()> {
         None => vec![(String::new(), a.single_prompt(dir, model.tokenizer())?)],
     };
     let mut specdiff = match a.decode.method {
-        Method::Specdiff => Some((
-            SpecDiffDecoder::new(a.specdiff.config(a.decode.seed)).context(
-                "--k / --draft-tokens / --drafter-temperature / --min-draft-prob / --acceptance",
-            )?,
-            drafter(
-                a.decode.files.drafter.as_deref(),
-                dir,
-                model.ar_info().vocab_size,
-            )?,
-        )),
+        Method::Specdiff => {
+            let d = drafter(a.decode.files.drafter.as_deref(), dir, &mut model)?;
+            let sd = a.specdiff.config(a.decode.seed, d.recommended());
+            Some((
+                SpecDiffDecoder::new(sd).context(
+                    "--k / --draft-tokens / --drafter-temperature / --min-draft-prob / \
+                     --acceptance",
+                )?,
+                d,
+            ))
+        }
         _ => None,
     };
     if let (Some((d, drafter)), true) = (specdiff.as_mut(), a.batch > 1) {

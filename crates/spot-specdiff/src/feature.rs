@@ -1,0 +1,645 @@
+//! SpecDiff-2's drafter that reads the target (the `models` feature): a one-layer block
+//! drafter whose keys and values include the target's own hidden states, drafting `γ` tokens
+//! in one pass (the layout of DFlash, arXiv 2602.06036; our code and training,
+//! `tools/specdiff/train_feature_drafter.py`).
+//!
+//! **The model.** For every committed position `p` the target has run, the outputs of the
+//! tapped target layers are concatenated and projected to the model width, `c_p =
+//! RMSNorm(fc · h_p)` (made once per position and cached with its keys and values). A draft
+//! block holds the committed tokens the target has not run yet (usually one: the token the
+//! last round's verification chose), embedded with the target's input embedding, then `γ`
+//! copies of a learned mask vector. One Llama decoder layer runs over the block: its queries
+//! are the block's rows; its keys and values are those of the context features (the layer's
+//! own `k_proj` / `v_proj`, RoPE at their positions) followed by the block's; attention is not
+//! causal. A final RMS norm and the target's tied output head, restricted to a shortlist (the
+//! drafter file's frequent tokens and the context's), give each mask row's distribution over
+//! the token at its position.
+//!
+//! **Features cost no target pass.** [`FeatureDrafter::load`] asks the target for a
+//! [`FeatureTap`]: every verification forward leaves the tapped rows of the tokens it appended
+//! and of every branch it scored, and the drafter keeps those whose tokens are the committed
+//! text (an accepted branch's rows are exactly the rows of its tokens). The drafter is exact
+//! by construction like every SpecDiff-2 drafter: verification is coupled, so drafts change
+//! forwards, never tokens.
+//!
+//! **At `T > 0`** ([`DiffusionDrafter::target_sampling`]) each position's first candidate is
+//! `argmax_v(logit_v / T + G[p, v])` over its best-scored candidates, with the Gumbel noise
+//! the target's own token at that position will be decided by: where the drafter's
+//! distribution is close to the target's, the draft is the target's sample.
+//!
+//! A drafter folder holds [`FEATURE_DRAFTER_FILE`] (`format` [`FEATURE_DRAFTER_FORMAT`]) and
+//! `model.safetensors` (`fc.weight` `[d, taps · d]`, `fc_norm.weight`, `mask_embedding`,
+//! `layer.*` with Llama's names, `norm.weight`); the embedding and head are the target's.
+
+use std::path::Path;
+
+use burn_tensor::backend::Backend;
+use serde::Deserialize;
+use spot_core::{GumbelNoise, TokenId};
+use spot_models::{CausalLm, FeatureTap, ModelError, Result};
+
+use crate::drafter::{DiffusionDrafter, Marginals};
+
+/// The drafter's own file in its folder (the name SpecDiff-2's masked drafter uses too; the
+/// `format` field tells them apart).
+pub const FEATURE_DRAFTER_FILE: &str = "specdiff-drafter.json";
+
+/// The format name in [`FEATURE_DRAFTER_FILE`].
+pub const FEATURE_DRAFTER_FORMAT: &str = "spot-feature-drafter";
+
+/// Candidates per position whose noised score a position's first candidate is chosen from at
+/// `T > 0`.
+const NOISED: usize = 64;
+
+/// What [`FEATURE_DRAFTER_FILE`] holds.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureDrafterFile {
+    /// Always [`FEATURE_DRAFTER_FORMAT`].
+    pub format: String,
+    /// Format version (1).
+    pub version: u32,
+    /// The target layers read (0-based; their outputs are concatenated in this order).
+    pub taps: Vec<usize>,
+    /// Mask rows per block: the most positions one pass drafts (1 to 64).
+    pub draft_positions: usize,
+    /// Token ids the head scores besides the context's (frequent tokens of the training
+    /// continuations).
+    pub shortlist: Vec<TokenId>,
+    /// Free text: what it was trained on and how.
+    #[serde(default)]
+    pub description: String,
+}
+
+/// Shapes, from the target's `config.json`.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    d: usize,
+    heads: usize,
+    kv: usize,
+    hd: usize,
+    inter: usize,
+    vocab: usize,
+    width: usize,
+    eps: f32,
+}
+
+/// The drafter's own weights, each `[in, out]` row-major (transposed from the file's
+/// `[out, in]`) so that a row block times it is one product.
+struct LayerWeights {
+    fc: Vec<f32>,
+    fc_norm: Vec<f32>,
+    mask: Vec<f32>,
+    input_norm: Vec<f32>,
+    post_norm: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+    norm: Vec<f32>,
+}
+
+/// The drafter that reads the target (see the module documentation).
+///
+/// ```no_run
+/// use spot_core::{decode_autoregressive, ArConfig};
+/// use spot_models::{CausalLm, CpuBackend};
+/// use spot_specdiff::{DiffusionDrafter, FeatureDrafter, SpecDiffDecoder};
+/// let mut target = CausalLm::<CpuBackend>::load("SmolLM2-135M-Instruct".as_ref(), &Default::default())?;
+/// let mut drafter = FeatureDrafter::load("SmolLM2-135M-Instruct/specdiff-drafter".as_ref(), &mut target)?;
+/// let sd = drafter.recommended();
+/// let cfg = ArConfig { max_new_tokens: 64, ..ArConfig::default() };
+/// let out = SpecDiffDecoder::new(sd)?.decode(&mut target, &mut drafter, &[1, 2, 3], &cfg)?;
+/// assert_eq!(out.tokens, decode_autoregressive(&mut target, &[1, 2, 3], &cfg)?.tokens);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct FeatureDrafter {
+    file: FeatureDrafterFile,
+    tap: FeatureTap,
+    dims: Dims,
+    w: LayerWeights,
+    /// The target's input embedding `[vocab, d]`.
+    embed: Vec<f32>,
+    /// The target's output head `[vocab, d]` when it is not tied to the embedding.
+    head: Option<Vec<f32>>,
+    /// The head's rows of the shortlist, `[d, shortlist]` (transposed).
+    short_head: Vec<f32>,
+    in_shortlist: Vec<bool>,
+    inv_freq: Vec<f64>,
+    top_k: usize,
+    noise: Option<(f32, GumbelNoise)>,
+    /// The committed tokens whose features are cached (positions `0..tokens.len()`).
+    tokens: Vec<TokenId>,
+    /// Per cached position, the layer's keys and values of its feature (`[kv · hd]` each;
+    /// keys after RoPE).
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+impl std::fmt::Debug for FeatureDrafter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeatureDrafter")
+            .field("taps", &self.file.taps)
+            .field("draft_positions", &self.file.draft_positions)
+            .field("shortlist", &self.file.shortlist.len())
+            .field("cached", &self.tokens.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl FeatureDrafter {
+    /// Loads the drafter folder `dir` for `target` (whose embedding it reads from the target's
+    /// folder) and taps the target's layers it reads: from now on the target's forwards leave
+    /// their features for this drafter. Every field and shape is checked; errors name the
+    /// file and field.
+    pub fn load<B: Backend>(dir: &Path, target: &mut CausalLm<B>) -> Result<Self> {
+        let path = dir.join(FEATURE_DRAFTER_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+        let file: FeatureDrafterFile =
+            serde_json::from_str(&text).map_err(|e| ModelError::Json {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+        let cfg = target.config().clone();
+        let invalid = |field, reason: String| ModelError::InvalidConfig {
+            path: path.clone(),
+            field,
+            reason,
+        };
+        if file.format != FEATURE_DRAFTER_FORMAT {
+            return Err(invalid(
+                "format",
+                format!(
+                    "expected \"{FEATURE_DRAFTER_FORMAT}\", got {:?}",
+                    file.format
+                ),
+            ));
+        }
+        if file.version != 1 {
+            return Err(invalid(
+                "version",
+                format!("this build reads version 1, got {}", file.version),
+            ));
+        }
+        if file.taps.is_empty() || file.taps.iter().any(|&t| t >= cfg.num_hidden_layers) {
+            return Err(invalid(
+                "taps",
+                format!(
+                    "need 1 or more layers below the target's {}, got {:?}",
+                    cfg.num_hidden_layers, file.taps
+                ),
+            ));
+        }
+        if !(1..=64).contains(&file.draft_positions) {
+            return Err(invalid(
+                "draft_positions",
+                format!("must be in [1, 64], got {}", file.draft_positions),
+            ));
+        }
+        if let Some(t) = file
+            .shortlist
+            .iter()
+            .find(|&&t| t as usize >= cfg.vocab_size)
+        {
+            return Err(invalid(
+                "shortlist",
+                format!("token {t} is outside the vocabulary of {}", cfg.vocab_size),
+            ));
+        }
+        let heads = cfg.num_attention_heads;
+        let kv = cfg.num_key_value_heads.unwrap_or(heads);
+        let hd = cfg.head_dim.unwrap_or(cfg.hidden_size / heads.max(1));
+        if heads == 0 || kv == 0 || heads % kv != 0 {
+            return Err(invalid(
+                "taps",
+                format!("the target's heads ({heads}) and key-value heads ({kv}) do not group"),
+            ));
+        }
+        let d = cfg.hidden_size;
+        let dims = Dims {
+            d,
+            heads,
+            kv,
+            hd,
+            inter: cfg.intermediate_size,
+            vocab: cfg.vocab_size,
+            width: file.taps.len() * d,
+            eps: cfg.rms_norm_eps as f32,
+        };
+        let weights = spot_models::hf::Weights::open(dir)?;
+        let t = |name: &str, out: usize, inp: usize| -> Result<Vec<f32>> {
+            Ok(transposed(&weights.load_f32(name, &[out, inp])?, out, inp))
+        };
+        let vec = |name: &str| weights.load_f32(name, &[d]);
+        let (qd, kvd) = (heads * hd, kv * hd);
+        let w = LayerWeights {
+            fc: t("fc.weight", d, dims.width)?,
+            fc_norm: vec("fc_norm.weight")?,
+            mask: vec("mask_embedding")?,
+            input_norm: vec("layer.input_layernorm.weight")?,
+            post_norm: vec("layer.post_attention_layernorm.weight")?,
+            q: t("layer.self_attn.q_proj.weight", qd, d)?,
+            k: t("layer.self_attn.k_proj.weight", kvd, d)?,
+            v: t("layer.self_attn.v_proj.weight", kvd, d)?,
+            o: t("layer.self_attn.o_proj.weight", d, qd)?,
+            gate: t("layer.mlp.gate_proj.weight", dims.inter, d)?,
+            up: t("layer.mlp.up_proj.weight", dims.inter, d)?,
+            down: t("layer.mlp.down_proj.weight", d, dims.inter)?,
+            norm: vec("norm.weight")?,
+        };
+        let target_weights = spot_models::hf::Weights::open(target.dir())?;
+        let embed = target_weights.load_f32("model.embed_tokens.weight", &[dims.vocab, d])?;
+        let head = if cfg.tie_word_embeddings || !target_weights.contains("lm_head.weight") {
+            None
+        } else {
+            Some(target_weights.load_f32("lm_head.weight", &[dims.vocab, d])?)
+        };
+        let head_rows = head.as_deref().unwrap_or(&embed);
+        let mut in_shortlist = vec![false; dims.vocab];
+        let mut short_head = vec![0.0; d * file.shortlist.len()];
+        let s = file.shortlist.len();
+        for (j, &id) in file.shortlist.iter().enumerate() {
+            in_shortlist[id as usize] = true;
+            let row = &head_rows[id as usize * d..(id as usize + 1) * d];
+            for (i, &x) in row.iter().enumerate() {
+                short_head[i * s + j] = x;
+            }
+        }
+        let inv_freq = (0..hd / 2)
+            .map(|j| 1.0 / cfg.rope_theta.powf((2 * j) as f64 / hd as f64))
+            .collect();
+        let tap = target.tap_features(&file.taps)?;
+        Ok(Self {
+            file,
+            tap,
+            dims,
+            w,
+            embed,
+            head,
+            short_head,
+            in_shortlist,
+            inv_freq,
+            top_k: 4,
+            noise: None,
+            tokens: Vec::new(),
+            keys: Vec::new(),
+            values: Vec::new(),
+        })
+    }
+
+    /// The drafter file.
+    pub fn file(&self) -> &FeatureDrafterFile {
+        &self.file
+    }
+
+    /// Committed positions whose features are cached.
+    pub fn cached(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Brings the feature cache to `context`: drops what no longer matches it, then takes the
+    /// tapped runs that extend it.
+    fn sync(&mut self, context: &[TokenId]) {
+        let keep = self
+            .tokens
+            .iter()
+            .zip(context)
+            .take_while(|(a, b)| a == b)
+            .count();
+        self.truncate(keep);
+        for run in self.tap.take() {
+            let m = self.tokens.len();
+            let end = run.start + run.tokens.len();
+            if run.start > m || end <= m {
+                continue;
+            }
+            let off = m - run.start;
+            if run.tokens[..off] != context[run.start..m] {
+                continue;
+            }
+            let take = run.tokens[off..]
+                .iter()
+                .zip(&context[m..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            if take == 0 {
+                continue;
+            }
+            let w = self.dims.width;
+            self.append(
+                &run.tokens[off..off + take],
+                &run.features[off * w..(off + take) * w],
+            );
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        let kvd = self.dims.kv * self.dims.hd;
+        self.tokens.truncate(len);
+        self.keys.truncate(len * kvd);
+        self.values.truncate(len * kvd);
+    }
+
+    /// Appends committed `tokens` with their tapped `features` (`[n, width]`).
+    fn append(&mut self, tokens: &[TokenId], features: &[f32]) {
+        let Dims { d, kv, hd, .. } = self.dims;
+        let n = tokens.len();
+        let mut c = vec![0.0; n * d];
+        matmul(&mut c, features, &self.w.fc, (n, self.dims.width, d));
+        rms_rows(&mut c, &self.w.fc_norm, self.dims.eps);
+        let start = self.tokens.len();
+        let mut k = vec![0.0; n * kv * hd];
+        let mut v = vec![0.0; n * kv * hd];
+        matmul(&mut k, &c, &self.w.k, (n, d, kv * hd));
+        matmul(&mut v, &c, &self.w.v, (n, d, kv * hd));
+        self.rope(&mut k, start, kv);
+        self.keys.extend_from_slice(&k);
+        self.values.extend_from_slice(&v);
+        self.tokens.extend_from_slice(tokens);
+    }
+
+    /// RoPE (Llama's halves) on `x` `[rows, heads · hd]` at positions `start..`.
+    fn rope(&self, x: &mut [f32], start: usize, heads: usize) {
+        let hd = self.dims.hd;
+        let half = hd / 2;
+        for (r, row) in x.chunks_mut(heads * hd).enumerate() {
+            let pos = (start + r) as f64;
+            for h in row.chunks_mut(hd) {
+                for (j, &f) in self.inv_freq.iter().enumerate() {
+                    let (sin, cos) = (pos * f).sin_cos();
+                    let (a, b) = (h[j], h[j + half]);
+                    h[j] = a * cos as f32 - b * sin as f32;
+                    h[j + half] = b * cos as f32 + a * sin as f32;
+                }
+            }
+        }
+    }
+
+    /// The final states `[gamma, d]` of the mask rows of a block whose known tokens are
+    /// `known` (positions from the cache's end).
+    fn block(&self, known: &[TokenId], gamma: usize) -> Vec<f32> {
+        let Dims {
+            d,
+            heads,
+            kv,
+            hd,
+            inter,
+            eps,
+            ..
+        } = self.dims;
+        let w = &self.w;
+        let rows = known.len() + gamma;
+        let start = self.tokens.len();
+        let mut x = Vec::with_capacity(rows * d);
+        for &t in known {
+            x.extend_from_slice(&self.embed[t as usize * d..(t as usize + 1) * d]);
+        }
+        for _ in 0..gamma {
+            x.extend_from_slice(&w.mask);
+        }
+        let mut h = x.clone();
+        rms_rows(&mut h, &w.input_norm, eps);
+        let (qd, kvd) = (heads * hd, kv * hd);
+        let mut q = vec![0.0; rows * qd];
+        let mut k = vec![0.0; rows * kvd];
+        let mut v = vec![0.0; rows * kvd];
+        matmul(&mut q, &h, &w.q, (rows, d, qd));
+        matmul(&mut k, &h, &w.k, (rows, d, kvd));
+        matmul(&mut v, &h, &w.v, (rows, d, kvd));
+        self.rope(&mut q, start, heads);
+        self.rope(&mut k, start, kv);
+        // Attention over [cached features ; block], not causal.
+        let n = start + rows;
+        let key = |j: usize| -> &[f32] {
+            if j < start {
+                &self.keys[j * kvd..(j + 1) * kvd]
+            } else {
+                &k[(j - start) * kvd..(j - start + 1) * kvd]
+            }
+        };
+        let value = |j: usize| -> &[f32] {
+            if j < start {
+                &self.values[j * kvd..(j + 1) * kvd]
+            } else {
+                &v[(j - start) * kvd..(j - start + 1) * kvd]
+            }
+        };
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = heads / kv;
+        let mut o = vec![0.0f32; rows * qd];
+        let mut s = vec![0.0f32; n];
+        for r in 0..rows {
+            for hh in 0..heads {
+                let g = hh / group;
+                let qv = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
+                let mut max = f32::NEG_INFINITY;
+                for (j, sj) in s.iter_mut().enumerate() {
+                    let kj = &key(j)[g * hd..(g + 1) * hd];
+                    *sj = dot(qv, kj) * scale;
+                    max = max.max(*sj);
+                }
+                let mut total = 0.0;
+                for sj in s.iter_mut() {
+                    *sj = (*sj - max).exp();
+                    total += *sj;
+                }
+                let out = &mut o[r * qd + hh * hd..r * qd + (hh + 1) * hd];
+                for (j, &sj) in s.iter().enumerate() {
+                    let p = sj / total;
+                    for (a, &b) in out.iter_mut().zip(&value(j)[g * hd..(g + 1) * hd]) {
+                        *a += p * b;
+                    }
+                }
+            }
+        }
+        matmul(&mut x, &o, &w.o, (rows, qd, d));
+        // x += o·W_o was accumulated in place; now the MLP.
+        let mut h = x.clone();
+        rms_rows(&mut h, &w.post_norm, eps);
+        let mut gate = vec![0.0; rows * inter];
+        let mut up = vec![0.0; rows * inter];
+        matmul(&mut gate, &h, &w.gate, (rows, d, inter));
+        matmul(&mut up, &h, &w.up, (rows, d, inter));
+        for (g, u) in gate.iter_mut().zip(&up) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+        matmul(&mut x, &gate, &w.down, (rows, inter, d));
+        let mut out = x.split_off(known.len() * d);
+        rms_rows(&mut out, &w.norm, eps);
+        out
+    }
+}
+
+impl DiffusionDrafter for FeatureDrafter {
+    fn name(&self) -> &str {
+        "feature-drafter"
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.dims.vocab
+    }
+
+    fn target_sampling(&mut self, temperature: f32, noise: GumbelNoise) {
+        self.noise = (temperature > 0.0).then_some((temperature, noise));
+    }
+
+    /// The settings this drafter is meant to run with: one draft (`k` 1) of
+    /// [`FeatureDrafterFile::draft_positions`] tokens, cut where its running probability falls
+    /// below 0.3 (a short draft costs little to verify, a long one does), drafted greedily.
+    fn recommended(&self) -> crate::SpecDiffConfig {
+        crate::SpecDiffConfig {
+            k: 1,
+            gamma: self.file.draft_positions,
+            drafter_temperature: 0.0,
+            min_draft_prob: 0.3,
+            ..crate::SpecDiffConfig::default()
+        }
+    }
+
+    /// Drafts `min(gamma, draft_positions)` positions, or none while the target has run
+    /// none of the context (its first round) or more than 8 committed tokens lack features.
+    fn propose(
+        &mut self,
+        context: &[TokenId],
+        gamma: usize,
+        out: &mut Marginals,
+    ) -> spot_core::Result<()> {
+        *out = Marginals::new(self.top_k);
+        self.sync(context);
+        let m = self.tokens.len();
+        let gamma = gamma.min(self.file.draft_positions);
+        if m == 0 || context.len() - m > 8 || gamma == 0 {
+            return Ok(());
+        }
+        let d = self.dims.d;
+        let h = self.block(&context[m..], gamma);
+        // The head over the shortlist, then the context's other tokens.
+        let s = self.file.shortlist.len();
+        let mut logits = vec![0.0; gamma * s];
+        matmul(&mut logits, &h, &self.short_head, (gamma, d, s));
+        let mut extra: Vec<TokenId> = context
+            .iter()
+            .copied()
+            .filter(|&t| !self.in_shortlist[t as usize])
+            .collect();
+        extra.sort_unstable();
+        extra.dedup();
+        let mut ids = Vec::with_capacity(s + extra.len());
+        let mut scored = Vec::with_capacity(s + extra.len());
+        for i in 0..gamma {
+            let row = &h[i * d..(i + 1) * d];
+            ids.clear();
+            scored.clear();
+            ids.extend_from_slice(&self.file.shortlist);
+            scored.extend_from_slice(&logits[i * s..(i + 1) * s]);
+            for &t in &extra {
+                ids.push(t);
+                let head = self.head.as_deref().unwrap_or(&self.embed);
+                scored.push(dot(row, &head[t as usize * d..(t as usize + 1) * d]));
+            }
+            let (top, probs) = self.candidates(&ids, &scored, context.len() + i);
+            out.push(&top, &probs)?;
+        }
+        Ok(())
+    }
+}
+
+impl FeatureDrafter {
+    /// The `top_k` candidates of one position (most probable first, or at `T > 0` the noised
+    /// choice first) and their probabilities under the softmax over every scored id.
+    fn candidates(
+        &self,
+        ids: &[TokenId],
+        logits: &[f32],
+        position: usize,
+    ) -> (Vec<TokenId>, Vec<f32>) {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let total: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+        let many = if self.noise.is_some() {
+            NOISED.max(self.top_k)
+        } else {
+            self.top_k
+        };
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        let many = many.min(order.len());
+        order.select_nth_unstable_by(many - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
+        order.truncate(many);
+        order.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        if let Some((t, noise)) = self.noise {
+            let score = |j: usize| logits[j] / t + noise.value(position as u64, ids[j]);
+            let best = (0..order.len())
+                .max_by(|&a, &b| score(order[a]).total_cmp(&score(order[b])))
+                .unwrap_or(0);
+            order.swap(0, best);
+        }
+        let mut top: Vec<TokenId> = order.iter().map(|&j| ids[j]).collect();
+        let mut probs: Vec<f32> = order
+            .iter()
+            .map(|&j| (logits[j] - max).exp() / total)
+            .collect();
+        top.resize(self.top_k, top[0]);
+        probs.resize(self.top_k, 0.0);
+        (top, probs)
+    }
+}
+
+/// `out[m, n] += a[m, k] · b[k, n]`, all row-major.
+#[allow(unsafe_code)]
+fn matmul(out: &mut [f32], a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)) {
+    assert!(out.len() == m * n && a.len() == m * k && b.len() == k * n);
+    // SAFETY: the three slices hold exactly the row-major m x k, k x n and m x n matrices
+    // (asserted above) that the strides describe; `out` is a unique borrow, so it aliases
+    // neither input; `gemm` reads and writes nothing outside them.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            true,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// RMS norm of each `w.len()`-wide row of `x`, in place.
+fn rms_rows(x: &mut [f32], w: &[f32], eps: f32) {
+    for row in x.chunks_mut(w.len()) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / w.len() as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, g) in row.iter_mut().zip(w) {
+            *v = *v * inv * g;
+        }
+    }
+}
+
+/// `[rows, cols]` row-major -> `[cols, rows]` row-major.
+fn transposed(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; w.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = w[r * cols + c];
+        }
+    }
+    t
+}
