@@ -27,12 +27,12 @@ GAMMA = 4
 def main() -> None:
     torch.manual_seed(7)
     target = Llama(TARGET)
-    model = FeatureDrafter(target, TAPS, GAMMA, 1)
+    model = FeatureDrafter(target, TAPS, GAMMA, [1, 0])
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3 * p.abs().mean().clamp(min=0.05))
     vocab = target.embed.shape[0]
-    model.export(OUT, list(range(vocab)), "random weights: the parity fixture of tools/specdiff/feature_oracle.py")
+    model.export(OUT, list(range(vocab)), "random weights: the parity fixture of tools/specdiff/feature_oracle.py", torch.float32)
     rng = random.Random(3)
     cases = []
     for n in (2, 9, 23):

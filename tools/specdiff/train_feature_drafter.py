@@ -6,11 +6,12 @@ The model (`docs/specdiff.md`, "The feature drafter"): the target's hidden state
 layers of every committed position are concatenated, projected to the model width by `fc`
 (no bias) and RMS-normed (`fc_norm`): the context features, made once per position. A draft
 block is the committed tokens the target has not yet run (usually one: the round's own token),
-embedded with the target's input embedding, then `γ` copies of a learned mask vector. One
-Llama decoder layer runs over the block: its queries are the block's rows; its keys and values
-are those of the context features (`k_proj`/`v_proj` of the features, RoPE at their positions)
-followed by the block's own (the same weights; RoPE at the block's positions); attention is not
-causal. A final RMS norm and the target's tied output head give every mask row's distribution
+embedded with the target's input embedding, then `γ` copies of a learned mask vector.
+`--layers` Llama decoder layers run over the block: in each, the queries are the block's rows;
+the keys and values are those of the context features (that layer's `k_proj`/`v_proj` of the
+features, RoPE at their positions) followed by the block's own (the same weights; RoPE at the
+block's positions); attention is not causal. With two layers or more, a mask row reads the
+other rows' first-layer guesses, not only their identical inputs. A final RMS norm and the target's tied output head give every mask row's distribution
 over the token at its position. One pass drafts `γ` tokens.
 
 Training: anchors in the generated part of each continuation; the labels are the float32
@@ -43,16 +44,19 @@ FORMAT = "spot-feature-drafter"
 
 
 class FeatureDrafter(torch.nn.Module):
-    def __init__(self, target: Llama, taps, gamma, init_layer):
+    def __init__(self, target: Llama, taps, gamma, init_layers):
         super().__init__()
         d = target.d
         self.t, self.taps, self.gamma = target, list(taps), gamma
         self.fc = torch.nn.Parameter(torch.randn(d, len(taps) * d) / math.sqrt(len(taps) * d))
         self.fc_norm = torch.nn.Parameter(torch.ones(d))
         self.mask = torch.nn.Parameter(target.embed.mean(0).clone())
-        src = target.layers[init_layer]
-        self.w = torch.nn.ParameterDict(
-            {n: torch.nn.Parameter(src[n].clone()) for n in ("in", "post", "q", "k", "v", "o", "gate", "up", "down")}
+        # Draft layers start as copies of target layers (a warm start).
+        self.ws = torch.nn.ModuleList(
+            torch.nn.ParameterDict(
+                {n: torch.nn.Parameter(target.layers[i][n].clone()) for n in ("in", "post", "q", "k", "v", "o", "gate", "up", "down")}
+            )
+            for i in init_layers
         )
         self.norm = torch.nn.Parameter(target.norm.clone())
 
@@ -62,7 +66,7 @@ class FeatureDrafter(torch.nn.Module):
     def blocks(self, ctx, anchors, known, ids):
         """Mask-row states [B, γ, d] of blocks whose known tokens are ids[c - k + 1 .. c] (anchor
         c, `known` k), reading context features ctx[: c - k + 1] ([n, d], positions 0..n-1)."""
-        t, w, g = self.t, self.w, self.gamma
+        t, g = self.t, self.gamma
         B = len(anchors)
         L = max(known) + g
         d, hd, H, KV = t.d, t.hd, t.heads, t.kv
@@ -85,18 +89,20 @@ class FeatureDrafter(torch.nn.Module):
         mask = mask | ~valid[:, :, None]  # padded rows attend somewhere (ignored)
         cos, sin = rope_tables(pos, hd, t.theta)
         ccos, csin = rope_tables(torch.arange(n), hd, t.theta)
-        h = rms(x, w["in"], t.eps)
-        q = rope(F.linear(h, w["q"]).view(B, L, H, hd).transpose(1, 2), cos[:, None], sin[:, None])
-        kb = rope(F.linear(h, w["k"]).view(B, L, KV, hd).transpose(1, 2), cos[:, None], sin[:, None])
-        vb = F.linear(h, w["v"]).view(B, L, KV, hd).transpose(1, 2)
-        kc = rope(F.linear(ctx, w["k"]).view(n, KV, hd).transpose(0, 1), ccos, csin)
-        vc = F.linear(ctx, w["v"]).view(n, KV, hd).transpose(0, 1)
-        k = torch.cat([kc[None].expand(B, -1, -1, -1), kb], 2)
-        v = torch.cat([vc[None].expand(B, -1, -1, -1), vb], 2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
-        x = x + F.linear(o.transpose(1, 2).reshape(B, L, -1), w["o"])
-        h = rms(x, w["post"], t.eps)
-        x = x + F.linear(F.silu(F.linear(h, w["gate"])) * F.linear(h, w["up"]), w["down"])
+        # Context keys and values per layer (from the same features), then the block's own.
+        for w in self.ws:
+            h = rms(x, w["in"], t.eps)
+            q = rope(F.linear(h, w["q"]).view(B, L, H, hd).transpose(1, 2), cos[:, None], sin[:, None])
+            kb = rope(F.linear(h, w["k"]).view(B, L, KV, hd).transpose(1, 2), cos[:, None], sin[:, None])
+            vb = F.linear(h, w["v"]).view(B, L, KV, hd).transpose(1, 2)
+            kc = rope(F.linear(ctx, w["k"]).view(n, KV, hd).transpose(0, 1), ccos, csin)
+            vc = F.linear(ctx, w["v"]).view(n, KV, hd).transpose(0, 1)
+            k = torch.cat([kc[None].expand(B, -1, -1, -1), kb], 2)
+            v = torch.cat([vc[None].expand(B, -1, -1, -1), vb], 2)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+            x = x + F.linear(o.transpose(1, 2).reshape(B, L, -1), w["o"])
+            h = rms(x, w["post"], t.eps)
+            x = x + F.linear(F.silu(F.linear(h, w["gate"])) * F.linear(h, w["up"]), w["down"])
         x = rms(x, self.norm, t.eps)
         idx = torch.tensor(known)[:, None] + torch.arange(g)[None, :]
         return x.gather(1, idx[..., None].expand(B, g, d))
@@ -107,7 +113,7 @@ class FeatureDrafter(torch.nn.Module):
             self._head16 = self.t.head.to(torch.bfloat16)
         return F.linear(h.to(torch.bfloat16), self._head16)
 
-    def export(self, folder: Path, shortlist, description):
+    def export(self, folder: Path, shortlist, description, dtype=torch.float16):
         folder.mkdir(parents=True, exist_ok=True)
         w = {
             "fc.weight": self.fc,
@@ -116,22 +122,24 @@ class FeatureDrafter(torch.nn.Module):
             "norm.weight": self.norm,
         }
         names = {
-            "in": "layer.input_layernorm.weight",
-            "post": "layer.post_attention_layernorm.weight",
-            "q": "layer.self_attn.q_proj.weight",
-            "k": "layer.self_attn.k_proj.weight",
-            "v": "layer.self_attn.v_proj.weight",
-            "o": "layer.self_attn.o_proj.weight",
-            "gate": "layer.mlp.gate_proj.weight",
-            "up": "layer.mlp.up_proj.weight",
-            "down": "layer.mlp.down_proj.weight",
+            "in": "input_layernorm.weight",
+            "post": "post_attention_layernorm.weight",
+            "q": "self_attn.q_proj.weight",
+            "k": "self_attn.k_proj.weight",
+            "v": "self_attn.v_proj.weight",
+            "o": "self_attn.o_proj.weight",
+            "gate": "mlp.gate_proj.weight",
+            "up": "mlp.up_proj.weight",
+            "down": "mlp.down_proj.weight",
         }
-        w.update({names[n]: p for n, p in self.w.items()})
-        save_file({n: p.detach().float().contiguous() for n, p in w.items()}, str(folder / "model.safetensors"))
+        for i, lw in enumerate(self.ws):
+            w.update({f"layers.{i}.{names[n]}": p for n, p in lw.items()})
+        save_file({n: p.detach().to(dtype).contiguous() for n, p in w.items()}, str(folder / "model.safetensors"))
         meta = {
             "format": FORMAT,
             "version": 1,
             "taps": self.taps,
+            "layers": len(self.ws),
             "draft_positions": self.gamma,
             "shortlist": shortlist,
             "description": description,
@@ -218,7 +226,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--gamma", type=int, default=8)
     ap.add_argument("--blocks", type=int, default=16)
-    ap.add_argument("--init-layer", type=int, default=-1)
+    ap.add_argument("--layers", type=int, default=2, help="draft layers (copies of the target's last ones to start)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--minutes", type=float, default=45.0)
     ap.add_argument("--no-streak", action="store_true")
@@ -243,7 +251,7 @@ def main() -> None:
     shortlist = sorted(t for t, _ in freq.most_common(a.shortlist))
     cover = sum(freq[t] for t in shortlist) / max(1, sum(freq.values()))
     print(f"shortlist: {len(shortlist)} tokens cover {cover:.4f} of the training continuations' tokens", flush=True)
-    model = FeatureDrafter(target, meta["taps"], a.gamma, a.init_layer % target.n_layers)
+    model = FeatureDrafter(target, meta["taps"], a.gamma, range(target.n_layers - a.layers, target.n_layers))
     params = list(model.parameters())
     print(f"drafter: {sum(p.numel() for p in params):,} trained parameters", flush=True)
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0, betas=(0.9, 0.98))
@@ -265,7 +273,7 @@ def main() -> None:
         print(f"{label}: held-out acceptance >= 1..{a.gamma} tokens: {line} ({nb} blocks; mean accepted {sum(curve):.2f})", flush=True)
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": spent}, ckpt)
         desc = (
-            f"SpecDiff-2 feature drafter for {Path(meta['target']).name}: taps {meta['taps']}, one layer, "
+            f"SpecDiff-2 feature drafter for {Path(meta['target']).name}: taps {meta['taps']}, {a.layers} layer(s), "
             f"{len(train)} continuations ({n_gen} tokens), {step} steps x {a.blocks} blocks, "
             f"{'streak distillation' if not a.no_streak else 'plain cross-entropy'}, {spent / 60:.1f} min on "
             f"{torch.get_num_threads()} threads; held-out acceptance >= 1/2/4: {curve[0]:.3f}/{curve[1]:.3f}/{curve[3]:.3f}"

@@ -1,6 +1,6 @@
-//! SpecDiff-2's drafter that reads the target (the `models` feature): a one-layer block
-//! drafter whose keys and values include the target's own hidden states, drafting `γ` tokens
-//! in one pass (the layout of DFlash, arXiv 2602.06036; our code and training,
+//! SpecDiff-2's drafter that reads the target (the `models` feature): a block drafter of a
+//! few layers whose keys and values include the target's own hidden states, drafting `γ`
+//! tokens in one pass (the layout of DFlash, arXiv 2602.06036; our code and training,
 //! `tools/specdiff/train_feature_drafter.py`).
 //!
 //! **The model.** For every committed position `p` the target has run, the outputs of the
@@ -8,10 +8,11 @@
 //! RMSNorm(fc · h_p)` (made once per position and cached with its keys and values). A draft
 //! block holds the committed tokens the target has not run yet (usually one: the token the
 //! last round's verification chose), embedded with the target's input embedding, then `γ`
-//! copies of a learned mask vector. One Llama decoder layer runs over the block: its queries
-//! are the block's rows; its keys and values are those of the context features (the layer's
-//! own `k_proj` / `v_proj`, RoPE at their positions) followed by the block's; attention is not
-//! causal. A final RMS norm and the target's tied output head, restricted to a shortlist (the
+//! copies of a learned mask vector. Llama decoder layers run over the block: in each, the
+//! queries are the block's rows; the keys and values are those of the context features (that
+//! layer's own `k_proj` / `v_proj`, RoPE at their positions) followed by the block's;
+//! attention is not causal (from the second layer on, a mask row reads the others' guesses).
+//! A final RMS norm and the target's tied output head, restricted to a shortlist (the
 //! drafter file's frequent tokens and the context's), give each mask row's distribution over
 //! the token at its position.
 //!
@@ -29,7 +30,8 @@
 //!
 //! A drafter folder holds [`FEATURE_DRAFTER_FILE`] (`format` [`FEATURE_DRAFTER_FORMAT`]) and
 //! `model.safetensors` (`fc.weight` `[d, taps · d]`, `fc_norm.weight`, `mask_embedding`,
-//! `layer.*` with Llama's names, `norm.weight`); the embedding and head are the target's.
+//! `layers.N.*` with Llama's layer names, `norm.weight`; float32, float16 or bfloat16); the
+//! embedding and head are the target's.
 
 use std::path::Path;
 
@@ -61,6 +63,8 @@ pub struct FeatureDrafterFile {
     pub version: u32,
     /// The target layers read (0-based; their outputs are concatenated in this order).
     pub taps: Vec<usize>,
+    /// Draft layers (1 to 8).
+    pub layers: usize,
     /// Mask rows per block: the most positions one pass drafts (1 to 64).
     pub draft_positions: usize,
     /// Token ids the head scores besides the context's (frequent tokens of the training
@@ -84,12 +88,18 @@ struct Dims {
     eps: f32,
 }
 
-/// The drafter's own weights, each `[in, out]` row-major (transposed from the file's
+/// The drafter's own weights, each matrix `[in, out]` row-major (transposed from the file's
 /// `[out, in]`) so that a row block times it is one product.
-struct LayerWeights {
+struct Weights {
     fc: Vec<f32>,
     fc_norm: Vec<f32>,
     mask: Vec<f32>,
+    layers: Vec<LayerWeights>,
+    norm: Vec<f32>,
+}
+
+/// One draft layer's weights (as [`Weights`]).
+struct LayerWeights {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
     q: Vec<f32>,
@@ -99,7 +109,6 @@ struct LayerWeights {
     gate: Vec<f32>,
     up: Vec<f32>,
     down: Vec<f32>,
-    norm: Vec<f32>,
 }
 
 /// The drafter that reads the target (see the module documentation).
@@ -120,7 +129,7 @@ pub struct FeatureDrafter {
     file: FeatureDrafterFile,
     tap: FeatureTap,
     dims: Dims,
-    w: LayerWeights,
+    w: Weights,
     /// The target's input embedding `[vocab, d]`.
     embed: Vec<f32>,
     /// The target's output head `[vocab, d]` when it is not tied to the embedding.
@@ -133,10 +142,10 @@ pub struct FeatureDrafter {
     noise: Option<(f32, GumbelNoise)>,
     /// The committed tokens whose features are cached (positions `0..tokens.len()`).
     tokens: Vec<TokenId>,
-    /// Per cached position, the layer's keys and values of its feature (`[kv · hd]` each;
-    /// keys after RoPE).
-    keys: Vec<f32>,
-    values: Vec<f32>,
+    /// Per draft layer, per cached position, that layer's keys and values of the position's
+    /// feature (`[kv · hd]` each; keys after RoPE).
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
 }
 
 impl std::fmt::Debug for FeatureDrafter {
@@ -193,6 +202,12 @@ impl FeatureDrafter {
                 ),
             ));
         }
+        if !(1..=8).contains(&file.layers) {
+            return Err(invalid(
+                "layers",
+                format!("must be in [1, 8], got {}", file.layers),
+            ));
+        }
         if !(1..=64).contains(&file.draft_positions) {
             return Err(invalid(
                 "draft_positions",
@@ -235,21 +250,28 @@ impl FeatureDrafter {
         };
         let vec = |name: &str| weights.load_f32(name, &[d]);
         let (qd, kvd) = (heads * hd, kv * hd);
-        let w = LayerWeights {
+        let layer = |i: usize| -> Result<LayerWeights> {
+            let p = |n: &str| format!("layers.{i}.{n}");
+            Ok(LayerWeights {
+                input_norm: vec(&p("input_layernorm.weight"))?,
+                post_norm: vec(&p("post_attention_layernorm.weight"))?,
+                q: t(&p("self_attn.q_proj.weight"), qd, d)?,
+                k: t(&p("self_attn.k_proj.weight"), kvd, d)?,
+                v: t(&p("self_attn.v_proj.weight"), kvd, d)?,
+                o: t(&p("self_attn.o_proj.weight"), d, qd)?,
+                gate: t(&p("mlp.gate_proj.weight"), dims.inter, d)?,
+                up: t(&p("mlp.up_proj.weight"), dims.inter, d)?,
+                down: t(&p("mlp.down_proj.weight"), d, dims.inter)?,
+            })
+        };
+        let w = Weights {
             fc: t("fc.weight", d, dims.width)?,
             fc_norm: vec("fc_norm.weight")?,
             mask: vec("mask_embedding")?,
-            input_norm: vec("layer.input_layernorm.weight")?,
-            post_norm: vec("layer.post_attention_layernorm.weight")?,
-            q: t("layer.self_attn.q_proj.weight", qd, d)?,
-            k: t("layer.self_attn.k_proj.weight", kvd, d)?,
-            v: t("layer.self_attn.v_proj.weight", kvd, d)?,
-            o: t("layer.self_attn.o_proj.weight", d, qd)?,
-            gate: t("layer.mlp.gate_proj.weight", dims.inter, d)?,
-            up: t("layer.mlp.up_proj.weight", dims.inter, d)?,
-            down: t("layer.mlp.down_proj.weight", d, dims.inter)?,
+            layers: (0..file.layers).map(layer).collect::<Result<_>>()?,
             norm: vec("norm.weight")?,
         };
+        let n_layers = file.layers;
         let target_weights = spot_models::hf::Weights::open(target.dir())?;
         let embed = target_weights.load_f32("model.embed_tokens.weight", &[dims.vocab, d])?;
         let head = if cfg.tie_word_embeddings || !target_weights.contains("lm_head.weight") {
@@ -285,8 +307,8 @@ impl FeatureDrafter {
             top_k: 4,
             noise: None,
             tokens: Vec::new(),
-            keys: Vec::new(),
-            values: Vec::new(),
+            keys: vec![Vec::new(); n_layers],
+            values: vec![Vec::new(); n_layers],
         })
     }
 
@@ -339,8 +361,10 @@ impl FeatureDrafter {
     fn truncate(&mut self, len: usize) {
         let kvd = self.dims.kv * self.dims.hd;
         self.tokens.truncate(len);
-        self.keys.truncate(len * kvd);
-        self.values.truncate(len * kvd);
+        for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
+            k.truncate(len * kvd);
+            v.truncate(len * kvd);
+        }
     }
 
     /// Appends committed `tokens` with their tapped `features` (`[n, width]`).
@@ -351,13 +375,15 @@ impl FeatureDrafter {
         matmul(&mut c, features, &self.w.fc, (n, self.dims.width, d));
         rms_rows(&mut c, &self.w.fc_norm, self.dims.eps);
         let start = self.tokens.len();
-        let mut k = vec![0.0; n * kv * hd];
-        let mut v = vec![0.0; n * kv * hd];
-        matmul(&mut k, &c, &self.w.k, (n, d, kv * hd));
-        matmul(&mut v, &c, &self.w.v, (n, d, kv * hd));
-        self.rope(&mut k, start, kv);
-        self.keys.extend_from_slice(&k);
-        self.values.extend_from_slice(&v);
+        for (l, w) in self.w.layers.iter().enumerate() {
+            let mut k = vec![0.0; n * kv * hd];
+            let mut v = vec![0.0; n * kv * hd];
+            matmul(&mut k, &c, &w.k, (n, d, kv * hd));
+            matmul(&mut v, &c, &w.v, (n, d, kv * hd));
+            self.rope(&mut k, start, kv);
+            self.keys[l].extend_from_slice(&k);
+            self.values[l].extend_from_slice(&v);
+        }
         self.tokens.extend_from_slice(tokens);
     }
 
@@ -381,6 +407,27 @@ impl FeatureDrafter {
     /// The final states `[gamma, d]` of the mask rows of a block whose known tokens are
     /// `known` (positions from the cache's end).
     fn block(&self, known: &[TokenId], gamma: usize) -> Vec<f32> {
+        let Dims { d, eps, .. } = self.dims;
+        let w = &self.w;
+        let rows = known.len() + gamma;
+        let mut x = Vec::with_capacity(rows * d);
+        for &t in known {
+            x.extend_from_slice(&self.embed[t as usize * d..(t as usize + 1) * d]);
+        }
+        for _ in 0..gamma {
+            x.extend_from_slice(&w.mask);
+        }
+        for (l, lw) in w.layers.iter().enumerate() {
+            self.layer(l, lw, &mut x, rows);
+        }
+        let mut out = x.split_off(known.len() * d);
+        rms_rows(&mut out, &w.norm, eps);
+        out
+    }
+
+    /// One draft layer over the block rows `x` `[rows, d]` (in place), attending to the
+    /// cached features' keys and values of layer `l` and to the block.
+    fn layer(&self, l: usize, w: &LayerWeights, x: &mut [f32], rows: usize) {
         let Dims {
             d,
             heads,
@@ -390,17 +437,9 @@ impl FeatureDrafter {
             eps,
             ..
         } = self.dims;
-        let w = &self.w;
-        let rows = known.len() + gamma;
         let start = self.tokens.len();
-        let mut x = Vec::with_capacity(rows * d);
-        for &t in known {
-            x.extend_from_slice(&self.embed[t as usize * d..(t as usize + 1) * d]);
-        }
-        for _ in 0..gamma {
-            x.extend_from_slice(&w.mask);
-        }
-        let mut h = x.clone();
+        let (keys, values) = (&self.keys[l], &self.values[l]);
+        let mut h = x.to_vec();
         rms_rows(&mut h, &w.input_norm, eps);
         let (qd, kvd) = (heads * hd, kv * hd);
         let mut q = vec![0.0; rows * qd];
@@ -415,14 +454,14 @@ impl FeatureDrafter {
         let n = start + rows;
         let key = |j: usize| -> &[f32] {
             if j < start {
-                &self.keys[j * kvd..(j + 1) * kvd]
+                &keys[j * kvd..(j + 1) * kvd]
             } else {
                 &k[(j - start) * kvd..(j - start + 1) * kvd]
             }
         };
         let value = |j: usize| -> &[f32] {
             if j < start {
-                &self.values[j * kvd..(j + 1) * kvd]
+                &values[j * kvd..(j + 1) * kvd]
             } else {
                 &v[(j - start) * kvd..(j - start + 1) * kvd]
             }
@@ -455,9 +494,9 @@ impl FeatureDrafter {
                 }
             }
         }
-        matmul(&mut x, &o, &w.o, (rows, qd, d));
+        matmul(x, &o, &w.o, (rows, qd, d));
         // x += o·W_o was accumulated in place; now the MLP.
-        let mut h = x.clone();
+        let mut h = x.to_vec();
         rms_rows(&mut h, &w.post_norm, eps);
         let mut gate = vec![0.0; rows * inter];
         let mut up = vec![0.0; rows * inter];
@@ -466,10 +505,7 @@ impl FeatureDrafter {
         for (g, u) in gate.iter_mut().zip(&up) {
             *g = *g / (1.0 + (-*g).exp()) * u;
         }
-        matmul(&mut x, &gate, &w.down, (rows, inter, d));
-        let mut out = x.split_off(known.len() * d);
-        rms_rows(&mut out, &w.norm, eps);
-        out
+        matmul(x, &gate, &w.down, (rows, inter, d));
     }
 }
 

@@ -155,6 +155,10 @@ fn bad_drafter_folders_get_typed_errors() {
         field(&|v| v["shortlist"] = serde_json::json!([384])),
         "shortlist"
     );
+    // A third layer the weights lack: the tensor is named.
+    let dir = edited(tmp.path(), |v| v["layers"] = 3.into());
+    let e = FeatureDrafter::load(&dir, &mut target()).unwrap_err();
+    assert!(e.to_string().contains("layers.2."), "{e}");
     // Three taps need a wider `fc`: the weights file is named.
     let dir = edited(tmp.path(), |v| v["taps"] = serde_json::json!([0, 1, 1]));
     let e = FeatureDrafter::load(&dir, &mut target()).unwrap_err();

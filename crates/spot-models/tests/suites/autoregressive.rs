@@ -343,3 +343,95 @@ fn branches_in_one_forward_equal_each_alone() {
         }
     }
 }
+
+/// The feature tap: a forward over two requests with equal-length and uneven branches leaves
+/// one run per appended segment and per non-empty branch, at the right positions, whose rows
+/// are bit-identical to appending those tokens alone (a branch's features are its tokens'
+/// features when it is the text that follows); another tap replaces the first.
+#[test]
+fn the_feature_tap_holds_each_run_s_own_rows() {
+    let name = "llama-tiny";
+    let g = golden(name);
+    let ids = longest_ids(&g);
+    let v = g.vocab_size as u32;
+    let branch = |b: u32, len: u32| -> Vec<u32> {
+        (0..len)
+            .map(|i| (ids[i as usize] + 5 * b + i) % v)
+            .collect()
+    };
+    let q = StatsQuery::new(0.0, 3);
+    let mut m = load(name);
+    let tap = m.tap_features(&[1, 0]).unwrap();
+    assert_eq!(tap.width(), 2 * 64);
+    let b = m.open_slot().unwrap();
+    let even: Vec<Vec<u32>> = (0..3).map(|k| branch(k, 4)).collect();
+    let uneven = vec![branch(1, 3), Vec::new(), branch(3, 1)];
+    MeteredArModel::in_slot(&mut m, S0)
+        .extend(&ids[..5], &q)
+        .unwrap();
+    let groups = [
+        ArGroup {
+            slot: S0,
+            shared: &ids[5..7],
+            branches: &even,
+            query: &q,
+        },
+        ArGroup {
+            slot: b,
+            shared: &ids[2..6],
+            branches: &uneven,
+            query: &q,
+        },
+    ];
+    tap.take();
+    MeteredArModel::new(&mut m).forward_groups(&groups).unwrap();
+    let runs = tap.take();
+    let layout: Vec<(CacheSlot, usize, Vec<u32>)> = runs
+        .iter()
+        .map(|r| (r.slot, r.start, r.tokens.clone()))
+        .collect();
+    let mut want = vec![(S0, 5, ids[5..7].to_vec())];
+    want.extend(even.iter().map(|e| (S0, 7, e.clone())));
+    want.push((b, 0, ids[2..6].to_vec()));
+    want.extend([(b, 4, uneven[0].clone()), (b, 4, uneven[2].clone())]);
+    assert_eq!(layout, want);
+    assert!(tap.take().is_empty(), "taken");
+    // Each run alone: the prefix appended, then the run's tokens appended in one forward.
+    for r in &runs {
+        let mut alone = load(name);
+        let t = alone.tap_features(&[1, 0]).unwrap();
+        let prefix = if r.slot == S0 {
+            &ids[..r.start]
+        } else {
+            &ids[2..2 + r.start]
+        };
+        if !prefix.is_empty() {
+            MeteredArModel::in_slot(&mut alone, S0)
+                .extend(prefix, &q)
+                .unwrap();
+        }
+        t.take();
+        MeteredArModel::in_slot(&mut alone, S0)
+            .extend(&r.tokens, &q)
+            .unwrap();
+        let own = t.take();
+        assert_eq!(own.len(), 1);
+        assert_eq!(own[0].features.len(), r.tokens.len() * 128);
+        assert!(
+            own[0].features == r.features,
+            "run at {} of {:?}: max diff {}",
+            r.start,
+            r.slot,
+            max_diff(&own[0].features, &r.features)
+        );
+    }
+    // A second tap replaces the first: the first hears nothing more.
+    let second = m.tap_features(&[0]).unwrap();
+    MeteredArModel::in_slot(&mut m, S0)
+        .extend(&ids[7..8], &q)
+        .unwrap();
+    assert!(tap.take().is_empty());
+    assert_eq!(second.take()[0].features.len(), 64);
+    assert!(m.tap_features(&[2]).is_err(), "layer 2 of 2");
+    assert!(m.tap_features(&[]).is_err());
+}
