@@ -15,7 +15,9 @@ use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use spot_core::{ArConfig, AutoregressiveModel, CacheSlot, decode_autoregressive};
 use spot_models::{CausalLm, CpuBackend};
-use spot_specdiff::{LookupDrafter, SpecDiffConfig, SpecDiffDecoder};
+use spot_specdiff::{
+    DiffusionDrafter, FeatureDrafter, LookupDrafter, SpecDiffConfig, SpecDiffDecoder,
+};
 
 /// Largest accepted |ours - PyTorch| for a logit or a logsumexp. Float32 implementations of
 /// this model differ by up to about 1e-4 (the reference records its float32-vs-float64 noise
@@ -376,4 +378,68 @@ fn smollm2_matches_pytorch() {
         "max abs logsumexp diff {}",
         worst.lse
     );
+}
+
+/// The shipped SpecDiff-2 drafter that reads the target (`models/smollm2-feature-drafter/`,
+/// which `tools/setup_smollm2.sh` copies to `DIR/specdiff-drafter/`): on a math and a code
+/// prompt in the chat template, 96 tokens at T = 0 and 1 with its recommended settings, every
+/// decode equals plain decoding, and at T = 0 it commits at least 1.8 tokens per target
+/// forward over both prompts (its measured rate is in `docs/specdiff.md`).
+#[test]
+fn the_shipped_feature_drafter_is_exact_and_pays() {
+    let Some(dir) = folder() else {
+        return;
+    };
+    let drafter_dir = dir.join("specdiff-drafter");
+    let mut m = CausalLm::<CpuBackend>::load(&dir, &Default::default()).unwrap();
+    let mut d = FeatureDrafter::load(&drafter_dir, &mut m).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (tools/setup_smollm2.sh installs the shipped drafter)",
+            drafter_dir.display()
+        )
+    });
+    let chat = |q: &str| {
+        format!(
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging \
+             Face<|im_end|>\n<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+        )
+    };
+    let questions = [
+        "A baker makes 24 muffins in the morning and 3 times as many in the afternoon. He sells \
+         half of all the muffins. How many muffins are left?",
+        "def running_max(numbers: list) -> list:\n    \"\"\" Return the running maximum of the \
+         list.\n    >>> running_max([1, 3, 2, 5])\n    [1, 3, 3, 5]\n    \"\"\"\n",
+    ];
+    let sd = d.recommended();
+    let (mut tokens, mut forwards) = (0, 0);
+    for t in [0.0f32, 1.0] {
+        for q in questions {
+            let prompt = m.tokenizer().unwrap().encode(&chat(q)).unwrap();
+            let cfg = ArConfig {
+                max_new_tokens: 96,
+                temperature: t,
+                seed: 5,
+                stop_ids: m.ar_info().stop_ids.clone(),
+                early_stop: true,
+            };
+            let want = decode_autoregressive(&mut m, &prompt, &cfg).unwrap();
+            let got = SpecDiffDecoder::new(sd)
+                .unwrap()
+                .decode(&mut m, &mut d, &prompt, &cfg)
+                .unwrap();
+            assert_eq!(got.tokens, want.tokens, "T = {t}: {q}");
+            if t == 0.0 {
+                tokens += got.tokens.len();
+                forwards += got.forwards as usize;
+            }
+        }
+    }
+    let rate = tokens as f64 / forwards as f64;
+    writeln!(
+        std::io::stderr().lock(),
+        "shipped feature drafter on SmolLM2: {tokens} tokens in {forwards} forwards at T = 0 \
+         ({rate:.2} per forward)"
+    )
+    .unwrap();
+    assert!(rate >= 1.8, "{rate:.2} tokens per forward");
 }

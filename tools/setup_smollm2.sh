@@ -18,6 +18,9 @@
 # names it and model.safetensors has the sha256 it records) nothing is done; FORCE=1 converts
 # again. CROSS_CHECK=1 also runs convert_gguf.py --cross-check (needs the oracle requirements).
 # Any failure (missing packages, no download, wrong checksum, failed conversion) exits non-zero.
+# Either way DIR/specdiff-drafter/ then holds the shipped SpecDiff-2 drafter that reads the
+# target (models/smollm2-feature-drafter/: its weights, settings and lookup store, copied when
+# missing or different), which `spot generate --method specdiff` uses by default.
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -60,7 +63,21 @@ EOF
     [ "$(sha256 "$DIR/model.safetensors")" = "${want##* }" ]
 }
 
+# The shipped SpecDiff-2 drafter, as DIR/specdiff-drafter/ (copied when missing or different).
+install_drafter() {
+    local src=$HERE/../models/smollm2-feature-drafter dst=$DIR/specdiff-drafter f
+    [ -d "$src" ] || fail "$src is missing (the shipped drafter)"
+    mkdir -p "$dst"
+    for f in specdiff-drafter.json model.safetensors store.jsonl; do
+        [ -f "$src/$f" ] || fail "$src/$f is missing"
+        if ! cmp -s "$src/$f" "$dst/$f"; then
+            cp "$src/$f" "$dst/$f.part" && mv "$dst/$f.part" "$dst/$f" || fail "could not copy $f to $dst"
+        fi
+    done
+}
+
 if [ "${FORCE:-0}" != 1 ] && converted; then
+    install_drafter
     echo "setup_smollm2: $DIR already holds SmolLM2-135M-Instruct converted from the pinned GGUF (FORCE=1 to redo)"
     exit 0
 fi
@@ -97,4 +114,5 @@ CHECK=()
 if [ "${CROSS_CHECK:-0}" = 1 ]; then CHECK=(--cross-check); fi
 "$PY" "$HERE/convert_gguf.py" --gguf "$GGUF" --out "$DIR" "${CHECK[@]}" || fail "conversion failed"
 converted || fail "$DIR is not a complete conversion after convert_gguf.py"
+install_drafter
 echo "setup_smollm2: done: $DIR"

@@ -7,8 +7,9 @@ Prompts: GSM8K *train* questions, MBPP task texts, and MBPP tasks written as a P
 (the task's first `def` line and its text as a docstring, the shape of HumanEval's prompts);
 none of them is a GSM8K-test or HumanEval prompt. Continuations: greedy (T = 0), up to
 `--max-new` tokens, ending at the end-of-turn id, generated in batches by the plain-PyTorch
-Llama of `llama_torch.py` (the definition `spot_models::CausalLm` runs) in bfloat16 (AMX where
-the CPU has it: a continuation may differ from `spot generate`'s after a near tie); then one
+Llama of `llama_torch.py` (the definition `spot_models::CausalLm` runs) in `--dtype` (float32
+by default; bfloat16 is faster only where the CPU has AMX, and a bfloat16 continuation may
+differ from `spot generate`'s after a near tie); then one
 teacher-forced float32 pass per sequence gives the tapped features and the float32 target's own
 argmax at every position (`greedy`: the labels, what verification accepts). Output, resumable
 by chunk: `OUT/chunk-NNNN.jsonl` (`{"id", "ids", "prompt_len", "greedy"}` per line) and
@@ -79,6 +80,7 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--chunk", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="generation's")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -90,7 +92,7 @@ def main() -> None:
     mp.write_text(json.dumps(meta))
     tok = Tokenizer.from_file(str(a.target / "tokenizer.json"))
     model = Llama(a.target)
-    fast = model.to(torch.bfloat16)
+    fast = model if a.dtype == "float32" else model.to(torch.bfloat16)
     stops = {2, 0}
     todo = prompts(a.data, a.gsm, a.mbpp, a.stubs)
     # Similar lengths together: less padding per batch.
@@ -110,7 +112,7 @@ def main() -> None:
             for (pid, p), ids, (h, arg) in zip(part[s : s + 8], seqs, outs):
                 feats[pid] = h
                 # greedy[i]: the float32 target's argmax after ids[: i + 1] (the label of
-                # position i + 1; generation ran in bfloat16, so it can differ from ids[i + 1]).
+                # position i + 1; generation in bfloat16 can make it differ from ids[i + 1]).
                 rows.append({"id": pid, "ids": ids, "prompt_len": len(p), "greedy": arg.tolist()})
         torch.save(feats, name.with_suffix(".pt.part"))
         name.with_suffix(".jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -28,6 +28,7 @@ def main() -> None:
     torch.manual_seed(7)
     target = Llama(TARGET)
     model = FeatureDrafter(target, TAPS, GAMMA, [1, 0])
+    model.set_shortlist(list(range(target.embed.shape[0])))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3 * p.abs().mean().clamp(min=0.05))

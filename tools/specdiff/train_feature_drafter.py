@@ -16,10 +16,12 @@ over the token at its position. One pass drafts `γ` tokens.
 
 Training: anchors in the generated part of each continuation; the labels are the float32
 target's own argmax given the true prefix (`greedy`), which is what verification accepts. The
+head scores the shortlist only (the training continuations' `--shortlist` most frequent tokens,
+which the Rust drafter scores too, with the context's): a label outside it is left out. The
 loss is streak distillation: position i's cross-entropy is weighted by the drafter's
 probability of the labels before it (detached), so early positions, which every accepted streak
-needs, weigh most; `--no-streak` trains plain cross-entropy (the ablation). bfloat16 autocast
-(AMX on the development machine). Resumable (`OUT/train.pt`); every `--eval-every` steps it
+needs, weigh most; `--no-streak` trains plain cross-entropy (the ablation). `--dtype bfloat16`
+autocasts (faster where the CPU has AMX; float32 is faster without it). Resumable (`OUT/train.pt`); every `--eval-every` steps it
 prints the held-out acceptance curve (share of blocks whose greedy draft matches the labels on
 at least i leading tokens) and writes the drafter folder `OUT/drafter/`.
 
@@ -107,13 +109,31 @@ class FeatureDrafter(torch.nn.Module):
         idx = torch.tensor(known)[:, None] + torch.arange(g)[None, :]
         return x.gather(1, idx[..., None].expand(B, g, d))
 
-    def logits(self, h):
-        # The frozen head, cast once (autocast would cast 28M weights every step).
-        if not hasattr(self, "_head16"):
-            self._head16 = self.t.head.to(torch.bfloat16)
-        return F.linear(h.to(torch.bfloat16), self._head16)
+    def set_shortlist(self, ids, dtype=torch.float32):
+        """Scores only `ids` (as the Rust drafter's head does): the frozen head's rows, cast
+        once to the compute `dtype`, and the map from token id to shortlist index (-2: not
+        listed)."""
+        self.compute = dtype
+        self._head = self.t.head[torch.tensor(ids)].to(dtype)
+        self._index = torch.full((self.t.head.shape[0] + 1,), -2, dtype=torch.long)
+        self._index[torch.tensor(ids)] = torch.arange(len(ids))
+        self._index[-1] = -1  # past the end stays -1
 
-    def export(self, folder: Path, shortlist, description, dtype=torch.float16):
+    def logits(self, h):
+        """Logits over the shortlist."""
+        return F.linear(h.to(self.compute), self._head)
+
+    def autocast(self):
+        """bfloat16 autocast when that is the compute dtype."""
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.compute == torch.bfloat16)
+
+    def listed(self, lab):
+        """Token labels as shortlist indices (-1 past the end, -2 not listed)."""
+        return self._index[lab]
+
+    def export(self, folder: Path, shortlist, description, store=None, dtype=torch.float16):
+        """Writes the drafter folder; with `store` (rows of the training set) also its lookup
+        store, `store.jsonl`: each continuation as `prompt_ids` and `tokens`."""
         folder.mkdir(parents=True, exist_ok=True)
         w = {
             "fc.weight": self.fc,
@@ -144,6 +164,10 @@ class FeatureDrafter(torch.nn.Module):
             "shortlist": shortlist,
             "description": description,
         }
+        if store is not None:
+            lines = (json.dumps({"prompt_ids": r["ids"][: r["prompt_len"]], "tokens": r["ids"][r["prompt_len"] :]}) for r in store)
+            (folder / "store.jsonl").write_text("".join(line + "\n" for line in lines))
+            meta["store"] = "store.jsonl"
         (folder / "specdiff-drafter.json").write_text(json.dumps(meta) + "\n")
 
 
@@ -184,7 +208,7 @@ def labels(r, cs, gamma):
 
 def block_loss(model, r, f, rng, n_blocks, streak):
     cs, ks = sample_blocks(r, n_blocks, model.gamma, rng)
-    lab = labels(r, cs, model.gamma)
+    lab = model.listed(labels(r, cs, model.gamma))
     ctx = model.features(f[: max(cs)].float())
     h = model.blocks(ctx, cs, ks, r["ids"])
     lp = torch.log_softmax(model.logits(h).float(), -1)
@@ -205,8 +229,8 @@ def evaluate(model, rows, feats, seed, n_blocks=16):
     for r in rows:
         cs, _ = sample_blocks(r, n_blocks, g, rng, multi=0.0)
         ks = [1] * len(cs)
-        lab = labels(r, cs, g)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        lab = model.listed(labels(r, cs, g))
+        with model.autocast():
             ctx = model.features(feats[r["id"]][: max(cs)].float())
             h = model.blocks(ctx, cs, ks, r["ids"])
             arg = model.logits(h).float().argmax(-1)
@@ -225,7 +249,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--gamma", type=int, default=8)
-    ap.add_argument("--blocks", type=int, default=16)
+    ap.add_argument("--blocks", type=int, default=32)
     ap.add_argument("--layers", type=int, default=2, help="draft layers (copies of the target's last ones to start)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--minutes", type=float, default=45.0)
@@ -235,6 +259,8 @@ def main() -> None:
     ap.add_argument("--shortlist", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--store", action="store_true", help="ship every continuation as the drafter's lookup store")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="compute (bfloat16: autocast)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -252,6 +278,7 @@ def main() -> None:
     cover = sum(freq[t] for t in shortlist) / max(1, sum(freq.values()))
     print(f"shortlist: {len(shortlist)} tokens cover {cover:.4f} of the training continuations' tokens", flush=True)
     model = FeatureDrafter(target, meta["taps"], a.gamma, range(target.n_layers - a.layers, target.n_layers))
+    model.set_shortlist(shortlist, getattr(torch, a.dtype))
     params = list(model.parameters())
     print(f"drafter: {sum(p.numel() for p in params):,} trained parameters", flush=True)
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0, betas=(0.9, 0.98))
@@ -278,7 +305,7 @@ def main() -> None:
             f"{'streak distillation' if not a.no_streak else 'plain cross-entropy'}, {spent / 60:.1f} min on "
             f"{torch.get_num_threads()} threads; held-out acceptance >= 1/2/4: {curve[0]:.3f}/{curve[1]:.3f}/{curve[3]:.3f}"
         )
-        model.export(a.out / "drafter", shortlist, desc)
+        model.export(a.out / "drafter", shortlist, desc, rows if a.store else None)
 
     t0 = time.time() - spent
     running = None
@@ -287,7 +314,7 @@ def main() -> None:
         for g in opt.param_groups:
             g["lr"] = a.lr * min(1.0, (step + 1) / 200) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         r = rng.choice(train)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with model.autocast():
             loss = block_loss(model, r, feats[r["id"]], rng, a.blocks, not a.no_streak)
         opt.zero_grad()
         loss.backward()

@@ -1429,18 +1429,34 @@ fn generate_specdiff_with_a_lookup_store() {
     let store = target.path().join("specdiff-lookup.jsonl");
     std::fs::write(&store, lines).unwrap();
     let df = json(&run("5,6,7", &["--method", "df"]));
+    // No floor: the lookup drafters' recommended floor 0.5 cuts a tiny store's calibrated
+    // drafts, and this compares what they draft.
     let plain = json(&run(
         "5,6,7",
-        &["--method", "specdiff", "--drafter", "lookup"],
+        &[
+            "--method",
+            "specdiff",
+            "--drafter",
+            "lookup",
+            "--min-draft-prob",
+            "0",
+        ],
     ));
     let s = store.to_str().unwrap();
     for extra in [
-        &["--method", "specdiff", "--drafter", s][..],
-        &["--method", "specdiff"][..],
+        &[
+            "--method",
+            "specdiff",
+            "--min-draft-prob",
+            "0",
+            "--drafter",
+            s,
+        ][..],
+        &["--method", "specdiff", "--min-draft-prob", "0"][..],
     ] {
         let out = run("5,6,7", extra);
         let err = String::from_utf8_lossy(&out.stderr);
-        if extra.len() == 2 {
+        if extra.len() == 4 {
             assert!(err.contains("drafter: lookup store"), "{err}");
         }
         let j = json(&out);
@@ -1448,6 +1464,7 @@ fn generate_specdiff_with_a_lookup_store() {
         assert!(j["nfe"].as_u64() < plain["nfe"].as_u64(), "{j} vs {plain}");
     }
     // The classic rule (one draft) runs at T = 1; with several drafts it is refused.
+    // (The lookup drafter's recommended K is 1.)
     let classic = [
         "--method",
         "specdiff",
@@ -1460,7 +1477,7 @@ fn generate_specdiff_with_a_lookup_store() {
     ];
     let j = json(&run("5,6,7", &[&classic[..], &["--k", "1"]].concat()));
     assert_eq!(j["tokens"].as_array().map(Vec::len), Some(24), "{j}");
-    let out = run("5,6,7", &classic);
+    let out = run("5,6,7", &[&classic[..], &["--k", "4"]].concat());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("`acceptance`"),

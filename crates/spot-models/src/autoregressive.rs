@@ -156,8 +156,10 @@ impl<B: Backend> CausalLm<B> {
     /// From now on, every [`AutoregressiveModel::forward`] leaves in the returned handle, per
     /// request, the outputs of `layers` (0-based, each below the layer count; the residual
     /// stream after the layer) for the rows it appended and for every scored branch
-    /// ([`TapRun`]), each forward replacing the last one's. A second call replaces the first
-    /// (its handle then receives nothing more).
+    /// ([`TapRun`]), each forward replacing the last one's. A second call with the same
+    /// layers shares the first's handle (drafters that take turns on one target each read the
+    /// forwards they drive); with other layers it replaces it (the first handle then receives
+    /// nothing more).
     pub fn tap_features(&mut self, layers: &[usize]) -> Result<FeatureTap> {
         let n = self.cfg.num_hidden_layers;
         if layers.is_empty() {
@@ -169,6 +171,9 @@ impl<B: Backend> CausalLm<B> {
             return Err(ModelError::Request(format!(
                 "feature tap: layer {l} is outside the model's {n} layers"
             )));
+        }
+        if let Some(tap) = self.tap.as_ref().filter(|t| t.layers == layers) {
+            return Ok(tap.clone());
         }
         self.net.set_taps(layers);
         let tap = FeatureTap {

@@ -388,8 +388,9 @@ impl DiffusionDrafter for Broken {
         self.0
     }
     fn propose(&mut self, _c: &[TokenId], gamma: usize, out: &mut Marginals) -> Result<()> {
+        let _ = gamma;
         *out = Marginals::new(1);
-        for _ in 0..gamma.min(self.1) {
+        for _ in 0..self.1 {
             out.push(&[100], &[1.0])?;
         }
         Ok(())
@@ -411,8 +412,9 @@ fn bad_drafters_and_settings_are_typed_errors() {
         matches!(e, Error::ShapeMismatch { what, .. } if what.contains("vocabulary")),
         "{e}"
     );
+    // More positions than γ (fewer are allowed: a shorter draft).
     let e = d
-        .decode(&mut target, &mut Broken(32, 2), &[1], &cfg)
+        .decode(&mut target, &mut Broken(32, 99), &[1], &cfg)
         .unwrap_err();
     assert!(
         matches!(
@@ -425,7 +427,7 @@ fn bad_drafters_and_settings_are_typed_errors() {
         "{e}"
     );
     let e = d
-        .decode(&mut target, &mut Broken(32, 99), &[1], &cfg)
+        .decode(&mut target, &mut Broken(32, 2), &[1], &cfg)
         .unwrap_err();
     assert!(e.to_string().contains("outside the vocabulary"), "{e}");
     for (bad, field) in [

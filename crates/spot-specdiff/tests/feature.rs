@@ -182,3 +182,69 @@ fn the_recommended_settings_are_valid() {
     assert_eq!((r.k, r.gamma), (1, 4));
     assert_eq!(t.ar_info().vocab_size, d.vocab_size());
 }
+
+/// A folder with a lookup store (`"store"`): decodes stay token-identical to plain decoding at
+/// T = 0 and 1, and where the store holds the target's own continuations of the prompts (the
+/// store drafts them with high calibrated probability) the rounds take the store's drafts:
+/// fewer forwards than the network alone. A store the folder lacks is a typed error naming
+/// the field.
+#[test]
+fn a_store_in_the_folder_drafts_what_the_target_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut t = target();
+    let prompts: Vec<Vec<u32>> = (0..8u32)
+        .map(|i| vec![5 + i, 9 + 3 * i, 17, 40 + i])
+        .collect();
+    let cfg = |temperature: f32| ArConfig {
+        max_new_tokens: 32,
+        temperature,
+        seed: 3,
+        early_stop: false,
+        ..ArConfig::default()
+    };
+    // Each continuation twice, so that the store's calibration (each fold guessed from the
+    // others) finds its guesses right.
+    let mut lines = String::new();
+    for p in &prompts {
+        let out = decode_autoregressive(&mut t, p, &cfg(0.0)).unwrap();
+        let line = serde_json::json!({"prompt_ids": p, "tokens": out.tokens}).to_string();
+        lines += &format!("{line}\n{line}\n");
+    }
+    let dir = edited(tmp.path(), |v| v["store"] = "store.jsonl".into());
+    std::fs::write(dir.join("store.jsonl"), lines).unwrap();
+    // One drafter per target: a target feeds the features of its forwards to the last
+    // drafter that tapped it.
+    let mut t_store = target();
+    let mut with_store = FeatureDrafter::load(&dir, &mut t_store).unwrap();
+    let mut plain_net = FeatureDrafter::load(&drafter_dir(), &mut t).unwrap();
+    let sd = plain_net.recommended();
+    let mut forwards = [0u64; 2];
+    for temperature in [0.0, 1.0] {
+        for p in &prompts[..3] {
+            let want = decode_autoregressive(&mut t, p, &cfg(temperature)).unwrap();
+            for (i, (m, d)) in [(&mut t, &mut plain_net), (&mut t_store, &mut with_store)]
+                .into_iter()
+                .enumerate()
+            {
+                let got = SpecDiffDecoder::new(sd)
+                    .unwrap()
+                    .decode(m, d, p, &cfg(temperature))
+                    .unwrap();
+                assert_eq!(got.tokens, want.tokens, "T {temperature}, store {i}");
+                if temperature == 0.0 {
+                    forwards[i] += got.forwards;
+                }
+            }
+        }
+    }
+    assert!(
+        forwards[1] < forwards[0],
+        "forwards at T = 0 without / with the store: {forwards:?}"
+    );
+    // The store file missing.
+    std::fs::remove_file(dir.join("store.jsonl")).unwrap();
+    match FeatureDrafter::load(&dir, &mut t).unwrap_err() {
+        ModelError::InvalidConfig { field, .. } => assert_eq!(field, "store"),
+        e => panic!("{e}"),
+    }
+}

@@ -425,10 +425,17 @@ fn the_feature_tap_holds_each_run_s_own_rows() {
             max_diff(&own[0].features, &r.features)
         );
     }
-    // A second tap replaces the first: the first hears nothing more.
-    let second = m.tap_features(&[0]).unwrap();
+    // A second tap of the same layers shares the first's runs.
+    let same = m.tap_features(&[1, 0]).unwrap();
     MeteredArModel::in_slot(&mut m, S0)
         .extend(&ids[7..8], &q)
+        .unwrap();
+    assert_eq!(tap.take()[0].tokens, ids[7..8]);
+    assert!(same.take().is_empty(), "taken through the first handle");
+    // A tap of other layers replaces it: the first hears nothing more.
+    let second = m.tap_features(&[0]).unwrap();
+    MeteredArModel::in_slot(&mut m, S0)
+        .extend(&ids[8..9], &q)
         .unwrap();
     assert!(tap.take().is_empty());
     assert_eq!(second.take()[0].features.len(), 64);
