@@ -4,7 +4,7 @@
 use spot_core::state::mix64;
 use spot_core::{Error, GumbelNoise, Result, TokenId};
 
-use crate::SpecDiffConfig;
+use crate::config::SpecDiffConfig;
 
 /// Per-position marginals of one denoising step: for each of the `γ` drafted positions, its
 /// most probable tokens and their probabilities (most probable first).

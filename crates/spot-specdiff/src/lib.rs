@@ -43,6 +43,7 @@
 //! ```
 
 pub mod batch;
+pub mod config;
 pub mod decoder;
 pub mod drafter;
 #[cfg(feature = "models")]

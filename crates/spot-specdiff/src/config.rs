@@ -1,0 +1,127 @@
+//! The settings of a SpecDiff-2 decode (what the decoder runs and a drafter recommends).
+
+use spot_core::{Error, Result};
+
+use crate::select::Selection;
+
+/// Settings of [`SpecDiffDecoder`](crate::SpecDiffDecoder).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpecDiffConfig {
+    /// Drafts per round `K` (1 to 64).
+    pub k: usize,
+    /// Drafted tokens per round `γ` (1 to 256).
+    pub gamma: usize,
+    /// The drafter's sampling temperature (finite, `>= 0`; 0 drafts its argmax only).
+    pub drafter_temperature: f32,
+    /// Draft 0 is the drafter's argmax; the other `K - 1` are sampled.
+    pub greedy_first: bool,
+    /// Which branch a round commits.
+    pub selection: Selection,
+    /// Seed of the drafts' sampling (independent of the target's noise).
+    pub draft_seed: u64,
+    /// Candidates per position in the target's statistics, for the expected streak.
+    pub target_top_k: usize,
+    /// Adaptive draft length: a round drafts only the leading positions where some draft's
+    /// running product of drafter probabilities (of the tokens it drafted) is at least this
+    /// (all drafts cut to that common length); a round with none is a plain forward over the
+    /// committed tokens. `0` (the default) always drafts `γ`. In `[0, 1]`. Drafts never change
+    /// the output; this trades drafted rows, which cost compute in every forward, against
+    /// tokens accepted per round.
+    pub min_draft_prob: f32,
+    /// How drafted tokens are accepted: coupled (the default, token-identical to plain
+    /// decoding) or the classic rule (distribution-preserving only; `k` = 1).
+    pub acceptance: Acceptance,
+}
+
+/// How a round accepts drafted tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Acceptance {
+    /// A drafted token is accepted iff it equals the target's own choice
+    /// `argmax_v(logit_v / T + G[p, v])` at its position: the output is token-identical to
+    /// [`decode_autoregressive`](spot_core::decode_autoregressive) with the same seed.
+    #[default]
+    Coupled,
+    /// Classic speculative sampling (Leviathan et al., Chen et al.), for one draft (`k` = 1):
+    /// drafted token `x` is accepted with probability `min(1, p(x) / q(x))`, where `p` is the
+    /// target's tempered distribution and `q` the distribution the draft was drawn from
+    /// ([`draft_distribution`](crate::draft_distribution): a point mass for a greedy draft); the first rejected position
+    /// takes a token drawn from the residual `max(0, p - q)` (renormalised) and ends the
+    /// round; a fully accepted draft adds the target's own choice after it. The uniforms
+    /// depend on (seed, absolute position) only, and sampled drafts are drawn with the
+    /// decode's seed mixed into `draft_seed`, so that over seeds `x ~ q` as the rule needs. Each generated token is distributed as
+    /// plain sampling's, but the tokens are **not** those of `decode_autoregressive` with the
+    /// same seed. At `T = 0` it is the coupled rule. The target's statistics must then carry
+    /// its whole distribution: the request asks for the full top list, which costs a sort
+    /// of the vocabulary per drafted position.
+    Classic,
+}
+
+impl Acceptance {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Acceptance::Coupled => "coupled",
+            Acceptance::Classic => "classic",
+        }
+    }
+}
+
+impl Default for SpecDiffConfig {
+    fn default() -> Self {
+        Self {
+            k: 8,
+            gamma: 16,
+            drafter_temperature: 1.5,
+            greedy_first: true,
+            selection: Selection::LongestAccepted,
+            draft_seed: 0,
+            target_top_k: 8,
+            min_draft_prob: 0.0,
+            acceptance: Acceptance::Coupled,
+        }
+    }
+}
+
+impl SpecDiffConfig {
+    /// Checks every field; the error names it.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=64).contains(&self.k) {
+            return Err(Error::config(
+                "k",
+                format!("must be in [1, 64], got {}", self.k),
+            ));
+        }
+        if !(1..=256).contains(&self.gamma) {
+            return Err(Error::config(
+                "gamma",
+                format!("must be in [1, 256], got {}", self.gamma),
+            ));
+        }
+        let t = self.drafter_temperature;
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(Error::config(
+                "drafter_temperature",
+                format!("must be finite and >= 0, got {t}"),
+            ));
+        }
+        if self.target_top_k == 0 {
+            return Err(Error::config("target_top_k", "must be at least 1, got 0"));
+        }
+        if !(0.0..=1.0).contains(&self.min_draft_prob) {
+            return Err(Error::config(
+                "min_draft_prob",
+                format!("must be in [0, 1], got {}", self.min_draft_prob),
+            ));
+        }
+        if self.acceptance == Acceptance::Classic && self.k != 1 {
+            return Err(Error::config(
+                "acceptance",
+                format!(
+                    "the classic rule verifies one draft (k = 1), got k = {}",
+                    self.k
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
