@@ -667,7 +667,7 @@ impl DiffusionDrafter for FeatureDrafter {
         if let Some(lookup) = self.lookup.as_mut() {
             lookup.propose(context, gamma, &mut self.lookup_marginals)?;
             if expected_streak(&self.lookup_marginals) > expected_streak(out) {
-                *out = self.lookup_marginals.clone();
+                std::mem::swap(out, &mut self.lookup_marginals);
             }
         }
         Ok(())
