@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from llama_torch import Llama, rms, rope, rope_tables
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 FORMAT = "spot-feature-drafter"
 
@@ -131,10 +131,8 @@ class FeatureDrafter(torch.nn.Module):
         """Token labels as shortlist indices (-1 past the end, -2 not listed)."""
         return self._index[lab]
 
-    def export(self, folder: Path, shortlist, description, store=None, dtype=torch.float16):
-        """Writes the drafter folder; with `store` (rows of the training set) also its lookup
-        store, `store.jsonl`: each continuation as `prompt_ids` and `tokens`."""
-        folder.mkdir(parents=True, exist_ok=True)
+    def tensors(self):
+        """The trained parameters under the names of the drafter folder's `model.safetensors`."""
         w = {
             "fc.weight": self.fc,
             "fc_norm.weight": self.fc_norm,
@@ -154,6 +152,23 @@ class FeatureDrafter(torch.nn.Module):
         }
         for i, lw in enumerate(self.ws):
             w.update({f"layers.{i}.{names[n]}": p for n, p in lw.items()})
+        return w
+
+    def load_folder(self, folder: Path):
+        """Starts from the weights of a drafter folder (`--init`); every tensor must be there
+        with its shape."""
+        saved = load_file(str(folder / "model.safetensors"))
+        with torch.no_grad():
+            for name, p in self.tensors().items():
+                if name not in saved or saved[name].shape != p.shape:
+                    raise SystemExit(f"{folder}/model.safetensors: {name} is missing or not shaped {list(p.shape)}")
+                p.copy_(saved[name].float())
+
+    def export(self, folder: Path, shortlist, description, store=None, dtype=torch.float16):
+        """Writes the drafter folder; with `store` (rows of the training set) also its lookup
+        store, `store.jsonl`: each continuation as `prompt_ids` and `tokens`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        w = self.tensors()
         save_file({n: p.detach().to(dtype).contiguous() for n, p in w.items()}, str(folder / "model.safetensors"))
         meta = {
             "format": FORMAT,
@@ -169,6 +184,10 @@ class FeatureDrafter(torch.nn.Module):
             (folder / "store.jsonl").write_text("".join(line + "\n" for line in lines))
             meta["store"] = "store.jsonl"
         (folder / "specdiff-drafter.json").write_text(json.dumps(meta) + "\n")
+
+
+def ckpt_exists(out: Path) -> bool:
+    return (out / "train.pt").exists()
 
 
 def load(data: Path):
@@ -261,6 +280,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--store", action="store_true", help="ship every continuation as the drafter's lookup store")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="compute (bfloat16: autocast)")
+    ap.add_argument(
+        "--init",
+        type=Path,
+        help="start from this drafter folder's weights and shortlist (a fresh optimizer; its held-out split must be this one's)",
+    )
+    ap.add_argument(
+        "--heldout-ids",
+        type=Path,
+        help="a JSON list of the ids to hold out (instead of --heldout's share): --init's own held-out set when this run sees fewer chunks",
+    )
+    ap.add_argument("--init-steps", type=int, default=0, help="steps the --init weights were trained for (counted in the card)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -268,23 +298,34 @@ def main() -> None:
     meta = json.loads((a.data / "meta.json").read_text())
     target = Llama(a.target)
     rows, feats = load(a.data)
-    train, held = split(rows, a.heldout, a.seed)
+    if a.heldout_ids:
+        held_ids = set(json.loads(a.heldout_ids.read_text()))
+        train = [r for r in rows if r["id"] not in held_ids]
+        held = [r for r in rows if r["id"] in held_ids]
+    else:
+        train, held = split(rows, a.heldout, a.seed)
     n_gen = sum(len(r["ids"]) - r["prompt_len"] for r in train)
     print(f"{len(train)} training continuations ({n_gen} tokens), {len(held)} held out; taps {meta['taps']}", flush=True)
     # The shortlist: the most frequent tokens of the training continuations (the drafter's head
     # scores these and the prompt's tokens).
     freq = Counter(t for r in train for t in r["ids"][r["prompt_len"] :])
     shortlist = sorted(t for t, _ in freq.most_common(a.shortlist))
+    if a.init:
+        init_meta = json.loads((a.init / "specdiff-drafter.json").read_text())
+        shortlist = init_meta["shortlist"]
     cover = sum(freq[t] for t in shortlist) / max(1, sum(freq.values()))
     print(f"shortlist: {len(shortlist)} tokens cover {cover:.4f} of the training continuations' tokens", flush=True)
     model = FeatureDrafter(target, meta["taps"], a.gamma, range(target.n_layers - a.layers, target.n_layers))
     model.set_shortlist(shortlist, getattr(torch, a.dtype))
+    if a.init and not ckpt_exists(a.out):
+        model.load_folder(a.init)
+        print(f"started from {a.init} ({a.init_steps} steps)", flush=True)
     params = list(model.parameters())
     print(f"drafter: {sum(p.numel() for p in params):,} trained parameters", flush=True)
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0, betas=(0.9, 0.98))
     a.out.mkdir(parents=True, exist_ok=True)
     ckpt = a.out / "train.pt"
-    step, spent = 0, 0.0
+    step, spent = a.init_steps if a.init else 0, 0.0
     if ckpt.exists():
         st = torch.load(ckpt)
         model.load_state_dict(st["model"])
@@ -293,6 +334,7 @@ def main() -> None:
         print(f"resumed at step {step} ({spent:.0f} s trained)", flush=True)
     budget = a.minutes * 60
     rng = random.Random(a.seed + step)
+    first = a.init_steps if a.init else 0  # the warm-up restarts with a fresh optimizer
 
     def checkpoint(label):
         curve, nb = evaluate(model, held, feats, 1)
@@ -312,7 +354,7 @@ def main() -> None:
     while time.time() - t0 < budget:
         frac = (time.time() - t0) / budget
         for g in opt.param_groups:
-            g["lr"] = a.lr * min(1.0, (step + 1) / 200) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+            g["lr"] = a.lr * min(1.0, (step + 1 - first) / 200) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         r = rng.choice(train)
         with model.autocast():
             loss = block_loss(model, r, feats[r["id"]], rng, a.blocks, not a.no_streak)

@@ -7,8 +7,11 @@
 //! - [`rows`]: which rows a forward reduces ([`RowPlan`]), their Gumbel rows
 //!   ([`noise_table`]) and the assembly of whole states' [`BlockStats`](spot_core::BlockStats).
 //! - [`logits`]: host logits in a buffer that suits their size ([`Logits`]).
+//! - [`linalg`]: the small dense kernels the drafters' host inference shares (a matrix
+//!   product, vectorising sums, dot products and maxima).
 
 pub mod host_head;
+pub mod linalg;
 pub mod logits;
 pub mod rows;
 

@@ -31,6 +31,113 @@ pub struct SpecDiffConfig {
     /// How drafted tokens are accepted: coupled (the default, token-identical to plain
     /// decoding) or the classic rule (distribution-preserving only; `k` = 1).
     pub acceptance: Acceptance,
+    /// Drafting only while it pays in this decode ([`Pace`]); `None` (the default) drafts
+    /// every round. Never changes the output.
+    pub pace: Option<Pace>,
+}
+
+/// When a decode drafts: a cost model in units of one target forward over the committed
+/// tokens alone (a plain round), and a running estimate of what drafted rounds gain.
+///
+/// A drafted round commits `1 + a` tokens (`a` drafted tokens accepted) for a forward over `g`
+/// more rows and a drafter call: it beats plain rounds when `a > row_cost · g + draft_cost`.
+/// The request keeps the mean of `a − row_cost · g − draft_cost` over its drafted rounds
+/// (exponentially weighted, `weight` to the newest, starting at `1`); while that mean is below
+/// 0 only one round in `probe_every` asks for a draft, so that a decode whose drafts stop
+/// paying (a temperature, a kind of text the drafter has not learnt) costs at most one probe
+/// in `probe_every` rounds, and one that starts paying again drafts again.
+///
+/// The costs are the hardware's: on the 2-core CPU of `docs/specdiff.md` a SmolLM2-135M
+/// forward over 1 + 8 rows costs about 2.1 forwards over 1 ([`Pace::cpu`]); on a GPU, where
+/// a few more rows cost next to nothing, `row_cost` is near 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pace {
+    /// What one drafted row adds to a forward, in forwards (`>= 0`).
+    pub row_cost: f32,
+    /// What one drafter call costs, in forwards (`>= 0`).
+    pub draft_cost: f32,
+    /// The weight of the newest drafted round in the running mean (in `(0, 1]`).
+    pub weight: f32,
+    /// While drafting does not pay, one round in this many drafts (at least 1).
+    pub probe_every: u32,
+}
+
+impl Pace {
+    /// Costs measured on a 2-core CPU (AMD EPYC, `spot bench-forward` on SmolLM2-135M-Instruct
+    /// after a 300-token prefix: 34.5 ms for 1 row, 54.3 for 5, 73.2 for 9, so a drafted row
+    /// adds 0.14 of a forward) with the shipped feature drafter (a call of 8 positions about
+    /// 3 ms, 0.09 of a forward); probes one round in 16.
+    pub fn cpu() -> Self {
+        Self {
+            row_cost: 0.14,
+            draft_cost: 0.09,
+            weight: 0.2,
+            probe_every: 16,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let cost = |c: f32| c.is_finite() && c >= 0.0;
+        if !cost(self.row_cost) {
+            return Err(Error::config(
+                "pace.row_cost",
+                format!("must be finite and >= 0, got {}", self.row_cost),
+            ));
+        }
+        if !cost(self.draft_cost) {
+            return Err(Error::config(
+                "pace.draft_cost",
+                format!("must be finite and >= 0, got {}", self.draft_cost),
+            ));
+        }
+        if !(self.weight > 0.0 && self.weight <= 1.0) {
+            return Err(Error::config(
+                "pace.weight",
+                format!("must be in (0, 1], got {}", self.weight),
+            ));
+        }
+        if self.probe_every == 0 {
+            return Err(Error::config(
+                "pace.probe_every",
+                "must be at least 1, got 0",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A decode's running estimate of what its drafted rounds gain ([`Pace`]).
+#[derive(Clone, Debug)]
+pub(crate) struct PaceState {
+    pace: Pace,
+    gain: f32,
+    skipped: u32,
+}
+
+impl PaceState {
+    pub(crate) fn new(pace: Pace) -> Self {
+        Self {
+            pace,
+            gain: 1.0,
+            skipped: 0,
+        }
+    }
+
+    /// Whether this round asks for a draft.
+    pub(crate) fn draft_now(&mut self) -> bool {
+        if self.gain >= 0.0 {
+            return true;
+        }
+        self.skipped += 1;
+        self.skipped.is_multiple_of(self.pace.probe_every)
+    }
+
+    /// Learns what a drafted round gained: `accepted` tokens for `rows` drafted rows.
+    pub(crate) fn drafted(&mut self, rows: usize, accepted: usize) {
+        let p = &self.pace;
+        let gain = accepted as f32 - p.row_cost * rows as f32 - p.draft_cost;
+        self.gain = (1.0 - p.weight) * self.gain + p.weight * gain;
+    }
 }
 
 /// How a round accepts drafted tokens.
@@ -78,6 +185,7 @@ impl Default for SpecDiffConfig {
             target_top_k: 8,
             min_draft_prob: 0.0,
             acceptance: Acceptance::Coupled,
+            pace: None,
         }
     }
 }
@@ -112,6 +220,9 @@ impl SpecDiffConfig {
                 "min_draft_prob",
                 format!("must be in [0, 1], got {}", self.min_draft_prob),
             ));
+        }
+        if let Some(pace) = &self.pace {
+            pace.validate()?;
         }
         if self.acceptance == Acceptance::Classic && self.k != 1 {
             return Err(Error::config(

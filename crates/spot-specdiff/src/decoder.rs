@@ -12,6 +12,7 @@ use spot_core::{
 use crate::drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts, unit};
 use crate::select::{Scored, select};
 
+use crate::config::PaceState;
 pub use crate::config::{Acceptance, SpecDiffConfig};
 
 /// Diagnostics of one decode.
@@ -87,7 +88,9 @@ pub struct SpecDiffOutput {
 #[derive(Debug)]
 pub enum ArNeed<'a> {
     /// The drafter's marginals of the `gamma` positions after `context`; answer with
-    /// [`SpecDiffRequest::drafted`].
+    /// [`SpecDiffRequest::drafted`]. `gamma` 0: the request's [`Pace`](crate::Pace) skips
+    /// this round's draft, and the drafter is only shown the context (a drafter that caches
+    /// per decode keeps up); answer with empty marginals.
     Draft {
         /// The accepted text (prompt and generated tokens).
         context: &'a [TokenId],
@@ -149,6 +152,9 @@ pub struct SpecDiffRequest {
     /// Classic rule at `T > 0`: the seed of its uniforms.
     classic_seed: Option<u64>,
     phase: Phase,
+    /// Positions this round asks the drafter for (0: the pace skips it).
+    round_gamma: usize,
+    pace: Option<PaceState>,
     stopped: bool,
     cancel: CancelHandle,
     stop_check: Option<Stop>,
@@ -220,6 +226,8 @@ impl SpecDiffRequest {
             draft_q: Vec::new(),
             classic_seed: classic.then_some(ar.seed),
             phase: Phase::Draft,
+            round_gamma: 0,
+            pace: cfg.pace.map(PaceState::new),
             stopped: false,
             cancel: CancelHandle::default(),
             stop_check: None,
@@ -262,11 +270,14 @@ impl SpecDiffRequest {
 
     fn start_round(&mut self) {
         self.drafts.clear();
-        self.phase = if self.gamma() > 0 {
+        let gamma = self.gamma();
+        self.phase = if gamma > 0 {
             Phase::Draft
         } else {
             Phase::Score
         };
+        let drafts = self.pace.as_mut().is_none_or(PaceState::draft_now);
+        self.round_gamma = if drafts { gamma } else { 0 };
     }
 
     /// What the request needs next.
@@ -277,7 +288,7 @@ impl SpecDiffRequest {
         match self.phase {
             Phase::Draft => ArNeed::Draft {
                 context: &self.context,
-                gamma: self.gamma(),
+                gamma: self.round_gamma,
             },
             Phase::Score => ArNeed::Score {
                 shared: &self.context[self.context.len() - self.pending..],
@@ -293,7 +304,7 @@ impl SpecDiffRequest {
     /// plain forward).
     pub fn drafted(&mut self, m: &Marginals) -> Result<()> {
         self.expect(Phase::Draft)?;
-        let gamma = self.gamma();
+        let gamma = self.round_gamma;
         if m.len() > gamma {
             return self.fail(Error::ShapeMismatch {
                 what: "drafted positions (at most the round's gamma)",
@@ -400,6 +411,11 @@ impl SpecDiffRequest {
         }
         r.accepted[n] += 1;
         r.other_branch += u64::from(pick != 0);
+        if let Some(pace) = self.pace.as_mut()
+            && self.round_gamma > 0
+        {
+            pace.drafted(self.drafts.iter().map(Vec::len).sum(), n);
+        }
         // Commit up to the first stop id (kept) or the length limit.
         for &t in &new {
             self.context.push(t);

@@ -44,6 +44,8 @@ use burn_tensor::backend::Backend;
 use serde::Deserialize;
 use spot_core::{GumbelNoise, TokenId};
 use spot_models::{CausalLm, FeatureTap, ModelError, Result};
+use spot_reduce::HostHead;
+use spot_reduce::linalg::dot;
 
 use crate::drafter::{DiffusionDrafter, Marginals};
 use crate::{LookupDrafter, LookupStore};
@@ -58,16 +60,6 @@ pub const FEATURE_DRAFTER_FORMAT: &str = "spot-feature-drafter";
 /// Candidates per position whose noised score a position's first candidate is chosen from at
 /// `T > 0`.
 const NOISED: usize = 64;
-/// Draft tokens accepted per drafted round (a running mean) below which drafting costs more
-/// than it saves on the CPU it was measured on: a drafted round of SmolLM2-135M-Instruct took
-/// 1.5-1.8 times a plain forward (the draft and the extra rows), so it pays from about 0.6
-/// accepted tokens (`docs/specdiff.md`). Below it the drafter drafts one round in
-/// [`PROBE_EVERY`] and lets the others be plain rounds.
-const PAYS: f32 = 0.6;
-/// While drafting does not pay, one round in this many is still drafted, to notice when it
-/// pays again.
-const PROBE_EVERY: u32 = 4;
-
 /// What [`FEATURE_DRAFTER_FILE`] holds.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -111,7 +103,7 @@ struct Dims {
 /// The drafter's own weights, each matrix `[in, out]` row-major (transposed from the file's
 /// `[out, in]`) so that a row block times it is one product.
 struct Weights {
-    fc: Vec<f32>,
+    fc: HostHead,
     fc_norm: Vec<f32>,
     mask: Vec<f32>,
     layers: Vec<LayerWeights>,
@@ -122,13 +114,13 @@ struct Weights {
 struct LayerWeights {
     input_norm: Vec<f32>,
     post_norm: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    down: Vec<f32>,
+    q: HostHead,
+    k: HostHead,
+    v: HostHead,
+    o: HostHead,
+    gate: HostHead,
+    up: HostHead,
+    down: HostHead,
 }
 
 /// The drafter that reads the target (see the module documentation).
@@ -155,7 +147,7 @@ pub struct FeatureDrafter {
     /// The target's output head `[vocab, d]` when it is not tied to the embedding.
     head: Option<Vec<f32>>,
     /// The head's rows of the shortlist, `[d, shortlist]` (transposed).
-    short_head: Vec<f32>,
+    short_head: HostHead,
     in_shortlist: Vec<bool>,
     inv_freq: Vec<f64>,
     top_k: usize,
@@ -165,55 +157,14 @@ pub struct FeatureDrafter {
     lookup_marginals: Marginals,
     /// The committed tokens whose features are cached (positions `0..tokens.len()`).
     tokens: Vec<TokenId>,
-    /// Per draft layer, per cached position, that layer's keys and values of the position's
-    /// feature (`[kv · hd]` each; keys after RoPE).
+    /// The tapped features (`[n, width]`) of the last `n` cached positions, not yet projected
+    /// into keys and values: that work waits for the next draft (rounds the pace skips
+    /// only keep up), and then runs over all of them at once.
+    raw: Vec<f32>,
+    /// Per draft layer, per projected position, that layer's keys and values of the
+    /// position's feature (`[kv · hd]` each; keys after RoPE).
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
-    /// Whether drafting pays in the current decode.
-    pace: Pace,
-}
-
-/// The running mean of draft tokens accepted per drafted round of one decode.
-#[derive(Clone, Debug)]
-struct Pace {
-    /// The context of the last call: a context that does not extend it starts a new decode.
-    seen: Vec<TokenId>,
-    /// The context length of the last call when it drafted: the next context tells what the
-    /// round accepted.
-    drafted: Option<usize>,
-    mean: f32,
-    skipped: u32,
-}
-
-impl Pace {
-    fn new() -> Self {
-        Self {
-            seen: Vec::new(),
-            drafted: None,
-            mean: 1.0,
-            skipped: 0,
-        }
-    }
-
-    /// Learns what the last drafted round accepted (a new decode starts afresh) and says
-    /// whether to draft this round.
-    fn draft_now(&mut self, context: &[TokenId]) -> bool {
-        if context.len() > self.seen.len() && context.starts_with(&self.seen) {
-            if let Some(len) = self.drafted.take() {
-                let accepted = (context.len() - len - 1) as f32;
-                self.mean = 0.8 * self.mean + 0.2 * accepted;
-            }
-        } else {
-            *self = Self::new();
-        }
-        self.seen.clear();
-        self.seen.extend_from_slice(context);
-        if self.mean >= PAYS {
-            return true;
-        }
-        self.skipped += 1;
-        self.skipped.is_multiple_of(PROBE_EVERY)
-    }
 }
 
 impl std::fmt::Debug for FeatureDrafter {
@@ -313,8 +264,13 @@ impl FeatureDrafter {
             eps: cfg.rms_norm_eps as f32,
         };
         let weights = spot_models::hf::Weights::open(dir)?;
-        let t = |name: &str, out: usize, inp: usize| -> Result<Vec<f32>> {
-            Ok(transposed(&weights.load_f32(name, &[out, inp])?, out, inp))
+        // Packed for the host kernel that multiplies the target's own projections: a few
+        // rows cost what one does, on every core.
+        let packed = |w: &[f32], out: usize, inp: usize| {
+            HostHead::new(w, out, inp).map_err(|e| invalid("model.safetensors", e.to_string()))
+        };
+        let t = |name: &str, out: usize, inp: usize| -> Result<HostHead> {
+            packed(&weights.load_f32(name, &[out, inp])?, out, inp)
         };
         let vec = |name: &str| weights.load_f32(name, &[d]);
         let (qd, kvd) = (heads * hd, kv * hd);
@@ -349,15 +305,12 @@ impl FeatureDrafter {
         };
         let head_rows = head.as_deref().unwrap_or(&embed);
         let mut in_shortlist = vec![false; dims.vocab];
-        let mut short_head = vec![0.0; d * file.shortlist.len()];
-        let s = file.shortlist.len();
-        for (j, &id) in file.shortlist.iter().enumerate() {
+        let mut short_rows = Vec::with_capacity(d * file.shortlist.len());
+        for &id in &file.shortlist {
             in_shortlist[id as usize] = true;
-            let row = &head_rows[id as usize * d..(id as usize + 1) * d];
-            for (i, &x) in row.iter().enumerate() {
-                short_head[i * s + j] = x;
-            }
+            short_rows.extend_from_slice(&head_rows[id as usize * d..(id as usize + 1) * d]);
         }
+        let short_head = packed(&short_rows, file.shortlist.len(), d)?;
         let inv_freq = (0..hd / 2)
             .map(|j| 1.0 / cfg.rope_theta.powf((2 * j) as f64 / hd as f64))
             .collect();
@@ -385,9 +338,9 @@ impl FeatureDrafter {
             lookup,
             lookup_marginals: Marginals::default(),
             tokens: Vec::new(),
+            raw: Vec::new(),
             keys: vec![Vec::new(); n_layers],
             values: vec![Vec::new(); n_layers],
-            pace: Pace::new(),
         })
     }
 
@@ -437,33 +390,48 @@ impl FeatureDrafter {
         }
     }
 
+    /// Positions whose keys and values are computed (the others' features wait in `raw`).
+    fn projected(&self) -> usize {
+        self.tokens.len() - self.raw.len() / self.dims.width
+    }
+
     fn truncate(&mut self, len: usize) {
-        let kvd = self.dims.kv * self.dims.hd;
-        self.tokens.truncate(len);
-        for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
-            k.truncate(len * kvd);
-            v.truncate(len * kvd);
+        let (kvd, width) = (self.dims.kv * self.dims.hd, self.dims.width);
+        let projected = self.projected();
+        if len < projected {
+            self.raw.clear();
+            for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
+                k.truncate(len * kvd);
+                v.truncate(len * kvd);
+            }
+        } else {
+            self.raw.truncate((len - projected) * width);
         }
+        self.tokens.truncate(len);
     }
 
     /// Appends committed `tokens` with their tapped `features` (`[n, width]`).
     fn append(&mut self, tokens: &[TokenId], features: &[f32]) {
-        let Dims { d, kv, hd, .. } = self.dims;
-        let n = tokens.len();
-        let mut c = vec![0.0; n * d];
-        matmul(&mut c, features, &self.w.fc, (n, self.dims.width, d));
+        self.tokens.extend_from_slice(tokens);
+        self.raw.extend_from_slice(features);
+    }
+
+    /// Projects the waiting features into every draft layer's keys and values.
+    fn project(&mut self) {
+        if self.raw.is_empty() {
+            return;
+        }
+        let start = self.projected();
+        let mut c = self.w.fc.product(&self.raw);
         rms_rows(&mut c, &self.w.fc_norm, self.dims.eps);
-        let start = self.tokens.len();
         for (l, w) in self.w.layers.iter().enumerate() {
-            let mut k = vec![0.0; n * kv * hd];
-            let mut v = vec![0.0; n * kv * hd];
-            matmul(&mut k, &c, &w.k, (n, d, kv * hd));
-            matmul(&mut v, &c, &w.v, (n, d, kv * hd));
-            self.rope(&mut k, start, kv);
+            let mut k = w.k.product(&c);
+            let v = w.v.product(&c);
+            self.rope(&mut k, start, self.dims.kv);
             self.keys[l].extend_from_slice(&k);
             self.values[l].extend_from_slice(&v);
         }
-        self.tokens.extend_from_slice(tokens);
+        self.raw.clear();
     }
 
     /// RoPE (Llama's halves) on `x` `[rows, heads · hd]` at positions `start..`.
@@ -508,25 +476,16 @@ impl FeatureDrafter {
     /// cached features' keys and values of layer `l` and to the block.
     fn layer(&self, l: usize, w: &LayerWeights, x: &mut [f32], rows: usize) {
         let Dims {
-            d,
-            heads,
-            kv,
-            hd,
-            inter,
-            eps,
-            ..
+            heads, kv, hd, eps, ..
         } = self.dims;
-        let start = self.tokens.len();
+        let start = self.projected();
         let (keys, values) = (&self.keys[l], &self.values[l]);
         let mut h = x.to_vec();
         rms_rows(&mut h, &w.input_norm, eps);
         let (qd, kvd) = (heads * hd, kv * hd);
-        let mut q = vec![0.0; rows * qd];
-        let mut k = vec![0.0; rows * kvd];
-        let mut v = vec![0.0; rows * kvd];
-        matmul(&mut q, &h, &w.q, (rows, d, qd));
-        matmul(&mut k, &h, &w.k, (rows, d, kvd));
-        matmul(&mut v, &h, &w.v, (rows, d, kvd));
+        let mut q = w.q.product(&h);
+        let mut k = w.k.product(&h);
+        let v = w.v.product(&h);
         self.rope(&mut q, start, heads);
         self.rope(&mut k, start, kv);
         // Attention over [cached features ; block], not causal.
@@ -573,18 +532,15 @@ impl FeatureDrafter {
                 }
             }
         }
-        matmul(x, &o, &w.o, (rows, qd, d));
-        // x += o·W_o was accumulated in place; now the MLP.
+        add(x, &w.o.product(&o));
         let mut h = x.to_vec();
         rms_rows(&mut h, &w.post_norm, eps);
-        let mut gate = vec![0.0; rows * inter];
-        let mut up = vec![0.0; rows * inter];
-        matmul(&mut gate, &h, &w.gate, (rows, d, inter));
-        matmul(&mut up, &h, &w.up, (rows, d, inter));
+        let mut gate = w.gate.product(&h);
+        let up = w.up.product(&h);
         for (g, u) in gate.iter_mut().zip(&up) {
             *g = *g / (1.0 + (-*g).exp()) * u;
         }
-        matmul(x, &gate, &w.down, (rows, inter, d));
+        add(x, &w.down.product(&gate));
     }
 }
 
@@ -606,21 +562,24 @@ impl DiffusionDrafter for FeatureDrafter {
     /// below 0.2 (a short draft costs little to verify, a long one does), drafted greedily.
     /// Measured on SmolLM2-135M-Instruct with the shipped drafter (`docs/specdiff.md`): on 12
     /// held-aside training-side prompts at T = 0, floors 0.2 and 0.4 gave 2.07x and 1.84x
-    /// fewer forwards and 1.25x and 1.22x median wall speed-ups.
+    /// fewer forwards and 1.25x and 1.22x median wall speed-ups. Drafts only while drafting
+    /// pays ([`Pace::cpu`](crate::Pace::cpu)).
     fn recommended(&self) -> crate::SpecDiffConfig {
         crate::SpecDiffConfig {
             k: 1,
             gamma: self.file.draft_positions,
             drafter_temperature: 0.0,
             min_draft_prob: 0.2,
+            pace: Some(crate::Pace::cpu()),
             ..crate::SpecDiffConfig::default()
         }
     }
 
     /// Drafts `min(gamma, draft_positions)` positions, or none while the target has run
-    /// none of the context (its first round) or more than 8 committed tokens lack features,
-    /// and none in three rounds of four while the decode's drafted rounds accept fewer than
-    /// 0.6 tokens on average (there drafting costs more than it saves).
+    /// none of the context (its first round) or more than 8 committed tokens lack features.
+    /// With `gamma` 0 it only takes the target's features of the context (call it every
+    /// round, as the request's [`ArNeed::Draft`](crate::ArNeed::Draft) asks, also when its
+    /// pace skips a draft: the target keeps only its last forward's features).
     fn propose(
         &mut self,
         context: &[TokenId],
@@ -631,16 +590,15 @@ impl DiffusionDrafter for FeatureDrafter {
         self.sync(context);
         let m = self.tokens.len();
         let gamma = gamma.min(self.file.draft_positions);
-        if m == 0 || context.len() - m > 8 || gamma == 0 || !self.pace.draft_now(context) {
+        if m == 0 || context.len() - m > 8 || gamma == 0 {
             return Ok(());
         }
-        self.pace.drafted = Some(context.len());
+        self.project();
         let d = self.dims.d;
         let h = self.block(&context[m..], gamma);
         // The head over the shortlist, then the context's other tokens.
         let s = self.file.shortlist.len();
-        let mut logits = vec![0.0; gamma * s];
-        matmul(&mut logits, &h, &self.short_head, (gamma, d, s));
+        let logits = self.short_head.product(&h);
         let mut extra: Vec<TokenId> = context
             .iter()
             .copied()
@@ -725,42 +683,6 @@ fn expected_streak(m: &Marginals) -> f64 {
         .sum()
 }
 
-/// `out[m, n] += a[m, k] · b[k, n]`, all row-major.
-#[allow(unsafe_code)]
-fn matmul(out: &mut [f32], a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)) {
-    assert!(out.len() == m * n && a.len() == m * k && b.len() == k * n);
-    // SAFETY: the three slices hold exactly the row-major m x k, k x n and m x n matrices
-    // (asserted above) that the strides describe; `out` is a unique borrow, so it aliases
-    // neither input; `gemm` reads and writes nothing outside them.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            true,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
 /// RMS norm of each `w.len()`-wide row of `x`, in place.
 fn rms_rows(x: &mut [f32], w: &[f32], eps: f32) {
     for row in x.chunks_mut(w.len()) {
@@ -772,13 +694,9 @@ fn rms_rows(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// `[rows, cols]` row-major -> `[cols, rows]` row-major.
-fn transposed(w: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0.0f32; w.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = w[r * cols + c];
-        }
+/// `x += y`, elementwise.
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
     }
-    t
 }

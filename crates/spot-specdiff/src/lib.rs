@@ -56,6 +56,7 @@ pub mod store;
 pub mod toy;
 
 pub use batch::{ArFinished, SpecDiffBatch};
+pub use config::Pace;
 pub use decoder::{
     Acceptance, ArNeed, SpecDiffConfig, SpecDiffDecoder, SpecDiffOutput, SpecDiffReport,
     SpecDiffRequest,

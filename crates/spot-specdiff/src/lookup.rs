@@ -119,6 +119,11 @@ impl DiffusionDrafter for LookupDrafter {
             gamma: 16,
             drafter_temperature: 0.0,
             min_draft_prob: 0.5,
+            // A lookup costs next to nothing beside a forward; drafted rows do not.
+            pace: Some(crate::Pace {
+                draft_cost: 0.01,
+                ..crate::Pace::cpu()
+            }),
             ..crate::SpecDiffConfig::default()
         }
     }

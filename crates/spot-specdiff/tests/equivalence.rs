@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use spot_core::{ArConfig, Error, Result, TokenId, decode_autoregressive};
 use spot_specdiff::toy::{ToyCausalModel, ToyDrafter};
 use spot_specdiff::{
-    Continuation, DiffusionDrafter, LookupDrafter, LookupStore, Marginals, Selection,
+    Continuation, DiffusionDrafter, LookupDrafter, LookupStore, Marginals, Pace, Selection,
     SpecDiffBatch, SpecDiffConfig, SpecDiffDecoder, SpecDiffRequest,
 };
 
@@ -31,6 +31,7 @@ proptest! {
         prompt in prop::collection::vec(0u32..6, 1..10),
         max_new in 1usize..80, stop in prop::option::of(0u32..6), early_stop in any::<bool>(),
         min_draft_prob in prop_oneof![Just(0.0f32), 0.0f32..=1.0],
+        pace in prop::option::of((0.0f32..0.5, 0.0f32..2.0, 0.05f32..=1.0, 1u32..6)),
     ) {
         let mut target = ToyCausalModel::new(vocab, model_seed)
             .with_stop_ids(stop.into_iter().collect());
@@ -41,6 +42,7 @@ proptest! {
             k, gamma, drafter_temperature: drafter_t, greedy_first, draft_seed,
             selection: if expected { Selection::ExpectedStreak } else { Selection::LongestAccepted },
             min_draft_prob,
+            pace: pace.map(|(row_cost, draft_cost, weight, probe_every)| Pace { row_cost, draft_cost, weight, probe_every }),
             ..SpecDiffConfig::default()
         };
         let fast = SpecDiffDecoder::new(sd).unwrap().decode(&mut target, &mut drafter, &prompt, &cfg).unwrap();
@@ -427,6 +429,10 @@ fn bad_drafters_and_settings_are_typed_errors() {
         .decode(&mut target, &mut Broken(32, 2), &[1], &cfg)
         .unwrap_err();
     assert!(e.to_string().contains("outside the vocabulary"), "{e}");
+    let paced = |pace| SpecDiffConfig {
+        pace: Some(pace),
+        ..SpecDiffConfig::default()
+    };
     for (bad, field) in [
         (
             SpecDiffConfig {
@@ -462,6 +468,34 @@ fn bad_drafters_and_settings_are_typed_errors() {
                 ..SpecDiffConfig::default()
             },
             "min_draft_prob",
+        ),
+        (
+            paced(Pace {
+                row_cost: -1.0,
+                ..Pace::cpu()
+            }),
+            "pace.row_cost",
+        ),
+        (
+            paced(Pace {
+                draft_cost: f32::INFINITY,
+                ..Pace::cpu()
+            }),
+            "pace.draft_cost",
+        ),
+        (
+            paced(Pace {
+                weight: 0.0,
+                ..Pace::cpu()
+            }),
+            "pace.weight",
+        ),
+        (
+            paced(Pace {
+                probe_every: 0,
+                ..Pace::cpu()
+            }),
+            "pace.probe_every",
         ),
     ] {
         let e = SpecDiffDecoder::new(bad).unwrap_err();
@@ -609,4 +643,75 @@ fn short_branch_statistics_are_typed_errors() {
         ),
         "{e}"
     );
+}
+
+/// A drafter that counts the rounds that asked it for positions.
+struct Counting<D>(D, usize);
+
+impl<D: DiffusionDrafter> DiffusionDrafter for Counting<D> {
+    fn name(&self) -> &str {
+        "counting"
+    }
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+    fn propose(&mut self, context: &[TokenId], gamma: usize, out: &mut Marginals) -> Result<()> {
+        self.1 += usize::from(gamma > 0);
+        self.0.propose(context, gamma, out)
+    }
+}
+
+/// The pace stops drafting where drafts do not pay (one probe in `probe_every` rounds) and
+/// keeps drafting where they do; the tokens never change.
+#[test]
+fn the_pace_drafts_only_while_drafting_pays() {
+    let mut target = ToyCausalModel::new(32, 7);
+    // T = 0 (the default), where a perfect drafter's every token is accepted.
+    let cfg = ArConfig {
+        max_new_tokens: 200,
+        early_stop: false,
+        ..ArConfig::default()
+    };
+    let plain = decode_autoregressive(&mut target, &[1, 2], &cfg).unwrap();
+    let pace = Pace {
+        probe_every: 4,
+        ..Pace::cpu()
+    };
+    let sd = |pace| SpecDiffConfig {
+        k: 1,
+        gamma: 8,
+        drafter_temperature: 0.0,
+        pace,
+        ..SpecDiffConfig::default()
+    };
+    let run = |error: f32, pace: Option<Pace>, target: &mut ToyCausalModel| {
+        let mut drafter = Counting(ToyDrafter::new(target.clone(), error, 11), 0);
+        let out = SpecDiffDecoder::new(sd(pace))
+            .unwrap()
+            .decode(target, &mut drafter, &[1, 2], &cfg)
+            .unwrap();
+        assert_eq!(out.tokens, plain.tokens, "error {error}, pace {pace:?}");
+        (out, drafter.1)
+    };
+    // Drafts that are always wrong: every round drafts without a pace; with it, after the
+    // running gain turns negative (from 1, a few rounds), one round in four.
+    let (free, asked_free) = run(1.0, None, &mut target);
+    let (paced, asked_paced) = run(1.0, Some(pace), &mut target);
+    // (Only a last round with no room for a draft asks for none.)
+    assert!(asked_free as u64 + 1 >= free.report.rounds);
+    let rounds = paced.report.rounds as usize;
+    assert!(rounds >= free.report.rounds as usize);
+    assert!(
+        asked_paced <= 8 + rounds / 4,
+        "{asked_paced} drafted rounds of {rounds}"
+    );
+    assert!(paced.report.positions < free.report.positions);
+    // Drafts that are always right: the pace never stops drafting.
+    let (good, asked_good) = run(0.0, Some(pace), &mut target);
+    assert!(
+        asked_good as u64 + 1 >= good.report.rounds,
+        "{:?}",
+        good.report
+    );
+    assert!(good.report.tokens_per_round() > 4.0, "{:?}", good.report);
 }

@@ -63,6 +63,11 @@ pub struct ArBenchArgs {
         default_value = "coupled"
     )]
     acceptances: Vec<AcceptanceArg>,
+    /// Autoregressive folders, with each drafter's recommended settings: also run each
+    /// drafter that paces its drafting (`spot_specdiff::Pace`) with its pace off, a column
+    /// labelled `no pace`.
+    #[arg(long)]
+    pace_ablation: bool,
 }
 
 /// One SpecDiff-2 configuration of the grid.
@@ -226,11 +231,16 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
             } else {
                 String::new()
             };
+            let label = format!("specdiff {name} K={} γ={}{floor}", cfg.k, cfg.gamma);
+            if g.pace_ablation && cfg.pace.is_some() {
+                configs.push(Config {
+                    label: format!("{label} no pace"),
+                    drafter: d,
+                    cfg: SpecDiffConfig { pace: None, ..cfg },
+                });
+            }
             configs.push(Config {
-                label: format!(
-                    "specdiff {name} K={} γ={}{floor} (its default)",
-                    cfg.k, cfg.gamma
-                ),
+                label: format!("{label} (its default)"),
                 drafter: d,
                 cfg,
             });

@@ -48,6 +48,11 @@ pub struct SpecDiffArgs {
     /// distributed as `df`'s, but the tokens differ from `df`'s with the same seed at T > 0).
     #[arg(long, value_enum)]
     acceptance: Option<AcceptanceArg>,
+    /// `--method specdiff`: draft every round, even where the decode's drafted rounds gain
+    /// less than they cost (the drafter's pace, `spot_specdiff::Pace`, is on by default for
+    /// the lookup and feature drafters). Never changes the output.
+    #[arg(long)]
+    no_pace: bool,
 }
 
 /// [`Acceptance`] on the command line.
@@ -110,6 +115,7 @@ impl SpecDiffArgs {
             acceptance: self
                 .acceptance
                 .map_or(r.acceptance, AcceptanceArg::acceptance),
+            pace: r.pace.filter(|_| !self.no_pace),
             ..r
         }
     }

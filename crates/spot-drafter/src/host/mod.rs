@@ -28,6 +28,7 @@ use burn_tensor::backend::Backend;
 use rayon::iter::{IntoParallelIterator, ParallelIterator};
 
 use spot_core::fastmath::fast_erf;
+use spot_reduce::linalg::{dot, matmul_add as matmul, max, sum};
 
 use crate::network::{BASE_FEATURE, OrderModel, OrderModelConfig};
 
@@ -492,60 +493,6 @@ fn add_rows(out: &mut [f32], bias: &[f32]) {
     }
 }
 
-/// Lanes of the partial sums and maxima below: a fixed split of a row, so a row's value
-/// depends on the row alone, and wide enough for the compiler to keep them in one register.
-const LANES: usize = 16;
-
-/// `Σ x` as [`LANES`] interleaved partial sums added in a fixed order (vectorises; the plain
-/// fold is a serial chain of scalar additions).
-#[inline(always)]
-fn sum(x: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, v) in acc.iter_mut().zip(c) {
-            *a += v;
-        }
-    }
-    acc.iter().sum::<f32>() + tail.iter().sum::<f32>()
-}
-
-/// `Σ x·y` over two equally long slices, as [`sum`].
-#[inline(always)]
-fn dot(x: &[f32], y: &[f32]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let (xc, yc) = (x.chunks_exact(LANES), y.chunks_exact(LANES));
-    let tail: f32 = xc
-        .remainder()
-        .iter()
-        .zip(yc.remainder())
-        .map(|(a, b)| a * b)
-        .sum();
-    for (c, d) in xc.zip(yc) {
-        for ((a, v), w) in acc.iter_mut().zip(c).zip(d) {
-            *a += v * w;
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// The largest value of `x` (`-inf` when empty; NaN-free input).
-#[inline(always)]
-fn max(x: &[f32]) -> f32 {
-    let mut acc = [f32::NEG_INFINITY; LANES];
-    let chunks = x.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a = if v > *a { v } else { *a };
-        }
-    }
-    acc.iter()
-        .chain(tail)
-        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
-}
-
 /// `out` = layer norm of each `d`-wide row of `x` (population variance, as burn).
 #[inline(always)]
 fn layer_norm(x: &[f32], out: &mut [f32], d: usize, n: &Norm) {
@@ -560,39 +507,6 @@ fn layer_norm(x: &[f32], out: &mut [f32], d: usize, n: &Norm) {
         for (o, (g, b)) in o.iter_mut().zip(n.gamma.iter().zip(&n.beta)) {
             *o = *o * inv * g + b;
         }
-    }
-}
-
-/// `out[m, n] += a[m, k] · b[k, n]`, all row-major.
-#[allow(unsafe_code)]
-fn matmul(out: &mut [f32], a: &[f32], b: &[f32], m: usize, k: usize, n: usize) {
-    assert!(out.len() == m * n && a.len() == m * k && b.len() == k * n);
-    let (k_i, n_i) = (k as isize, n as isize);
-    // SAFETY: the three slices hold exactly the row-major m x k, k x n and m x n matrices
-    // (asserted above) that the strides describe; `out` is a unique borrow, so it aliases
-    // neither input; `gemm` reads and writes nothing outside them.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n_i,
-            true,
-            a.as_ptr(),
-            1,
-            k_i,
-            b.as_ptr(),
-            1,
-            n_i,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
     }
 }
 
