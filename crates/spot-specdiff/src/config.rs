@@ -65,8 +65,9 @@ pub struct Pace {
 impl Pace {
     /// Costs measured on a 2-core CPU (AMD EPYC, `spot bench-forward` on SmolLM2-135M-Instruct
     /// after a 300-token prefix: 34.5 ms for 1 row, 54.3 for 5, 73.2 for 9, so a drafted row
-    /// adds 0.14 of a forward) with the shipped feature drafter (a call of 8 positions about
-    /// 3 ms, 0.09 of a forward); probes one round in 16.
+    /// adds 0.14 of a forward), and a drafter call at 0.09 of a forward (the shipped feature
+    /// drafter's was estimated at 3 ms; the 30-prompt run of `docs/specdiff.md` then measured
+    /// 4.5-5.4 ms per drafted round, 0.13-0.16); probes one round in 16.
     pub fn cpu() -> Self {
         Self {
             row_cost: 0.14,
