@@ -1429,8 +1429,9 @@ fn generate_specdiff_with_a_lookup_store() {
     let store = target.path().join("specdiff-lookup.jsonl");
     std::fs::write(&store, lines).unwrap();
     let df = json(&run("5,6,7", &["--method", "df"]));
-    // No floor: the lookup drafters' recommended floor 0.5 cuts a tiny store's calibrated
-    // drafts, and this compares what they draft.
+    // No floor and no pace: the lookup drafters' recommended floor 0.5 cuts a tiny store's
+    // calibrated drafts, their pace skips rounds on costs measured for SmolLM2, and this
+    // compares what they draft.
     let plain = json(&run(
         "5,6,7",
         &[
@@ -1440,6 +1441,7 @@ fn generate_specdiff_with_a_lookup_store() {
             "lookup",
             "--min-draft-prob",
             "0",
+            "--no-pace",
         ],
     ));
     let s = store.to_str().unwrap();
@@ -1449,14 +1451,15 @@ fn generate_specdiff_with_a_lookup_store() {
             "specdiff",
             "--min-draft-prob",
             "0",
+            "--no-pace",
             "--drafter",
             s,
         ][..],
-        &["--method", "specdiff", "--min-draft-prob", "0"][..],
+        &["--method", "specdiff", "--min-draft-prob", "0", "--no-pace"][..],
     ] {
         let out = run("5,6,7", extra);
         let err = String::from_utf8_lossy(&out.stderr);
-        if extra.len() == 4 {
+        if extra.len() == 5 {
             assert!(err.contains("drafter: lookup store"), "{err}");
         }
         let j = json(&out);
