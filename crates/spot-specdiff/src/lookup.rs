@@ -130,6 +130,10 @@ impl DiffusionDrafter for LookupDrafter {
 
     fn propose(&mut self, context: &[TokenId], gamma: usize, out: &mut Marginals) -> Result<()> {
         *out = Marginals::new(self.candidates);
+        if gamma == 0 {
+            // A round the pace skips: nothing to look up (and no copy of the context).
+            return Ok(());
+        }
         let mut text = context.to_vec();
         let mut found = Vec::new();
         let (mut ids, mut probs) = (Vec::new(), Vec::new());
