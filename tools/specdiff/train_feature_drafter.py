@@ -109,6 +109,14 @@ class FeatureDrafter(torch.nn.Module):
         idx = torch.tensor(known)[:, None] + torch.arange(g)[None, :]
         return x.gather(1, idx[..., None].expand(B, g, d))
 
+    def states(self, f, ids, cs, ks, lab_tokens):
+        """Draft states [B, γ, d] of anchors cs with ks known tokens (`lab_tokens`: the labels,
+        which the autoregressive mode feeds back)."""
+        return self.blocks(self.features(f[: max(cs)].float()), cs, ks, ids)
+
+    def meta_extra(self):
+        return {}
+
     def set_shortlist(self, ids, dtype=torch.float32):
         """Scores only `ids` (as the Rust drafter's head does): the frozen head's rows, cast
         once to the compute `dtype`, and the map from token id to shortlist index (-2: not
@@ -136,9 +144,10 @@ class FeatureDrafter(torch.nn.Module):
         w = {
             "fc.weight": self.fc,
             "fc_norm.weight": self.fc_norm,
-            "mask_embedding": self.mask,
             "norm.weight": self.norm,
         }
+        if hasattr(self, "mask"):
+            w["mask_embedding"] = self.mask
         names = {
             "in": "input_layernorm.weight",
             "post": "post_attention_layernorm.weight",
@@ -178,12 +187,98 @@ class FeatureDrafter(torch.nn.Module):
             "draft_positions": self.gamma,
             "shortlist": shortlist,
             "description": description,
+            **self.meta_extra(),
         }
         if store is not None:
             lines = (json.dumps({"prompt_ids": r["ids"][: r["prompt_len"]], "tokens": r["ids"][r["prompt_len"] :]}) for r in store)
             (folder / "store.jsonl").write_text("".join(line + "\n" for line in lines))
             meta["store"] = "store.jsonl"
         (folder / "specdiff-drafter.json").write_text(json.dumps(meta) + "\n")
+
+
+class ArHead(FeatureDrafter):
+    """The EAGLE-style baseline (`--mode autoregressive`): the same context features, layers,
+    norm and head, drafting one token per step. Row `i` reads `inp · [g_i ; E(token_{i+1})]`,
+    where `g_i` is the projected feature of position `i` while the target has run it and,
+    for drafted positions, the drafter's own previous output state (RMS-normed by `fc_norm`,
+    as EAGLE-3 feeds its own states); the layers are causal; row `i`'s output predicts the
+    token at `i + 2`. Training unrolls the draft (EAGLE-3's training-time test): step 1 reads
+    the target's features, later steps the drafter's own states, with the label tokens fed in."""
+
+    def __init__(self, target: Llama, taps, gamma, init_layers):
+        super().__init__(target, taps, gamma, init_layers)
+        d = target.d
+        del self.mask
+        self.inp = torch.nn.Parameter(torch.cat([torch.eye(d), torch.eye(d)], 1) * 0.7)
+
+    def tensors(self):
+        w = super().tensors()
+        w["inp.weight"] = self.inp
+        return w
+
+    def meta_extra(self):
+        return {"mode": "autoregressive"}
+
+    def step_in(self, g, tokens):
+        return F.linear(torch.cat([g, self.t.embed[tokens]], -1), self.inp)
+
+    def layer_rows(self, w, x, pos, k_prev, v_prev, see):
+        """One layer over rows x [B, S, d] at positions pos [B, S]; they attend to the earlier
+        keys/values k_prev/v_prev [B, KV, P, hd] where `see` [B, S, P] and causally to each
+        other. Returns (x, k, v) with this call's keys/values [B, KV, S, hd] appended."""
+        t = self.t
+        B, S, _ = x.shape
+        hd = t.hd
+        cos, sin = rope_tables(pos, hd, t.theta)
+        h = rms(x, w["in"], t.eps)
+        q = rope(F.linear(h, w["q"]).view(B, S, t.heads, hd).transpose(1, 2), cos[:, None], sin[:, None])
+        k = rope(F.linear(h, w["k"]).view(B, S, t.kv, hd).transpose(1, 2), cos[:, None], sin[:, None])
+        v = F.linear(h, w["v"]).view(B, S, t.kv, hd).transpose(1, 2)
+        k = torch.cat([k_prev, k], 2)
+        v = torch.cat([v_prev, v], 2)
+        causal = torch.ones(S, S, dtype=torch.bool).tril()[None].expand(B, S, S)
+        mask = torch.cat([see, causal], -1)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+        x = x + F.linear(o.transpose(1, 2).reshape(B, S, -1), w["o"])
+        h = rms(x, w["post"], t.eps)
+        x = x + F.linear(F.silu(F.linear(h, w["gate"])) * F.linear(h, w["up"]), w["down"])
+        return x, k, v
+
+    def states(self, f, ids, cs, ks, lab_tokens):
+        return self.unroll(f, ids, cs, lab_tokens)
+
+    def unroll(self, f, ids, cs, lab_tokens):
+        """States [B, γ, d] (after the final norm) of the γ draft steps of anchors cs (the
+        round's known token at c, the target's features at positions < c); step j + 1 is fed
+        lab_tokens[:, j] (the labels of the steps before, as an accepted draft would be)."""
+        t, g = self.t, self.gamma
+        n = max(cs)  # context rows 0..n-1 need tokens 1..n
+        feats = self.features(f[:n].float())
+        x = self.step_in(feats, torch.tensor(ids[1 : n + 1]))[None]
+        pos = torch.arange(n)[None]
+        empty = torch.zeros(1, t.kv, 0, t.hd)
+        ks, vs = [], []
+        for w in self.ws:
+            x, k, v = self.layer_rows(w, x, pos, empty, empty, torch.zeros(1, n, 0, dtype=torch.bool))
+            ks.append(k)
+            vs.append(v)
+        B = len(cs)
+        a = torch.tensor(cs) - 1  # each anchor's last context row
+        s = x[0, a][:, None]  # [B, 1, d]: step 1's states
+        outs = [s]
+        see = (torch.arange(n)[None, :] <= a[:, None])[:, None, :]  # [B, 1, n]
+        dk = [k.expand(B, -1, -1, -1) for k in ks]
+        dv = [v.expand(B, -1, -1, -1) for v in vs]
+        for j in range(1, g):
+            x = self.step_in(rms(s, self.fc_norm, t.eps), lab_tokens[:, j - 1 : j].clamp(min=0))
+            p = (a + j)[:, None]
+            for li, w in enumerate(self.ws):
+                # The new row's keys and values join dk/dv: later steps read them.
+                x, dk[li], dv[li] = self.layer_rows(w, x, p, dk[li], dv[li], see)
+            see = torch.cat([see, torch.ones(B, 1, 1, dtype=torch.bool)], -1)
+            s = x
+            outs.append(s)
+        return rms(torch.cat(outs, 1), self.norm, t.eps)
 
 
 def ckpt_exists(out: Path) -> bool:
@@ -226,10 +321,10 @@ def labels(r, cs, gamma):
 
 
 def block_loss(model, r, f, rng, n_blocks, streak):
-    cs, ks = sample_blocks(r, n_blocks, model.gamma, rng)
-    lab = model.listed(labels(r, cs, model.gamma))
-    ctx = model.features(f[: max(cs)].float())
-    h = model.blocks(ctx, cs, ks, r["ids"])
+    cs, ks = sample_blocks(r, n_blocks, model.gamma, rng, multi=0.0 if isinstance(model, ArHead) else 0.25)
+    tokens = labels(r, cs, model.gamma)
+    lab = model.listed(tokens)
+    h = model.states(f, r["ids"], cs, ks, tokens)
     lp = torch.log_softmax(model.logits(h).float(), -1)
     ok = lab >= 0
     picked = lp.gather(-1, lab.clamp(min=0)[..., None])[..., 0] * ok
@@ -248,10 +343,10 @@ def evaluate(model, rows, feats, seed, n_blocks=16):
     for r in rows:
         cs, _ = sample_blocks(r, n_blocks, g, rng, multi=0.0)
         ks = [1] * len(cs)
-        lab = model.listed(labels(r, cs, g))
+        tokens = labels(r, cs, g)
+        lab = model.listed(tokens)
         with model.autocast():
-            ctx = model.features(feats[r["id"]][: max(cs)].float())
-            h = model.blocks(ctx, cs, ks, r["ids"])
+            h = model.states(feats[r["id"]], r["ids"], cs, ks, tokens)
             arg = model.logits(h).float().argmax(-1)
         hit = (arg == lab).long()
         run = torch.cumprod(hit, 1).sum(1)
@@ -273,6 +368,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--minutes", type=float, default=45.0)
     ap.add_argument("--no-streak", action="store_true")
+    ap.add_argument(
+        "--mode",
+        choices=["block", "autoregressive"],
+        default="block",
+        help="block: one pass drafts γ (ours); autoregressive: the EAGLE-style baseline, one step per token",
+    )
     ap.add_argument("--heldout", type=float, default=0.04)
     ap.add_argument("--eval-every", type=int, default=1000)
     ap.add_argument("--shortlist", type=int, default=4096)
@@ -315,7 +416,8 @@ def main() -> None:
         shortlist = init_meta["shortlist"]
     cover = sum(freq[t] for t in shortlist) / max(1, sum(freq.values()))
     print(f"shortlist: {len(shortlist)} tokens cover {cover:.4f} of the training continuations' tokens", flush=True)
-    model = FeatureDrafter(target, meta["taps"], a.gamma, range(target.n_layers - a.layers, target.n_layers))
+    kind = ArHead if a.mode == "autoregressive" else FeatureDrafter
+    model = kind(target, meta["taps"], a.gamma, range(target.n_layers - a.layers, target.n_layers))
     model.set_shortlist(shortlist, getattr(torch, a.dtype))
     if a.init and not ckpt_exists(a.out):
         model.load_folder(a.init)
@@ -342,7 +444,7 @@ def main() -> None:
         print(f"{label}: held-out acceptance >= 1..{a.gamma} tokens: {line} ({nb} blocks; mean accepted {sum(curve):.2f})", flush=True)
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": spent}, ckpt)
         desc = (
-            f"SpecDiff-2 feature drafter for {Path(meta['target']).name}: taps {meta['taps']}, {a.layers} layer(s), "
+            f"SpecDiff-2 feature drafter ({a.mode}) for {Path(meta['target']).name}: taps {meta['taps']}, {a.layers} layer(s), "
             f"{len(train)} continuations ({n_gen} tokens), {step} steps x {a.blocks} blocks, "
             f"{'streak distillation' if not a.no_streak else 'plain cross-entropy'}, {spent / 60:.1f} min on "
             f"{torch.get_num_threads()} threads; held-out acceptance >= 1/2/4: {curve[0]:.3f}/{curve[1]:.3f}/{curve[3]:.3f}"

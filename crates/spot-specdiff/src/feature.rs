@@ -57,6 +57,11 @@ pub const FEATURE_DRAFTER_FILE: &str = "specdiff-drafter.json";
 /// The format name in [`FEATURE_DRAFTER_FILE`].
 pub const FEATURE_DRAFTER_FORMAT: &str = "spot-feature-drafter";
 
+/// Autoregressive mode stops drafting once the running product of its drafted tokens'
+/// probabilities is below this (the decoder's `min_draft_prob` would cut the rest; each step
+/// costs a pass).
+pub const AR_STOP: f32 = 0.1;
+
 /// Candidates per position whose noised score a position's first candidate is chosen from at
 /// `T > 0`.
 const NOISED: usize = 64;
@@ -85,6 +90,25 @@ pub struct FeatureDrafterFile {
     /// Free text: what it was trained on and how.
     #[serde(default)]
     pub description: String,
+    /// How it drafts: `"block"` (the default) or `"autoregressive"`.
+    #[serde(default)]
+    pub mode: DraftMode,
+}
+
+/// How a [`FeatureDrafter`] drafts (the `mode` field of its file).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DraftMode {
+    /// SpecDiff-2's drafter (DFlash's layout): one pass over the block's known tokens and `γ`
+    /// mask rows drafts every position; attention within the block is not causal.
+    #[default]
+    Block,
+    /// The EAGLE-style baseline: one causal step per drafted token. Row `i` reads `inp ·
+    /// [g_i ; E(token_{i+1})]`, where `g_i` is position `i`'s projected feature while the
+    /// target has run it and, past that, the drafter's own previous output state (RMS-normed
+    /// by `fc_norm`); its output predicts the token at `i + 2`. The file then has
+    /// `inp.weight` `[d, 2d]` and no `mask_embedding`.
+    Autoregressive,
 }
 
 /// Shapes, from the target's `config.json`.
@@ -105,7 +129,10 @@ struct Dims {
 struct Weights {
     fc: HostHead,
     fc_norm: Vec<f32>,
+    /// The mask rows' input (block mode).
     mask: Vec<f32>,
+    /// `inp` `[2d, d]` (autoregressive mode).
+    inp: Option<HostHead>,
     layers: Vec<LayerWeights>,
     norm: Vec<f32>,
 }
@@ -152,19 +179,29 @@ pub struct FeatureDrafter {
     inv_freq: Vec<f64>,
     top_k: usize,
     noise: Option<(f32, GumbelNoise)>,
+    /// Autoregressive mode: the running probability below which it stops drafting.
+    stop_below: f32,
     /// Retrieval from the folder's store, when it has one.
     lookup: Option<LookupDrafter>,
     lookup_marginals: Marginals,
     /// The committed tokens whose features are cached (positions `0..tokens.len()`).
     tokens: Vec<TokenId>,
-    /// The tapped features (`[n, width]`) of the last `n` cached positions, not yet projected
-    /// into keys and values: that work waits for the next draft (rounds the pace skips
-    /// only keep up), and then runs over all of them at once.
+    /// The tapped features (`[n, width]`) of positions `raw_start..tokens.len()`. In block
+    /// mode these are the ones not yet projected into keys and values: that work waits for
+    /// the next draft (rounds the pace skips only keep up), and then runs over all of them at
+    /// once. In autoregressive mode every position's stays (`raw_start` 0): a row is run
+    /// again when the token after it changes.
     raw: Vec<f32>,
-    /// Per draft layer, per projected position, that layer's keys and values of the
-    /// position's feature (`[kv · hd]` each; keys after RoPE).
+    raw_start: usize,
+    /// Per draft layer, per cached row, that layer's keys and values (`[kv · hd]` each; keys
+    /// after RoPE): in block mode of the position's projected feature, in autoregressive
+    /// mode of the row's input to that layer.
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
+    /// Autoregressive mode: each cached row's output state (`[d]`, before the final norm)
+    /// and the token after it that the row read.
+    states: Vec<f32>,
+    row_next: Vec<TokenId>,
 }
 
 impl std::fmt::Debug for FeatureDrafter {
@@ -288,10 +325,20 @@ impl FeatureDrafter {
                 down: t(&p("mlp.down_proj.weight"), d, dims.inter)?,
             })
         };
+        let autoregressive = file.mode == DraftMode::Autoregressive;
         let w = Weights {
             fc: t("fc.weight", d, dims.width)?,
             fc_norm: vec("fc_norm.weight")?,
-            mask: vec("mask_embedding")?,
+            mask: if autoregressive {
+                Vec::new()
+            } else {
+                vec("mask_embedding")?
+            },
+            inp: if autoregressive {
+                Some(t("inp.weight", d, 2 * d)?)
+            } else {
+                None
+            },
             layers: (0..file.layers).map(layer).collect::<Result<_>>()?,
             norm: vec("norm.weight")?,
         };
@@ -335,18 +382,29 @@ impl FeatureDrafter {
             inv_freq,
             top_k: 4,
             noise: None,
+            stop_below: AR_STOP,
             lookup,
             lookup_marginals: Marginals::default(),
             tokens: Vec::new(),
             raw: Vec::new(),
+            raw_start: 0,
             keys: vec![Vec::new(); n_layers],
             values: vec![Vec::new(); n_layers],
+            states: Vec::new(),
+            row_next: Vec::new(),
         })
     }
 
     /// The drafter file.
     pub fn file(&self) -> &FeatureDrafterFile {
         &self.file
+    }
+
+    /// Autoregressive mode: stop drafting a round once the running product of the drafted
+    /// tokens' probabilities is below `p` (default [`AR_STOP`], 0.1; 0 drafts every position
+    /// asked for). Block mode drafts in one pass and ignores it.
+    pub fn set_stop_below(&mut self, p: f32) {
+        self.stop_below = p;
     }
 
     /// Committed positions whose features are cached.
@@ -390,22 +448,32 @@ impl FeatureDrafter {
         }
     }
 
-    /// Positions whose keys and values are computed (the others' features wait in `raw`).
+    /// Rows whose keys and values are cached.
     fn projected(&self) -> usize {
-        self.tokens.len() - self.raw.len() / self.dims.width
+        self.keys[0].len() / (self.dims.kv * self.dims.hd)
+    }
+
+    /// Keeps the first `rows` cached rows' keys and values (and states).
+    fn keep_rows(&mut self, rows: usize) {
+        let kvd = self.dims.kv * self.dims.hd;
+        for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
+            k.truncate(rows * kvd);
+            v.truncate(rows * kvd);
+        }
+        self.states.truncate(rows * self.dims.d);
+        self.row_next.truncate(rows);
     }
 
     fn truncate(&mut self, len: usize) {
-        let (kvd, width) = (self.dims.kv * self.dims.hd, self.dims.width);
-        let projected = self.projected();
-        if len < projected {
+        let width = self.dims.width;
+        if len < self.raw_start {
             self.raw.clear();
-            for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
-                k.truncate(len * kvd);
-                v.truncate(len * kvd);
-            }
+            self.raw_start = len;
         } else {
-            self.raw.truncate((len - projected) * width);
+            self.raw.truncate((len - self.raw_start) * width);
+        }
+        if len < self.projected() {
+            self.keep_rows(len);
         }
         self.tokens.truncate(len);
     }
@@ -421,7 +489,7 @@ impl FeatureDrafter {
         if self.raw.is_empty() {
             return;
         }
-        let start = self.projected();
+        let start = self.raw_start;
         let mut c = self.w.fc.product(&self.raw);
         rms_rows(&mut c, &self.w.fc_norm, self.dims.eps);
         for (l, w) in self.w.layers.iter().enumerate() {
@@ -432,6 +500,54 @@ impl FeatureDrafter {
             self.values[l].extend_from_slice(&v);
         }
         self.raw.clear();
+        self.raw_start = self.tokens.len();
+    }
+
+    /// Autoregressive mode: brings the cached rows to `0..tokens.len()` for `context` (row
+    /// `i` reads position `i`'s feature and the token `context[i + 1]`): drops rows whose
+    /// next token changed, runs the missing ones causally in one pass.
+    fn advance(&mut self, inp: &HostHead, context: &[TokenId]) {
+        let m = self.tokens.len().min(context.len().saturating_sub(1));
+        let valid = self
+            .row_next
+            .iter()
+            .enumerate()
+            .take_while(|&(i, &t)| i < m && context.get(i + 1) == Some(&t))
+            .count();
+        self.keep_rows(valid);
+        if valid == m {
+            return;
+        }
+        let Dims { width, eps, .. } = self.dims;
+        let mut g = self.w.fc.product(&self.raw[valid * width..m * width]);
+        rms_rows(&mut g, &self.w.fc_norm, eps);
+        let next = &context[valid + 1..m + 1];
+        let mut x = self.step_inputs(inp, &g, next);
+        self.run_rows(&mut x, m - valid);
+        self.states.extend_from_slice(&x);
+        self.row_next.extend_from_slice(next);
+    }
+
+    /// `inp · [g ; E(token)]` for each row of `g` and its token.
+    fn step_inputs(&self, inp: &HostHead, g: &[f32], tokens: &[TokenId]) -> Vec<f32> {
+        let d = self.dims.d;
+        let mut cat = Vec::with_capacity(tokens.len() * 2 * d);
+        for (row, &t) in g.chunks(d).zip(tokens) {
+            cat.extend_from_slice(row);
+            cat.extend_from_slice(&self.embed[t as usize * d..(t as usize + 1) * d]);
+        }
+        inp.product(&cat)
+    }
+
+    /// Autoregressive mode: runs `rows` new rows `x` (in place, to their output states) through
+    /// every layer, causally after the cached rows, and caches their keys and values.
+    fn run_rows(&mut self, x: &mut [f32], rows: usize) {
+        let start = self.projected();
+        for l in 0..self.w.layers.len() {
+            let (k, v) = self.layer(l, &self.w.layers[l], x, rows, start, true);
+            self.keys[l].extend_from_slice(&k);
+            self.values[l].extend_from_slice(&v);
+        }
     }
 
     /// RoPE (Llama's halves) on `x` `[rows, heads · hd]` at positions `start..`.
@@ -464,21 +580,30 @@ impl FeatureDrafter {
         for _ in 0..gamma {
             x.extend_from_slice(&w.mask);
         }
+        let start = self.projected();
         for (l, lw) in w.layers.iter().enumerate() {
-            self.layer(l, lw, &mut x, rows);
+            self.layer(l, lw, &mut x, rows, start, false);
         }
         let mut out = x.split_off(known.len() * d);
         rms_rows(&mut out, &w.norm, eps);
         out
     }
 
-    /// One draft layer over the block rows `x` `[rows, d]` (in place), attending to the
-    /// cached features' keys and values of layer `l` and to the block.
-    fn layer(&self, l: usize, w: &LayerWeights, x: &mut [f32], rows: usize) {
+    /// One draft layer over the rows `x` `[rows, d]` at positions `start..` (in place),
+    /// attending to layer `l`'s `start` cached keys and values and to the rows (all of them,
+    /// or with `causal` the ones up to their own). Returns the rows' keys and values.
+    fn layer(
+        &self,
+        l: usize,
+        w: &LayerWeights,
+        x: &mut [f32],
+        rows: usize,
+        start: usize,
+        causal: bool,
+    ) -> (Vec<f32>, Vec<f32>) {
         let Dims {
             heads, kv, hd, eps, ..
         } = self.dims;
-        let start = self.projected();
         let (keys, values) = (&self.keys[l], &self.values[l]);
         let mut h = x.to_vec();
         rms_rows(&mut h, &w.input_norm, eps);
@@ -507,8 +632,9 @@ impl FeatureDrafter {
         let scale = 1.0 / (hd as f32).sqrt();
         let group = heads / kv;
         let mut o = vec![0.0f32; rows * qd];
-        let mut s = vec![0.0f32; n];
+        let mut s_all = vec![0.0f32; n];
         for r in 0..rows {
+            let s = &mut s_all[..if causal { start + r + 1 } else { n }];
             for hh in 0..heads {
                 let g = hh / group;
                 let qv = &q[r * qd + hh * hd..r * qd + (hh + 1) * hd];
@@ -541,12 +667,16 @@ impl FeatureDrafter {
             *g = *g / (1.0 + (-*g).exp()) * u;
         }
         add(x, &w.down.product(&gate));
+        (k, v)
     }
 }
 
 impl DiffusionDrafter for FeatureDrafter {
     fn name(&self) -> &str {
-        "feature-drafter"
+        match self.file.mode {
+            DraftMode::Block => "feature-drafter",
+            DraftMode::Autoregressive => "feature-drafter-ar",
+        }
     }
 
     fn vocab_size(&self) -> usize {
@@ -593,34 +723,21 @@ impl DiffusionDrafter for FeatureDrafter {
         if m == 0 || context.len() - m > 8 || gamma == 0 {
             return Ok(());
         }
-        self.project();
-        let d = self.dims.d;
-        let h = self.block(&context[m..], gamma);
-        // The head over the shortlist, then the context's other tokens.
-        let s = self.file.shortlist.len();
-        let logits = self.short_head.product(&h);
-        let mut extra: Vec<TokenId> = context
-            .iter()
-            .copied()
-            .filter(|&t| !self.in_shortlist[t as usize])
-            .collect();
-        extra.sort_unstable();
-        extra.dedup();
-        let mut ids = Vec::with_capacity(s + extra.len());
-        let mut scored = Vec::with_capacity(s + extra.len());
-        for i in 0..gamma {
-            let row = &h[i * d..(i + 1) * d];
-            ids.clear();
-            scored.clear();
-            ids.extend_from_slice(&self.file.shortlist);
-            scored.extend_from_slice(&logits[i * s..(i + 1) * s]);
-            for &t in &extra {
-                ids.push(t);
-                let head = self.head.as_deref().unwrap_or(&self.embed);
-                scored.push(dot(row, &head[t as usize * d..(t as usize + 1) * d]));
+        let extra = self.extra_tokens(context);
+        match self.file.mode {
+            DraftMode::Block => {
+                self.project();
+                let d = self.dims.d;
+                let h = self.block(&context[m..], gamma);
+                let logits = self.short_head.product(&h);
+                for (i, row) in h.chunks(d).enumerate() {
+                    let s = self.file.shortlist.len();
+                    let (top, probs) =
+                        self.position(row, &logits[i * s..(i + 1) * s], &extra, context.len() + i);
+                    out.push(&top, &probs)?;
+                }
             }
-            let (top, probs) = self.candidates(&ids, &scored, context.len() + i);
-            out.push(&top, &probs)?;
+            DraftMode::Autoregressive => self.draft_steps(context, gamma, &extra, out)?,
         }
         if let Some(lookup) = self.lookup.as_mut() {
             lookup.propose(context, gamma, &mut self.lookup_marginals)?;
@@ -633,6 +750,108 @@ impl DiffusionDrafter for FeatureDrafter {
 }
 
 impl FeatureDrafter {
+    /// The context's tokens outside the shortlist (the head scores them too), sorted.
+    fn extra_tokens(&self, context: &[TokenId]) -> Vec<TokenId> {
+        let mut extra: Vec<TokenId> = context
+            .iter()
+            .copied()
+            .filter(|&t| !self.in_shortlist[t as usize])
+            .collect();
+        extra.sort_unstable();
+        extra.dedup();
+        extra
+    }
+
+    /// The candidates of the position `position` from its final state `row` (`[d]`, normed)
+    /// and its shortlist logits: the head over the shortlist, then over the `extra` tokens.
+    fn position(
+        &self,
+        row: &[f32],
+        short_logits: &[f32],
+        extra: &[TokenId],
+        position: usize,
+    ) -> (Vec<TokenId>, Vec<f32>) {
+        let d = self.dims.d;
+        let head = self.head.as_deref().unwrap_or(&self.embed);
+        let mut ids = Vec::with_capacity(short_logits.len() + extra.len());
+        let mut scored = Vec::with_capacity(short_logits.len() + extra.len());
+        ids.extend_from_slice(&self.file.shortlist);
+        scored.extend_from_slice(short_logits);
+        for &t in extra {
+            ids.push(t);
+            scored.push(dot(row, &head[t as usize * d..(t as usize + 1) * d]));
+        }
+        self.candidates(&ids, &scored, position)
+    }
+
+    /// Autoregressive mode: runs the rows of the committed tokens past the cached features
+    /// (their feature slot holds the previous row's own state), then drafts one token per
+    /// step, each read by the next step, until `gamma` tokens or until the running product of
+    /// the drafted tokens' probabilities falls below `stop_below`. The draft's rows leave the
+    /// cache afterwards.
+    fn draft_steps(
+        &mut self,
+        context: &[TokenId],
+        gamma: usize,
+        extra: &[TokenId],
+        out: &mut Marginals,
+    ) -> spot_core::Result<()> {
+        let m = self.tokens.len();
+        // `inp` leaves `self` while the rows run (`load` sets it in this mode).
+        let Some(inp) = self.w.inp.take() else {
+            return Ok(());
+        };
+        let done = if context.len() > m {
+            self.steps(&inp, context, m, gamma, extra, out)
+        } else {
+            Ok(())
+        };
+        self.w.inp = Some(inp);
+        done
+    }
+
+    /// [`Self::draft_steps`] with the `m` cached features' rows and `inp` at hand.
+    fn steps(
+        &mut self,
+        inp: &HostHead,
+        context: &[TokenId],
+        m: usize,
+        gamma: usize,
+        extra: &[TokenId],
+        out: &mut Marginals,
+    ) -> spot_core::Result<()> {
+        self.advance(inp, context);
+        let Dims { d, eps, .. } = self.dims;
+        let mut state = self.states[(m - 1) * d..m * d].to_vec();
+        // Known tokens the target has not run, then the drafted ones.
+        let mut feed: Vec<TokenId> = context[m + 1..].to_vec();
+        let mut run = 1.0f32;
+        let mut fed = 0;
+        while out.len() < gamma {
+            let Some(&token) = feed.get(fed) else {
+                let mut h = state.clone();
+                rms_rows(&mut h, &self.w.norm, eps);
+                let logits = self.short_head.product(&h);
+                let (top, probs) = self.position(&h, &logits, extra, context.len() + out.len());
+                out.push(&top, &probs)?;
+                run *= probs[0];
+                if run < self.stop_below || out.len() == gamma {
+                    break;
+                }
+                feed.push(top[0]);
+                continue;
+            };
+            fed += 1;
+            let mut g = state;
+            rms_rows(&mut g, &self.w.fc_norm, eps);
+            let mut x = self.step_inputs(inp, &g, &[token]);
+            self.run_rows(&mut x, 1);
+            state = x;
+        }
+        self.keep_rows(m);
+        Ok(())
+    }
+
     /// The `top_k` candidates of one position (most probable first, or at `T > 0` the noised
     /// choice first) and their probabilities under the softmax over every scored id.
     fn candidates(

@@ -64,7 +64,7 @@ pub use decoder::{
 pub use drafter::{DiffusionDrafter, Marginals, draft_distribution, sample_drafts};
 #[cfg(feature = "models")]
 pub use feature::{
-    FEATURE_DRAFTER_FILE, FEATURE_DRAFTER_FORMAT, FeatureDrafter, FeatureDrafterFile,
+    DraftMode, FEATURE_DRAFTER_FILE, FEATURE_DRAFTER_FORMAT, FeatureDrafter, FeatureDrafterFile,
 };
 pub use lookup::LookupDrafter;
 #[cfg(feature = "models")]

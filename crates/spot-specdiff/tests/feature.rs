@@ -24,6 +24,18 @@ fn drafter_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/feature-drafter-tiny")
 }
 
+/// The same layout in autoregressive mode (the EAGLE-style baseline).
+fn ar_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/feature-drafter-ar-tiny")
+}
+
+/// Loads a fixture drafter; the autoregressive one drafts every position asked for.
+fn load(dir: &Path, t: &mut CausalLm<B>) -> FeatureDrafter {
+    let mut d = FeatureDrafter::load(dir, t).unwrap();
+    d.set_stop_below(0.0);
+    d
+}
+
 fn target() -> CausalLm<B> {
     CausalLm::<B>::load(&target_dir(), &Default::default()).unwrap()
 }
@@ -43,11 +55,17 @@ struct Case {
 
 #[test]
 fn drafts_match_the_pytorch_definition() {
-    let text = std::fs::read_to_string(drafter_dir().join("golden.json")).unwrap();
+    for dir in [drafter_dir(), ar_dir()] {
+        drafts_match(&dir);
+    }
+}
+
+fn drafts_match(dir: &Path) {
+    let text = std::fs::read_to_string(dir.join("golden.json")).unwrap();
     let golden: Golden = serde_json::from_str(&text).unwrap();
     for case in &golden.cases {
         let mut t = target();
-        let mut d = FeatureDrafter::load(&drafter_dir(), &mut t).unwrap();
+        let mut d = load(dir, &mut t);
         // The verification forward that runs the context but its last token.
         let n = case.ids.len();
         let query = StatsQuery::new(0.0, 0);
@@ -60,12 +78,10 @@ fn drafts_match_the_pytorch_definition() {
         assert_eq!(m.len(), case.gamma);
         for i in 0..case.gamma {
             let (ids, probs) = m.at(i);
-            assert_eq!(ids, &case.top_ids[i][..], "context of {n}, position {i}");
+            let at = format!("{}: context of {n}, position {i}", dir.display());
+            assert_eq!(ids, &case.top_ids[i][..], "{at}");
             for (p, q) in probs.iter().zip(&case.top_probs[i]) {
-                assert!(
-                    (p - q).abs() < 1e-4,
-                    "context of {n}, position {i}: {p} vs {q}"
-                );
+                assert!((p - q).abs() < 1e-4, "{at}: {p} vs {q}");
             }
         }
     }
@@ -73,8 +89,14 @@ fn drafts_match_the_pytorch_definition() {
 
 #[test]
 fn speculative_equals_plain_decoding_at_every_temperature() {
+    for dir in [drafter_dir(), ar_dir()] {
+        speculative_equals_plain(&dir);
+    }
+}
+
+fn speculative_equals_plain(dir: &Path) {
     let mut t = target();
-    let mut d = FeatureDrafter::load(&drafter_dir(), &mut t).unwrap();
+    let mut d = load(dir, &mut t);
     let mut drafted = 0;
     for (k, temperature) in [(1, 0.0), (1, 0.8), (2, 1.0), (1, 1.5)] {
         for (p, prompt) in [vec![5u32, 9, 17], vec![300, 2, 2, 41, 77, 9, 120, 8]]
@@ -102,8 +124,10 @@ fn speculative_equals_plain_decoding_at_every_temperature() {
                 .unwrap();
             let plain = decode_autoregressive(&mut t, prompt, &cfg).unwrap();
             assert_eq!(
-                out.tokens, plain.tokens,
-                "k {k}, T {temperature}, prompt {p}"
+                out.tokens,
+                plain.tokens,
+                "{}: k {k}, T {temperature}, prompt {p}",
+                dir.display()
             );
             drafted += out.report.positions as usize - prompt.len() - out.tokens.len();
         }
@@ -171,6 +195,17 @@ fn bad_drafter_folders_get_typed_errors() {
     std::fs::write(dir.join("specdiff-drafter.json"), "{").unwrap();
     let e = FeatureDrafter::load(&dir, &mut target()).unwrap_err();
     assert!(matches!(e, ModelError::Json { .. }), "{e}");
+    // A block drafter's weights called autoregressive: `inp.weight` is missing, and named.
+    let dir = edited(tmp.path(), |v| v["mode"] = "autoregressive".into());
+    let e = FeatureDrafter::load(&dir, &mut target()).unwrap_err();
+    assert!(e.to_string().contains("inp.weight"), "{e}");
+    // An unknown mode: the JSON error names the variants.
+    let dir = edited(tmp.path(), |v| v["mode"] = "sideways".into());
+    let e = FeatureDrafter::load(&dir, &mut target()).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::Json { .. }) && e.to_string().contains("autoregressive"),
+        "{e}"
+    );
 }
 
 #[test]
