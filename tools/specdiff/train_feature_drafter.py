@@ -122,6 +122,7 @@ class FeatureDrafter(torch.nn.Module):
         once to the compute `dtype`, and the map from token id to shortlist index (-2: not
         listed)."""
         self.compute = dtype
+        self.shortlist_ids = torch.tensor(ids)
         self._head = self.t.head[torch.tensor(ids)].to(dtype)
         self._index = torch.full((self.t.head.shape[0] + 1,), -2, dtype=torch.long)
         self._index[torch.tensor(ids)] = torch.arange(len(ids))
@@ -320,7 +321,22 @@ def labels(r, cs, gamma):
     return out
 
 
-def block_loss(model, r, f, rng, n_blocks, streak):
+@torch.no_grad()
+def target_logits(t, f, taps, rows):
+    """The target's logits [len(rows), vocab] after each position in `rows` ([B, γ] long), from
+    the stored features: layer n - 2's output is a tap, so only the last layer and the head run
+    again (on float16 features: a soft target, not an exact one)."""
+    i = taps.index(t.n_layers - 2)
+    d = t.d
+    S = int(rows.max()) + 1
+    x = f[:S, i * d : (i + 1) * d].float()[None]
+    cos, sin = rope_tables(torch.arange(S), t.hd, t.theta)
+    mask = torch.ones(S, S, dtype=torch.bool).tril()[None, None]
+    x = t.layer(t.layers[-1], x, cos, sin, None, mask)[0]
+    return F.linear(rms(x[rows], t.norm, t.eps), t.head)
+
+
+def block_loss(model, r, f, rng, n_blocks, streak, soft=0.0, taps=None):
     cs, ks = sample_blocks(r, n_blocks, model.gamma, rng, multi=0.0 if isinstance(model, ArHead) else 0.25)
     tokens = labels(r, cs, model.gamma)
     lab = model.listed(tokens)
@@ -332,14 +348,24 @@ def block_loss(model, r, f, rng, n_blocks, streak):
         w = torch.cumprod(torch.cat([torch.ones(len(cs), 1), picked.detach().exp()[:, :-1]], 1), 1)
     else:
         w = torch.ones_like(picked)
+    if soft > 0:
+        # The target's own distribution over the shortlist at each drafted position (what the
+        # noise-coupled draft at T > 0 must match), as a second cross-entropy.
+        rows = (torch.tensor(cs)[:, None] + torch.arange(model.gamma)[None]).clamp(max=len(r["ids"]) - 1)
+        p = torch.softmax(target_logits(model.t, f, taps, rows)[..., model.shortlist_ids], -1)
+        picked = picked + soft * (p * lp).sum(-1) * ok
     return -(w * picked).sum() / ok.sum().clamp(min=1)
 
 
 @torch.no_grad()
-def evaluate(model, rows, feats, seed, n_blocks=16):
+def evaluate(model, rows, feats, seed, n_blocks=16, taps=None):
+    """The held-out acceptance curve at T = 0, and (with `taps`, which must include layer
+    n - 2) the share of blocks whose first position's draft at T = 1, chosen among the drafter's
+    64 best candidates with the Gumbel noise the target samples with, is the target's sample."""
     rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
     g = model.gamma
-    curve, total = [0] * g, 0
+    curve, total, coupled = [0] * g, 0, 0
     for r in rows:
         cs, _ = sample_blocks(r, n_blocks, g, rng, multi=0.0)
         ks = [1] * len(cs)
@@ -348,12 +374,22 @@ def evaluate(model, rows, feats, seed, n_blocks=16):
         with model.autocast():
             h = model.states(feats[r["id"]], r["ids"], cs, ks, tokens)
             arg = model.logits(h).float().argmax(-1)
+        if taps is not None and model.t.n_layers - 2 in taps:
+            tl = target_logits(model.t, feats[r["id"]], taps, torch.tensor(cs)[:, None])[:, 0]
+            noise = -torch.log(-torch.log(torch.rand(tl.shape, generator=gen).clamp(1e-20, 1 - 1e-7)))
+            sample = (tl + noise).argmax(-1)
+            dl = model.logits(h[:, 0]).float()
+            top = dl.topk(min(64, dl.shape[-1]), -1)
+            ids = model.shortlist_ids[top.indices]
+            pick = ids.gather(1, (top.values + noise.gather(1, ids)).argmax(-1, keepdim=True))[:, 0]
+            coupled += int((pick == sample).sum())
         hit = (arg == lab).long()
         run = torch.cumprod(hit, 1).sum(1)
         for s in run.tolist():
             for i in range(s):
                 curve[i] += 1
         total += len(cs)
+    model.coupled = coupled / max(total, 1)
     return [c / max(total, 1) for c in curve], total
 
 
@@ -368,6 +404,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--minutes", type=float, default=45.0)
     ap.add_argument("--no-streak", action="store_true")
+    ap.add_argument(
+        "--soft",
+        type=float,
+        default=0.0,
+        help="weight of a second cross-entropy against the target's own distribution over the shortlist (needs the tap n_layers - 2)",
+    )
     ap.add_argument(
         "--mode",
         choices=["block", "autoregressive"],
@@ -439,14 +481,19 @@ def main() -> None:
     first = a.init_steps if a.init else 0  # the warm-up restarts with a fresh optimizer
 
     def checkpoint(label):
-        curve, nb = evaluate(model, held, feats, 1)
+        curve, nb = evaluate(model, held, feats, 1, taps=meta["taps"])
         line = " ".join(f"{c:.3f}" for c in curve)
-        print(f"{label}: held-out acceptance >= 1..{a.gamma} tokens: {line} ({nb} blocks; mean accepted {sum(curve):.2f})", flush=True)
+        print(
+            f"{label}: held-out acceptance >= 1..{a.gamma} tokens: {line} ({nb} blocks; mean accepted {sum(curve):.2f}); "
+            f"T = 1 first position coupled: {model.coupled:.3f}",
+            flush=True,
+        )
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": spent}, ckpt)
         desc = (
             f"SpecDiff-2 feature drafter ({a.mode}) for {Path(meta['target']).name}: taps {meta['taps']}, {a.layers} layer(s), "
             f"{len(train)} continuations ({n_gen} tokens), {step} steps x {a.blocks} blocks, "
-            f"{'streak distillation' if not a.no_streak else 'plain cross-entropy'}, {spent / 60:.1f} min on "
+            f"{'streak distillation' if not a.no_streak else 'plain cross-entropy'}"
+            f"{f' + {a.soft} x soft targets' if a.soft else ''}, {spent / 60:.1f} min on "
             f"{torch.get_num_threads()} threads; held-out acceptance >= 1/2/4: {curve[0]:.3f}/{curve[1]:.3f}/{curve[3]:.3f}"
         )
         model.export(a.out / "drafter", shortlist, desc, rows if a.store else None)
@@ -459,7 +506,7 @@ def main() -> None:
             g["lr"] = a.lr * min(1.0, (step + 1 - first) / 200) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
         r = rng.choice(train)
         with model.autocast():
-            loss = block_loss(model, r, feats[r["id"]], rng, a.blocks, not a.no_streak)
+            loss = block_loss(model, r, feats[r["id"]], rng, a.blocks, not a.no_streak, a.soft, meta["taps"])
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

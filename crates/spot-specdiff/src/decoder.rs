@@ -154,6 +154,10 @@ pub struct SpecDiffRequest {
     phase: Phase,
     /// Positions this round asks the drafter for (0: the pace skips it).
     round_gamma: usize,
+    /// Whether this round's drafter answered with any position (a drafter that cannot draft
+    /// yet, such as the feature drafter before the target has run, answers none: the pace
+    /// does not count that round).
+    round_answered: bool,
     pace: Option<PaceState>,
     stopped: bool,
     cancel: CancelHandle,
@@ -227,6 +231,7 @@ impl SpecDiffRequest {
             classic_seed: classic.then_some(ar.seed),
             phase: Phase::Draft,
             round_gamma: 0,
+            round_answered: false,
             pace: cfg.pace.map(PaceState::new),
             stopped: false,
             cancel: CancelHandle::default(),
@@ -305,6 +310,7 @@ impl SpecDiffRequest {
     pub fn drafted(&mut self, m: &Marginals) -> Result<()> {
         self.expect(Phase::Draft)?;
         let gamma = self.round_gamma;
+        self.round_answered = !m.is_empty();
         if m.len() > gamma {
             return self.fail(Error::ShapeMismatch {
                 what: "drafted positions (at most the round's gamma)",
@@ -413,6 +419,7 @@ impl SpecDiffRequest {
         r.other_branch += u64::from(pick != 0);
         if let Some(pace) = self.pace.as_mut()
             && self.round_gamma > 0
+            && self.round_answered
         {
             pace.drafted(self.drafts.iter().map(Vec::len).sum(), n);
         }

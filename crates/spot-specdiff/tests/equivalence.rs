@@ -715,3 +715,64 @@ fn the_pace_drafts_only_while_drafting_pays() {
     );
     assert!(good.report.tokens_per_round() > 4.0, "{:?}", good.report);
 }
+
+/// A drafter silent for its first `.1` calls that ask for positions (it answers none, as the
+/// feature drafter does before the target has run), then `.0`; `.2` counts the calls asking
+/// for positions.
+struct SilentFirst<D>(D, usize, usize);
+
+impl<D: DiffusionDrafter> DiffusionDrafter for SilentFirst<D> {
+    fn name(&self) -> &str {
+        "silent-first"
+    }
+    fn vocab_size(&self) -> usize {
+        self.0.vocab_size()
+    }
+    fn propose(&mut self, context: &[TokenId], gamma: usize, out: &mut Marginals) -> Result<()> {
+        if gamma > 0 {
+            self.2 += 1;
+            if self.2 <= self.1 {
+                *out = Marginals::new(1);
+                return Ok(());
+            }
+        }
+        self.0.propose(context, gamma, out)
+    }
+}
+
+/// Rounds where the drafter answers no position cost the pace nothing: a perfect drafter that
+/// is silent for its first 30 calls is still asked every round afterwards (before the fix,
+/// those rounds counted as losses of `draft_cost` and turned the pace off).
+#[test]
+fn rounds_the_drafter_cannot_draft_do_not_count_against_it() {
+    let mut target = ToyCausalModel::new(32, 7);
+    let cfg = ArConfig {
+        max_new_tokens: 200,
+        early_stop: false,
+        ..ArConfig::default()
+    };
+    let plain = decode_autoregressive(&mut target, &[1, 2], &cfg).unwrap();
+    let sd = SpecDiffConfig {
+        k: 1,
+        gamma: 8,
+        drafter_temperature: 0.0,
+        pace: Some(Pace {
+            probe_every: 4,
+            ..Pace::cpu()
+        }),
+        ..SpecDiffConfig::default()
+    };
+    let mut drafter = SilentFirst(ToyDrafter::new(target.clone(), 0.0, 11), 30, 0);
+    let out = SpecDiffDecoder::new(sd)
+        .unwrap()
+        .decode(&mut target, &mut drafter, &[1, 2], &cfg)
+        .unwrap();
+    assert_eq!(out.tokens, plain.tokens);
+    assert!(out.report.rounds > 40, "{:?}", out.report);
+    assert!(
+        drafter.2 as u64 + 1 >= out.report.rounds,
+        "asked {} of {} rounds",
+        drafter.2,
+        out.report.rounds
+    );
+}
