@@ -81,6 +81,13 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=32)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="generation's")
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sample the continuations at this temperature (0: greedy); ids get a -tT suffix, so a --out may hold both",
+    )
+    ap.add_argument("--offset", type=int, default=0, help="skip this many prompts of each source (another part of the set)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -94,17 +101,26 @@ def main() -> None:
     model = Llama(a.target)
     fast = model if a.dtype == "float32" else model.to(torch.bfloat16)
     stops = {2, 0}
-    todo = prompts(a.data, a.gsm, a.mbpp, a.stubs)
+    todo = prompts(a.data, a.gsm + a.offset, a.mbpp + a.offset, a.stubs + a.offset)
+    if a.offset:
+        by_source = {}
+        for pid, q in todo:
+            by_source.setdefault(pid.rsplit("-", 1)[0], []).append((pid, q))
+        todo = [e for group in by_source.values() for e in group[a.offset :]]
+    if a.temperature > 0:
+        todo = [(f"{pid}-t{a.temperature:g}", q) for pid, q in todo]
     # Similar lengths together: less padding per batch.
     enc = [(pid, tok.encode(chat(q), add_special_tokens=False).ids) for pid, q in todo]
     enc.sort(key=lambda e: len(e[1]))
     t0 = time.time()
     for c in range(0, len(enc), a.chunk):
-        name = a.out / f"chunk-{c // a.chunk:04d}"
+        tag = f"-t{a.temperature:g}" if a.temperature > 0 else ""
+        tag += f"-o{a.offset}" if a.offset else ""
+        name = a.out / f"chunk{tag}-{c // a.chunk:04d}"
         if name.with_suffix(".pt").exists():
             continue
         part = enc[c : c + a.chunk]
-        conts = fast.generate([p for _, p in part], a.max_new, stops)
+        conts = fast.generate([p for _, p in part], a.max_new, stops, a.temperature, seed=c)
         rows, feats = [], {}
         for s in range(0, len(part), 8):
             seqs = [p + cont for (_, p), cont in zip(part[s : s + 8], conts[s : s + 8])]

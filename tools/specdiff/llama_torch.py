@@ -121,9 +121,11 @@ class Llama:
         return m
 
     @torch.no_grad()
-    def generate(self, prompts, max_new, stops):
-        """Greedy continuations of several prompts (lists of ids) at once, left-padded, in the
-        weights' dtype; each ends at its first stop id (kept) or after `max_new` tokens."""
+    def generate(self, prompts, max_new, stops, temperature=0.0, seed=0):
+        """Continuations of several prompts (lists of ids) at once, left-padded, in the weights'
+        dtype, greedy or (`temperature` > 0) sampled with a generator seeded by `seed`; each
+        ends at its first stop id (kept) or after `max_new` tokens."""
+        gen = torch.Generator().manual_seed(seed)
         B = len(prompts)
         P = max(len(p) for p in prompts)
         ids = torch.zeros(B, P, dtype=torch.long)
@@ -156,7 +158,11 @@ class Llama:
                 x = self.layer(L, x, cos, sin, (*caches[i], at), mask)
             at = total
             logits = F.linear(rms(x[:, -1], self.norm, self.eps), self.head)
-            nxt = logits.float().argmax(-1)
+            if temperature > 0:
+                probs = torch.softmax(logits.float() / temperature, -1)
+                nxt = torch.multinomial(probs, 1, generator=gen)[:, 0]
+            else:
+                nxt = logits.float().argmax(-1)
             for b in range(B):
                 if not done[b]:
                     t = int(nxt[b])

@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import random
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -443,10 +444,13 @@ def main() -> None:
     rows, feats = load(a.data)
     if a.heldout_ids:
         held_ids = set(json.loads(a.heldout_ids.read_text()))
-        train = [r for r in rows if r["id"] not in held_ids]
+        # A sampled continuation (`-tT` id) of a held-out prompt is held out too.
+        train = [r for r in rows if re.sub(r"-t[0-9.]+$", "", r["id"]) not in held_ids]
         held = [r for r in rows if r["id"] in held_ids]
+        held_sampled = [r for r in rows if r["id"] not in held_ids and re.sub(r"-t[0-9.]+$", "", r["id"]) in held_ids]
     else:
         train, held = split(rows, a.heldout, a.seed)
+        held_sampled = []
     n_gen = sum(len(r["ids"]) - r["prompt_len"] for r in train)
     print(f"{len(train)} training continuations ({n_gen} tokens), {len(held)} held out; taps {meta['taps']}", flush=True)
     # The shortlist: the most frequent tokens of the training continuations (the drafter's head
@@ -488,6 +492,13 @@ def main() -> None:
             f"T = 1 first position coupled: {model.coupled:.3f}",
             flush=True,
         )
+        if held_sampled:
+            curve_s, nb_s = evaluate(model, held_sampled, feats, 1, taps=meta["taps"])
+            print(
+                f"{label}: held-out sampled continuations ({nb_s} blocks): mean accepted {sum(curve_s):.2f} "
+                f"(>= 1: {curve_s[0]:.3f}); T = 1 first position coupled: {model.coupled:.3f}",
+                flush=True,
+            )
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": spent}, ckpt)
         desc = (
             f"SpecDiff-2 feature drafter ({a.mode}) for {Path(meta['target']).name}: taps {meta['taps']}, {a.layers} layer(s), "

@@ -26,7 +26,10 @@
 //! **At `T > 0`** ([`DiffusionDrafter::target_sampling`]) each position's first candidate is
 //! `argmax_v(logit_v / T + G[p, v])` over its best-scored candidates, with the Gumbel noise
 //! the target's own token at that position will be decided by: where the drafter's
-//! distribution is close to the target's, the draft is the target's sample.
+//! distribution is close to the target's, the draft is the target's sample. The probabilities
+//! it reports are then the softmax of those noised scores over the candidates: how far the
+//! pick leads under the shared noise, which is what its acceptance depends on (at `T = 0`,
+//! the softmax of the logits).
 //!
 //! **With a store** ([`FeatureDrafterFile::store`]) each round also asks the store's retrieval
 //! drafter ([`LookupDrafter::with_store`]) and drafts whichever of the two drafts expects the
@@ -853,7 +856,8 @@ impl FeatureDrafter {
     }
 
     /// The `top_k` candidates of one position (most probable first, or at `T > 0` the noised
-    /// choice first) and their probabilities under the softmax over every scored id.
+    /// choice first) and their probabilities: the softmax over every scored id, or at `T > 0`
+    /// the softmax of the noised scores over the candidates.
     fn candidates(
         &self,
         ids: &[TokenId],
@@ -872,18 +876,31 @@ impl FeatureDrafter {
         order.select_nth_unstable_by(many - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
         order.truncate(many);
         order.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        if let Some((t, noise)) = self.noise {
-            let score = |j: usize| logits[j] / t + noise.value(position as u64, ids[j]);
+        let mut probs: Vec<f32> = if let Some((t, noise)) = self.noise {
+            let scores: Vec<f32> = order
+                .iter()
+                .map(|&j| logits[j] / t + noise.value(position as u64, ids[j]))
+                .collect();
             let best = (0..order.len())
-                .max_by(|&a, &b| score(order[a]).total_cmp(&score(order[b])))
+                .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))
                 .unwrap_or(0);
             order.swap(0, best);
-        }
+            // The target decides with the same noise, so a pick is as safe as its noised
+            // score's lead over the others': its probability is the softmax of the noised
+            // scores (a drafter equal to the target is always right, however flat its
+            // distribution), which the floor and the pace then read.
+            let top = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = scores.iter().map(|&x| (x - top).exp()).sum();
+            let mut p: Vec<f32> = scores.iter().map(|&x| (x - top).exp() / sum).collect();
+            p.swap(0, best);
+            p
+        } else {
+            order
+                .iter()
+                .map(|&j| (logits[j] - max).exp() / total)
+                .collect()
+        };
         let mut top: Vec<TokenId> = order.iter().map(|&j| ids[j]).collect();
-        let mut probs: Vec<f32> = order
-            .iter()
-            .map(|&j| (logits[j] - max).exp() / total)
-            .collect();
         top.resize(self.top_k, top[0]);
         probs.resize(self.top_k, 0.0);
         (top, probs)
