@@ -61,9 +61,9 @@ pub const FEATURE_DRAFTER_FILE: &str = "specdiff-drafter.json";
 pub const FEATURE_DRAFTER_FORMAT: &str = "spot-feature-drafter";
 
 /// Autoregressive mode stops drafting once the running product of its drafted tokens'
-/// probabilities is below this (the decoder's `min_draft_prob` would cut the rest; each step
-/// costs a pass).
-pub const AR_STOP: f32 = 0.1;
+/// probabilities is below this: the floor its recommended settings give the decoder
+/// (`min_draft_prob`), which would cut the rest; each step costs a pass.
+pub const AR_STOP: f32 = 0.2;
 
 /// Candidates per position whose noised score a position's first candidate is chosen from at
 /// `T > 0`.
@@ -404,7 +404,7 @@ impl FeatureDrafter {
     }
 
     /// Autoregressive mode: stop drafting a round once the running product of the drafted
-    /// tokens' probabilities is below `p` (default [`AR_STOP`], 0.1; 0 drafts every position
+    /// tokens' probabilities is below `p` (default [`AR_STOP`], 0.2; 0 drafts every position
     /// asked for). Block mode drafts in one pass and ignores it.
     pub fn set_stop_below(&mut self, p: f32) {
         self.stop_below = p;
@@ -702,7 +702,7 @@ impl DiffusionDrafter for FeatureDrafter {
             k: 1,
             gamma: self.file.draft_positions,
             drafter_temperature: 0.0,
-            min_draft_prob: 0.2,
+            min_draft_prob: AR_STOP,
             pace: Some(crate::Pace::cpu()),
             ..crate::SpecDiffConfig::default()
         }
