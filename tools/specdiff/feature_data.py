@@ -88,6 +88,12 @@ def main() -> None:
         help="sample the continuations at this temperature (0: greedy); ids get a -tT suffix, so a --out may hold both",
     )
     ap.add_argument("--offset", type=int, default=0, help="skip this many prompts of each source (another part of the set)")
+    ap.add_argument(
+        "--tag",
+        help="name the chunks chunk-TAG-NNNN (default: from --temperature and --offset); prompts whose id "
+        "(with its -tT suffix) some chunk of --out already holds are skipped, so runs with other source "
+        "counts can share an --out",
+    )
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -109,13 +115,26 @@ def main() -> None:
         todo = [e for group in by_source.values() for e in group[a.offset :]]
     if a.temperature > 0:
         todo = [(f"{pid}-t{a.temperature:g}", q) for pid, q in todo]
+    if a.tag:
+        # Other tags' chunks only: this tag's own must not shift its chunk numbering on resume.
+        mine = f"chunk-{a.tag}-"
+        have = {
+            json.loads(line)["id"]
+            for p in a.out.glob("chunk-*.jsonl")
+            if not p.name.startswith(mine)
+            for line in p.open()
+        }
+        todo = [(pid, q) for pid, q in todo if pid not in have]
     # Similar lengths together: less padding per batch.
     enc = [(pid, tok.encode(chat(q), add_special_tokens=False).ids) for pid, q in todo]
     enc.sort(key=lambda e: len(e[1]))
     t0 = time.time()
     for c in range(0, len(enc), a.chunk):
-        tag = f"-t{a.temperature:g}" if a.temperature > 0 else ""
-        tag += f"-o{a.offset}" if a.offset else ""
+        if a.tag:
+            tag = f"-{a.tag}"
+        else:
+            tag = f"-t{a.temperature:g}" if a.temperature > 0 else ""
+            tag += f"-o{a.offset}" if a.offset else ""
         name = a.out / f"chunk{tag}-{c // a.chunk:04d}"
         if name.with_suffix(".pt").exists():
             continue

@@ -492,6 +492,18 @@ def main() -> None:
             f"T = 1 first position coupled: {model.coupled:.3f}",
             flush=True,
         )
+        sources = {}
+        for r in held:
+            sources.setdefault(re.sub(r"-[0-9]+$", "", r["id"]), []).append(r)
+        if len(sources) > 1:
+            # Per source, so that one kind of text cannot hide behind another's mean.
+            for src, part in sorted(sources.items()):
+                curve_p, nb_p = evaluate(model, part, feats, 1, taps=meta["taps"])
+                print(
+                    f"{label}: held-out {src} ({len(part)} continuations, {nb_p} blocks): mean accepted "
+                    f"{sum(curve_p):.2f} (>= 1: {curve_p[0]:.3f}); T = 1 first position coupled: {model.coupled:.3f}",
+                    flush=True,
+                )
         if held_sampled:
             curve_s, nb_s = evaluate(model, held_sampled, feats, 1, taps=meta["taps"])
             print(

@@ -1466,6 +1466,29 @@ fn generate_specdiff_with_a_lookup_store() {
         assert_eq!(j["tokens"], df["tokens"], "{extra:?}");
         assert!(j["nfe"].as_u64() < plain["nfe"].as_u64(), "{j} vs {plain}");
     }
+    // A free pace never finds a drafted round at a loss (its gain is the accepted count), so
+    // it drafts every round, as no pace does; a bad pace names its field.
+    let free = json(&run(
+        "5,6,7",
+        &[
+            "--method",
+            "specdiff",
+            "--drafter",
+            "lookup",
+            "--min-draft-prob",
+            "0",
+            "--pace",
+            "free",
+        ],
+    ));
+    assert_eq!(free["tokens"], df["tokens"]);
+    assert_eq!(free["nfe"], plain["nfe"], "{free} vs {plain}");
+    let out = run("5,6,7", &["--method", "specdiff", "--pace", "0.1:0.2:0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("pace.weight"),
+        "{err}"
+    );
     // The classic rule (one draft) runs at T = 1; with several drafts it is refused.
     // (The lookup drafter's recommended K is 1.)
     let classic = [

@@ -77,6 +77,16 @@ impl Pace {
         }
     }
 
+    /// No cost for drafted rows or drafting: what a GPU, where a few more rows cost next to
+    /// nothing, approaches. Drafting then stops only where drafts accept nothing at all.
+    pub fn free() -> Self {
+        Self {
+            row_cost: 0.0,
+            draft_cost: 0.0,
+            ..Self::cpu()
+        }
+    }
+
     fn validate(&self) -> Result<()> {
         let cost = |c: f32| c.is_finite() && c >= 0.0;
         if !cost(self.row_cost) {
@@ -104,6 +114,58 @@ impl Pace {
             ));
         }
         Ok(())
+    }
+}
+
+/// Parses `cpu` ([`Pace::cpu`]), `free` ([`Pace::free`]) or
+/// `ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]]` (the rest from [`Pace::cpu`]), and checks the
+/// values; the error names the field.
+impl std::str::FromStr for Pace {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => return Ok(Self::cpu()),
+            "free" => return Ok(Self::free()),
+            _ => {}
+        }
+        let parts: Vec<&str> = s.split(':').collect();
+        if !(2..=4).contains(&parts.len()) {
+            return Err(Error::config(
+                "pace",
+                format!(
+                    "expected cpu, free or ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]], got {s:?}"
+                ),
+            ));
+        }
+        let num = |field: &'static str, v: &str| {
+            v.parse::<f32>()
+                .map_err(|e| Error::config(field, format!("{v:?}: {e}")))
+        };
+        let mut pace = Self::cpu();
+        pace.row_cost = num("pace.row_cost", parts[0])?;
+        pace.draft_cost = num("pace.draft_cost", parts[1])?;
+        if let Some(w) = parts.get(2) {
+            pace.weight = num("pace.weight", w)?;
+        }
+        if let Some(p) = parts.get(3) {
+            pace.probe_every = p
+                .parse()
+                .map_err(|e| Error::config("pace.probe_every", format!("{p:?}: {e}")))?;
+        }
+        pace.validate()?;
+        Ok(pace)
+    }
+}
+
+impl std::fmt::Display for Pace {
+    /// The form [`Pace`]'s `FromStr` reads back: `ROW_COST:DRAFT_COST:WEIGHT:PROBE_EVERY`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}:{}",
+            self.row_cost, self.draft_cost, self.weight, self.probe_every
+        )
     }
 }
 
@@ -235,5 +297,38 @@ impl SpecDiffConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pace_reads_back_what_it_writes_and_names_the_bad_field() {
+        assert_eq!("cpu".parse::<Pace>().unwrap(), Pace::cpu());
+        assert_eq!("free".parse::<Pace>().unwrap(), Pace::free());
+        let p: Pace = "0.1:0.2".parse().unwrap();
+        assert_eq!((p.row_cost, p.draft_cost), (0.1, 0.2));
+        assert_eq!(
+            (p.weight, p.probe_every),
+            (Pace::cpu().weight, Pace::cpu().probe_every)
+        );
+        let p: Pace = "0.05:0.3:0.1:32".parse().unwrap();
+        assert_eq!(p.to_string().parse::<Pace>().unwrap(), p);
+        assert_eq!(p.probe_every, 32);
+        let field = |s: &str| match s.parse::<Pace>() {
+            Err(Error::InvalidConfig { field, .. }) => field,
+            other => panic!("{s}: {other:?}"),
+        };
+        assert_eq!(field("gpu"), "pace");
+        assert_eq!(field("0.1"), "pace");
+        assert_eq!(field("0.1:0.2:0.3:4:5"), "pace");
+        assert_eq!(field("x:0.2"), "pace.row_cost");
+        assert_eq!(field("0.1:-1"), "pace.draft_cost");
+        assert_eq!(field("0.1:0.2:0"), "pace.weight");
+        assert_eq!(field("0.1:0.2:0.5:0"), "pace.probe_every");
+        assert_eq!(field("0.1:0.2:0.5:-3"), "pace.probe_every");
+        assert_eq!(field("NaN:0.2"), "pace.row_cost");
     }
 }

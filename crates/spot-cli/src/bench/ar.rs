@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use spot_dlm::{ArConfig, AutoregressiveModel, decode_autoregressive};
 use spot_specdiff::{
-    Acceptance, DiffusionDrafter, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport,
+    Acceptance, DiffusionDrafter, Pace, SpecDiffConfig, SpecDiffDecoder, SpecDiffReport,
 };
 
 use crate::bench::{BenchArgs, Protocol, Reference};
@@ -68,6 +68,29 @@ pub struct ArBenchArgs {
     /// labelled `no pace`.
     #[arg(long)]
     pace_ablation: bool,
+    /// Autoregressive folders, with each drafter's recommended settings: run each drafter
+    /// that paces its drafting once per pace named here instead of once with its own, a
+    /// column each: `off`, `cpu`, `free` or `ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]]` (see
+    /// `spot generate --pace`).
+    #[arg(long = "paces", value_delimiter = ',')]
+    paces: Vec<PaceArg>,
+}
+
+/// A pace on the command line: `off` or a [`Pace`].
+#[derive(Clone, Copy, Debug)]
+struct PaceArg(Option<Pace>);
+
+impl std::str::FromStr for PaceArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "off" {
+            return Ok(Self(None));
+        }
+        s.parse()
+            .map(|p| Self(Some(p)))
+            .map_err(|e: <Pace as std::str::FromStr>::Err| e.to_string())
+    }
 }
 
 /// One SpecDiff-2 configuration of the grid.
@@ -232,6 +255,17 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
                 String::new()
             };
             let label = format!("specdiff {name} K={} γ={}{floor}", cfg.k, cfg.gamma);
+            if cfg.pace.is_some() && !g.paces.is_empty() {
+                for p in &g.paces {
+                    let name = p.0.map_or("off".to_string(), |p| p.to_string());
+                    configs.push(Config {
+                        label: format!("{label} pace {name}"),
+                        drafter: d,
+                        cfg: SpecDiffConfig { pace: p.0, ..cfg },
+                    });
+                }
+                continue;
+            }
             if g.pace_ablation && cfg.pace.is_some() {
                 configs.push(Config {
                     label: format!("{label} no pace"),

@@ -51,8 +51,14 @@ pub struct SpecDiffArgs {
     /// `--method specdiff`: draft every round, even where the decode's drafted rounds gain
     /// less than they cost (the drafter's pace, `spot_specdiff::Pace`, is on by default for
     /// the lookup and feature drafters). Never changes the output.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "pace")]
     no_pace: bool,
+    /// `--method specdiff`: the costs the drafter's pace weighs drafting against: `cpu` (the
+    /// default's, measured on a 2-core CPU), `free` (drafted rows and drafting cost nothing,
+    /// what a GPU approaches) or `ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]]` in target
+    /// forwards (`spot_specdiff::Pace`). Never changes the output.
+    #[arg(long)]
+    pace: Option<spot_specdiff::Pace>,
 }
 
 /// [`Acceptance`] on the command line.
@@ -115,7 +121,11 @@ impl SpecDiffArgs {
             acceptance: self
                 .acceptance
                 .map_or(r.acceptance, AcceptanceArg::acceptance),
-            pace: r.pace.filter(|_| !self.no_pace),
+            pace: if self.no_pace {
+                None
+            } else {
+                self.pace.or(r.pace)
+            },
             ..r
         }
     }
