@@ -1432,18 +1432,15 @@ fn generate_specdiff_with_a_lookup_store() {
     // No floor and no pace: the lookup drafters' recommended floor 0.5 cuts a tiny store's
     // calibrated drafts, their pace skips rounds on costs measured for SmolLM2, and this
     // compares what they draft.
-    let plain = json(&run(
-        "5,6,7",
-        &[
-            "--method",
-            "specdiff",
-            "--drafter",
-            "lookup",
-            "--min-draft-prob",
-            "0",
-            "--no-pace",
-        ],
-    ));
+    let lookup = [
+        "--method",
+        "specdiff",
+        "--drafter",
+        "lookup",
+        "--min-draft-prob",
+        "0",
+    ];
+    let plain = json(&run("5,6,7", &[&lookup[..], &["--no-pace"]].concat()));
     let s = store.to_str().unwrap();
     for extra in [
         &[
@@ -1468,19 +1465,7 @@ fn generate_specdiff_with_a_lookup_store() {
     }
     // A free pace never finds a drafted round at a loss (its gain is the accepted count), so
     // it drafts every round, as no pace does; a bad pace names its field.
-    let free = json(&run(
-        "5,6,7",
-        &[
-            "--method",
-            "specdiff",
-            "--drafter",
-            "lookup",
-            "--min-draft-prob",
-            "0",
-            "--pace",
-            "free",
-        ],
-    ));
+    let free = json(&run("5,6,7", &[&lookup[..], &["--pace", "free"]].concat()));
     assert_eq!(free["tokens"], df["tokens"]);
     assert_eq!(free["nfe"], plain["nfe"], "{free} vs {plain}");
     let out = run("5,6,7", &["--method", "specdiff", "--pace", "0.1:0.2:0"]);
