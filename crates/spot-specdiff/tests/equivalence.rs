@@ -7,7 +7,7 @@ use spot_core::{ArConfig, Error, Result, TokenId, decode_autoregressive};
 use spot_specdiff::toy::{ToyCausalModel, ToyDrafter};
 use spot_specdiff::{
     Continuation, DiffusionDrafter, LookupDrafter, LookupStore, Marginals, Pace, Selection,
-    SpecDiffBatch, SpecDiffConfig, SpecDiffDecoder, SpecDiffRequest,
+    SpecDiffBatch, SpecDiffConfig, SpecDiffDecoder, SpecDiffOutput, SpecDiffRequest,
 };
 
 fn cases() -> u32 {
@@ -669,40 +669,48 @@ impl<D: DiffusionDrafter> DiffusionDrafter for Counting<D> {
 
 /// The pace stops drafting where drafts do not pay (one probe in `probe_every` rounds) and
 /// keeps drafting where they do; the tokens never change.
-#[test]
-fn the_pace_drafts_only_while_drafting_pays() {
+/// One 200-token decode of the toy target at T = 0 (where a perfect drafter's every token is
+/// accepted) by one greedy draft of 8 a round from a toy drafter wrong at rate `error` and
+/// silent for its first `silent` rounds, checked equal to plain decoding; with the rounds the
+/// drafter was asked for a draft.
+fn paced_decode(error: f32, silent: usize, pace: Option<Pace>) -> (SpecDiffOutput, usize) {
     let mut target = ToyCausalModel::new(32, 7);
-    // T = 0 (the default), where a perfect drafter's every token is accepted.
     let cfg = ArConfig {
         max_new_tokens: 200,
         early_stop: false,
         ..ArConfig::default()
     };
     let plain = decode_autoregressive(&mut target, &[1, 2], &cfg).unwrap();
-    let pace = Pace {
-        probe_every: 4,
-        ..Pace::cpu()
-    };
-    let sd = |pace| SpecDiffConfig {
+    let sd = SpecDiffConfig {
         k: 1,
         gamma: 8,
         drafter_temperature: 0.0,
         pace,
         ..SpecDiffConfig::default()
     };
-    let run = |error: f32, pace: Option<Pace>, target: &mut ToyCausalModel| {
-        let mut drafter = Counting(ToyDrafter::new(target.clone(), error, 11), 0, 0);
-        let out = SpecDiffDecoder::new(sd(pace))
-            .unwrap()
-            .decode(target, &mut drafter, &[1, 2], &cfg)
-            .unwrap();
-        assert_eq!(out.tokens, plain.tokens, "error {error}, pace {pace:?}");
-        (out, drafter.1)
-    };
+    let mut drafter = Counting(ToyDrafter::new(target.clone(), error, 11), 0, silent);
+    let out = SpecDiffDecoder::new(sd)
+        .unwrap()
+        .decode(&mut target, &mut drafter, &[1, 2], &cfg)
+        .unwrap();
+    assert_eq!(out.tokens, plain.tokens, "error {error}, pace {pace:?}");
+    (out, drafter.1)
+}
+
+/// A pace that probes one round in four.
+fn probing_pace() -> Option<Pace> {
+    Some(Pace {
+        probe_every: 4,
+        ..Pace::cpu()
+    })
+}
+
+#[test]
+fn the_pace_drafts_only_while_drafting_pays() {
     // Drafts that are always wrong: every round drafts without a pace; with it, after the
     // running gain turns negative (from 1, a few rounds), one round in four.
-    let (free, asked_free) = run(1.0, None, &mut target);
-    let (paced, asked_paced) = run(1.0, Some(pace), &mut target);
+    let (free, asked_free) = paced_decode(1.0, 0, None);
+    let (paced, asked_paced) = paced_decode(1.0, 0, probing_pace());
     // (Only a last round with no room for a draft asks for none.)
     assert!(asked_free as u64 + 1 >= free.report.rounds);
     let rounds = paced.report.rounds as usize;
@@ -713,7 +721,7 @@ fn the_pace_drafts_only_while_drafting_pays() {
     );
     assert!(paced.report.positions < free.report.positions);
     // Drafts that are always right: the pace never stops drafting.
-    let (good, asked_good) = run(0.0, Some(pace), &mut target);
+    let (good, asked_good) = paced_decode(0.0, 0, probing_pace());
     assert!(
         asked_good as u64 + 1 >= good.report.rounds,
         "{:?}",
@@ -727,34 +735,11 @@ fn the_pace_drafts_only_while_drafting_pays() {
 /// those rounds counted as losses of `draft_cost` and turned the pace off).
 #[test]
 fn rounds_the_drafter_cannot_draft_do_not_count_against_it() {
-    let mut target = ToyCausalModel::new(32, 7);
-    let cfg = ArConfig {
-        max_new_tokens: 200,
-        early_stop: false,
-        ..ArConfig::default()
-    };
-    let plain = decode_autoregressive(&mut target, &[1, 2], &cfg).unwrap();
-    let sd = SpecDiffConfig {
-        k: 1,
-        gamma: 8,
-        drafter_temperature: 0.0,
-        pace: Some(Pace {
-            probe_every: 4,
-            ..Pace::cpu()
-        }),
-        ..SpecDiffConfig::default()
-    };
-    let mut drafter = Counting(ToyDrafter::new(target.clone(), 0.0, 11), 0, 30);
-    let out = SpecDiffDecoder::new(sd)
-        .unwrap()
-        .decode(&mut target, &mut drafter, &[1, 2], &cfg)
-        .unwrap();
-    assert_eq!(out.tokens, plain.tokens);
+    let (out, asked) = paced_decode(0.0, 30, probing_pace());
     assert!(out.report.rounds > 40, "{:?}", out.report);
     assert!(
-        drafter.1 as u64 + 1 >= out.report.rounds,
-        "asked {} of {} rounds",
-        drafter.1,
+        asked as u64 + 1 >= out.report.rounds,
+        "asked {asked} of {} rounds",
         out.report.rounds
     );
 }
