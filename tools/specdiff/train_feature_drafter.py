@@ -422,7 +422,7 @@ def main() -> None:
     ap.add_argument("--shortlist", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--store", action="store_true", help="ship every continuation as the drafter's lookup store")
+    ap.add_argument("--store", action="store_true", help="ship every greedy continuation as the drafter's lookup store")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="compute (bfloat16: autocast)")
     ap.add_argument(
         "--init",
@@ -519,7 +519,9 @@ def main() -> None:
             f"{f' + {a.soft} x soft targets' if a.soft else ''}, {spent / 60:.1f} min on "
             f"{torch.get_num_threads()} threads; held-out acceptance >= 1/2/4: {curve[0]:.3f}/{curve[1]:.3f}/{curve[3]:.3f}"
         )
-        model.export(a.out / "drafter", shortlist, desc, rows if a.store else None)
+        # The store: greedy continuations only (a sampled one is one draw, not what T = 0 repeats).
+        greedy = [r for r in rows if not re.search(r"-t[0-9.]+$", r["id"])]
+        model.export(a.out / "drafter", shortlist, desc, greedy if a.store else None)
 
     t0 = time.time() - spent
     running = None
