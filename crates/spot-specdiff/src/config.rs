@@ -65,15 +65,18 @@ pub struct Pace {
 impl Pace {
     /// Costs measured on a 2-core CPU (AMD EPYC, `spot bench-forward` on SmolLM2-135M-Instruct
     /// after a 300-token prefix: 34.5 ms for 1 row, 54.3 for 5, 73.2 for 9, so a drafted row
-    /// adds 0.14 of a forward), and a drafter call at 0.09 of a forward (the shipped feature
-    /// drafter's was estimated at 3 ms; the 30-prompt run of `docs/specdiff.md` then measured
-    /// 4.5-5.4 ms per drafted round, 0.13-0.16); probes one round in 16.
+    /// adds 0.14 of a forward), and a drafter call at 0.15 of a forward (the 30-prompt runs of
+    /// `docs/specdiff.md` measured 4.5-5.4 ms per drafted round, 0.13-0.16); a slow mean
+    /// (weight 0.1) and one probe in 32 rounds. Against the earlier 0.09 / 0.2 / 16, on 30
+    /// GSM8K-test prompts at T = 0 it drafted through more of each decode: 2.00x fewer target
+    /// forwards instead of 1.76x (medians 1.23x and 1.20x faster); the other sets and T = 1
+    /// within noise (stop 68, `docs/specdiff.md`).
     pub fn cpu() -> Self {
         Self {
             row_cost: 0.14,
-            draft_cost: 0.09,
-            weight: 0.2,
-            probe_every: 16,
+            draft_cost: 0.15,
+            weight: 0.1,
+            probe_every: 32,
         }
     }
 
