@@ -128,13 +128,13 @@ def main() -> None:
     # Similar lengths together: less padding per batch.
     enc = [(pid, tok.encode(chat(q), add_special_tokens=False).ids) for pid, q in todo]
     enc.sort(key=lambda e: len(e[1]))
+    if a.tag:
+        tag = f"-{a.tag}"
+    else:
+        tag = f"-t{a.temperature:g}" if a.temperature > 0 else ""
+        tag += f"-o{a.offset}" if a.offset else ""
     t0 = time.time()
     for c in range(0, len(enc), a.chunk):
-        if a.tag:
-            tag = f"-{a.tag}"
-        else:
-            tag = f"-t{a.temperature:g}" if a.temperature > 0 else ""
-            tag += f"-o{a.offset}" if a.offset else ""
         name = a.out / f"chunk{tag}-{c // a.chunk:04d}"
         if name.with_suffix(".pt").exists():
             continue

@@ -295,6 +295,11 @@ def load(data: Path):
     return [r for r in rows if len(r["ids"]) - r["prompt_len"] >= 4], feats
 
 
+def prompt_id(pid: str) -> str:
+    """The id of the prompt a continuation continues (a sampled one's `-tT` suffix dropped)."""
+    return re.sub(r"-t[0-9.]+$", "", pid)
+
+
 def split(rows, frac, seed):
     ids = sorted(r["id"] for r in rows)
     random.Random(seed).shuffle(ids)
@@ -445,9 +450,9 @@ def main() -> None:
     if a.heldout_ids:
         held_ids = set(json.loads(a.heldout_ids.read_text()))
         # A sampled continuation (`-tT` id) of a held-out prompt is held out too.
-        train = [r for r in rows if re.sub(r"-t[0-9.]+$", "", r["id"]) not in held_ids]
+        train = [r for r in rows if prompt_id(r["id"]) not in held_ids]
         held = [r for r in rows if r["id"] in held_ids]
-        held_sampled = [r for r in rows if r["id"] not in held_ids and re.sub(r"-t[0-9.]+$", "", r["id"]) in held_ids]
+        held_sampled = [r for r in rows if r["id"] not in held_ids and prompt_id(r["id"]) in held_ids]
     else:
         train, held = split(rows, a.heldout, a.seed)
         held_sampled = []
@@ -520,7 +525,7 @@ def main() -> None:
             f"{torch.get_num_threads()} threads; held-out acceptance >= 1/2/4: {curve[0]:.3f}/{curve[1]:.3f}/{curve[3]:.3f}"
         )
         # The store: greedy continuations only (a sampled one is one draw, not what T = 0 repeats).
-        greedy = [r for r in rows if not re.search(r"-t[0-9.]+$", r["id"])]
+        greedy = [r for r in rows if prompt_id(r["id"]) == r["id"]]
         model.export(a.out / "drafter", shortlist, desc, greedy if a.store else None)
 
     t0 = time.time() - spent

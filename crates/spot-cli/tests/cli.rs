@@ -1463,9 +1463,10 @@ fn generate_specdiff_with_a_lookup_store() {
         assert_eq!(j["tokens"], df["tokens"], "{extra:?}");
         assert!(j["nfe"].as_u64() < plain["nfe"].as_u64(), "{j} vs {plain}");
     }
-    // A free pace never finds a drafted round at a loss (its gain is the accepted count), so
-    // it drafts every round, as no pace does; a bad pace names its field.
-    let free = json(&run("5,6,7", &[&lookup[..], &["--pace", "free"]].concat()));
+    // A pace whose rows and drafts cost nothing never finds a drafted round at a loss (its
+    // gain is the accepted count), so it drafts every round, as no pace does; a bad pace
+    // names its field.
+    let free = json(&run("5,6,7", &[&lookup[..], &["--pace", "0:0"]].concat()));
     assert_eq!(free["tokens"], df["tokens"]);
     assert_eq!(free["nfe"], plain["nfe"], "{free} vs {plain}");
     let out = run("5,6,7", &["--method", "specdiff", "--pace", "0.1:0.2:0"]);

@@ -80,16 +80,6 @@ impl Pace {
         }
     }
 
-    /// No cost for drafted rows or drafting: what a GPU, where a few more rows cost next to
-    /// nothing, approaches. Drafting then stops only where drafts accept nothing at all.
-    pub fn free() -> Self {
-        Self {
-            row_cost: 0.0,
-            draft_cost: 0.0,
-            ..Self::cpu()
-        }
-    }
-
     fn validate(&self) -> Result<()> {
         let cost = |c: f32| c.is_finite() && c >= 0.0;
         if !cost(self.row_cost) {
@@ -120,25 +110,21 @@ impl Pace {
     }
 }
 
-/// Parses `cpu` ([`Pace::cpu`]), `free` ([`Pace::free`]) or
+/// Parses `cpu` ([`Pace::cpu`]) or
 /// `ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]]` (the rest from [`Pace::cpu`]), and checks the
 /// values; the error names the field.
 impl std::str::FromStr for Pace {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "cpu" => return Ok(Self::cpu()),
-            "free" => return Ok(Self::free()),
-            _ => {}
+        if s == "cpu" {
+            return Ok(Self::cpu());
         }
         let parts: Vec<&str> = s.split(':').collect();
         if !(2..=4).contains(&parts.len()) {
             return Err(Error::config(
                 "pace",
-                format!(
-                    "expected cpu, free or ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]], got {s:?}"
-                ),
+                format!("expected cpu or ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]], got {s:?}"),
             ));
         }
         let num = |field: &'static str, v: &str| {
@@ -310,7 +296,6 @@ mod tests {
     #[test]
     fn a_pace_reads_back_what_it_writes_and_names_the_bad_field() {
         assert_eq!("cpu".parse::<Pace>().unwrap(), Pace::cpu());
-        assert_eq!("free".parse::<Pace>().unwrap(), Pace::free());
         let p: Pace = "0.1:0.2".parse().unwrap();
         assert_eq!((p.row_cost, p.draft_cost), (0.1, 0.2));
         assert_eq!(
@@ -325,6 +310,7 @@ mod tests {
             other => panic!("{s}: {other:?}"),
         };
         assert_eq!(field("gpu"), "pace");
+        assert_eq!(field("free"), "pace");
         assert_eq!(field("0.1"), "pace");
         assert_eq!(field("0.1:0.2:0.3:4:5"), "pace");
         assert_eq!(field("x:0.2"), "pace.row_cost");

@@ -667,8 +667,6 @@ impl<D: DiffusionDrafter> DiffusionDrafter for Counting<D> {
     }
 }
 
-/// The pace stops drafting where drafts do not pay (one probe in `probe_every` rounds) and
-/// keeps drafting where they do; the tokens never change.
 /// One 200-token decode of the toy target at T = 0 (where a perfect drafter's every token is
 /// accepted) by one greedy draft of 8 a round from a toy drafter wrong at rate `error` and
 /// silent for its first `silent` rounds, checked equal to plain decoding; with the rounds the
@@ -705,6 +703,8 @@ fn probing_pace() -> Option<Pace> {
     })
 }
 
+/// The pace stops drafting where drafts do not pay (one probe in `probe_every` rounds) and
+/// keeps drafting where they do; the tokens never change.
 #[test]
 fn the_pace_drafts_only_while_drafting_pays() {
     // Drafts that are always wrong: every round drafts without a pace; with it, after the

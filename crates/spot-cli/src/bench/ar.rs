@@ -70,7 +70,7 @@ pub struct ArBenchArgs {
     pace_ablation: bool,
     /// Autoregressive folders, with each drafter's recommended settings: run each drafter
     /// that paces its drafting once per pace named here instead of once with its own, a
-    /// column each: `off`, `cpu`, `free` or `ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]]` (see
+    /// column each: `off`, `cpu` or `ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]]` (see
     /// `spot generate --pace`).
     #[arg(long = "paces", value_delimiter = ',')]
     paces: Vec<PaceArg>,

@@ -54,9 +54,9 @@ pub struct SpecDiffArgs {
     #[arg(long, conflicts_with = "pace")]
     no_pace: bool,
     /// `--method specdiff`: the costs the drafter's pace weighs drafting against: `cpu` (the
-    /// default's, measured on a 2-core CPU), `free` (drafted rows and drafting cost nothing,
-    /// what a GPU approaches) or `ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]]` in target
-    /// forwards (`spot_specdiff::Pace`). Never changes the output.
+    /// default's, measured on a 2-core CPU) or `ROW_COST:DRAFT_COST[:WEIGHT[:PROBE_EVERY]]`
+    /// in target forwards (`spot_specdiff::Pace`; on a GPU, where a few more rows cost next to
+    /// nothing, a small row cost; `0:0` drafts every round). Never changes the output.
     #[arg(long)]
     pace: Option<spot_specdiff::Pace>,
 }
